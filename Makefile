@@ -1,0 +1,40 @@
+# One entry point for developers and CI: `make demo`, `make test`.
+SHELL := /bin/bash
+UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+PYTEST_ARGS ?=
+
+.PHONY: demo test sync lint typecheck unit property e2e bench clean
+
+# uv itself comes from PyPI; everything else comes from the committed lockfile.
+$(UV):
+	python3 -m pip install --user --quiet uv
+
+sync: $(UV)
+	$(UV) sync --locked --quiet
+
+demo: sync
+	$(UV) run neuron-scheduler simulate --report report
+	@echo "pictures: report/device-maps.png report/utilization.png (one per node in report/nodes/)"
+
+lint: sync
+	$(UV) run ruff check src tests bench
+	$(UV) run ruff format --check src tests bench
+
+typecheck: sync
+	$(UV) run mypy --strict src
+
+test: lint typecheck
+	$(UV) run pytest $(PYTEST_ARGS)
+
+unit: sync
+	$(UV) run pytest tests/unit $(PYTEST_ARGS)
+
+property: sync
+	$(UV) run pytest tests/property $(PYTEST_ARGS)
+
+bench: sync
+	$(UV) run python bench/allocator.py
+	$(UV) run python bench/simulate.py
+
+clean:
+	rm -rf report .pytest_cache .mypy_cache .ruff_cache .hypothesis

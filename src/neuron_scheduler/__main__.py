@@ -1,0 +1,3 @@
+from neuron_scheduler.cli import main
+
+main()

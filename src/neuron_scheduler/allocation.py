@@ -1,0 +1,335 @@
+"""The allocator: which devices and cores a Neuron request gets on one node, or why it cannot.
+
+Shared by the extender (filter, prioritize, bind), the simulator and the tests. Pure: the node's
+state goes in, a decision comes out; callers apply it.
+
+Node state is the set of cores in use (a device is busy for device requests as soon as any of its
+cores is in use; a device request takes all of its cores), plus a count of cores held by pods whose
+ids we do not know (placed without us): those must stay free somewhere, so a placement must leave at
+least that many cores free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+
+from neuron_scheduler.requests import NeuronRequest, Unit
+from neuron_scheduler.topology import Topology, TopologyKind, format_ids, mask_ids
+
+
+class Policy(StrEnum):
+    BEST_FIT = "best-fit"
+    FIRST_FIT = "first-fit"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    used_cores: int = 0  # mask of global core ids in use
+    unattributed_cores: int = 0  # cores held by pods whose ids we do not know
+
+    def with_used(self, cores: int) -> NodeState:
+        return NodeState(self.used_cores | cores, self.unattributed_cores)
+
+    def without(self, cores: int) -> NodeState:
+        return NodeState(self.used_cores & ~cores, self.unattributed_cores)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    devices: tuple[int, ...]  # in topology order (a wrapped ring run starts at its first device)
+    cores: tuple[int, ...]  # global core ids, in the order of `devices`
+    score: int  # 0-10: how tightly the request fills the free block it was cut from
+
+    @property
+    def core_mask(self) -> int:
+        mask = 0
+        for core in self.cores:
+            mask |= 1 << core
+        return mask
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    # True when no amount of freeing on this node would help (bad count, more than the node has):
+    # kube-scheduler must not preempt pods for it.
+    unresolvable: bool = False
+
+
+Decision = Placement | Refusal
+
+
+def torus_count_warning(instance_type: str, count: int) -> str:
+    # Exact upstream text: users grep their events for it.
+    return (
+        f"Instance type {instance_type} does not support requests for device: {count}. "
+        "Please request a different number of devices."
+    )
+
+
+def allocate(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy = Policy.BEST_FIT,
+) -> Decision:
+    """Decide a placement. Deterministic: same inputs, same answer."""
+    return _decide(
+        topology, state.used_cores, state.unattributed_cores, request.unit, request.count, policy
+    )
+
+
+def check_request(topology: Topology, request: NeuronRequest) -> Refusal | None:
+    """Refusal when the request can never fit this node, whatever is running on it."""
+    return _static_refusal(topology, request.unit, request.count)
+
+
+def _static_refusal(topology: Topology, unit: Unit, count: int) -> Refusal | None:
+    if count < 1:
+        return Refusal(f"requests {count} {unit.value}s; at least 1 is needed", True)
+    if unit is Unit.DEVICE:
+        allowed = topology.allowed_device_counts
+        if allowed is not None and count not in allowed:
+            return Refusal(torus_count_warning(topology.instance_type, count), True)
+        if count > topology.devices:
+            return Refusal(
+                f"requests {count} devices; {topology.instance_type} has {topology.devices}", True
+            )
+    elif count > topology.total_cores:
+        return Refusal(
+            f"requests {count} cores; {topology.instance_type} has {topology.total_cores} "
+            f"({topology.devices} devices x {topology.cores_per_device} cores)",
+            True,
+        )
+    return None
+
+
+# The decision is a pure function of a few small values, and a fleet has many nodes of the same
+# type in the same state, so caching it is both safe and effective.
+@lru_cache(maxsize=1 << 16)
+def _decide(
+    topology: Topology, used: int, unattributed: int, unit: Unit, count: int, policy: Policy
+) -> Decision:
+    refusal = _static_refusal(topology, unit, count)
+    if refusal is not None:
+        return refusal
+    free_cores = topology.total_cores - used.bit_count()
+    needed = count * (topology.cores_per_device if unit is Unit.DEVICE else 1)
+    if free_cores - unattributed < needed:
+        held = (
+            f" ({unattributed} held by pods placed without neuron-scheduler)"
+            if unattributed
+            else ""
+        )
+        available = max(free_cores - unattributed, 0) // (needed // count)
+        return Refusal(f"needs {count} {unit.value}s; only {available} {unit.value}s free{held}")
+    if unit is Unit.DEVICE:
+        return _place_devices(topology, used, count, policy)
+    return _place_cores(topology, used, count, policy)
+
+
+def busy_devices(topology: Topology, used_cores: int) -> int:
+    """Mask of devices with at least one core in use."""
+    return _busy_devices(topology.cores_per_device, topology.devices, used_cores)
+
+
+@lru_cache(maxsize=1 << 14)
+def _busy_devices(cores_per_device: int, devices: int, used_cores: int) -> int:
+    per_device = (1 << cores_per_device) - 1
+    busy = 0
+    for d in range(devices):
+        if (used_cores >> (d * cores_per_device)) & per_device:
+            busy |= 1 << d
+    return busy
+
+
+def _capacity_sizes(topology: Topology) -> tuple[int, ...]:
+    """Request sizes whose future satisfiability best-fit protects, largest first."""
+    allowed = topology.allowed_device_counts
+    if allowed is not None:
+        return tuple(sorted(allowed, reverse=True))
+    return tuple(range(topology.devices, 0, -1))
+
+
+def _future_capacity(topology: Topology, busy: int) -> tuple[int, ...]:
+    """For each size (largest first), how many allowed device sets of that size are wholly free.
+
+    Comparing these tuples lexicographically is the best-fit rule: a placement that keeps a larger
+    request satisfiable always wins; among equals, the one that keeps more of them.
+    """
+    if topology.kind is TopologyKind.SWITCH:
+        # Any set is connected: only the number of free devices matters.
+        return ((topology.devices - busy.bit_count()),)
+    return tuple(
+        sum(1 for mask in topology.device_sets(size) if not mask & busy)
+        for size in _capacity_sizes(topology)
+    )
+
+
+def _block_size(topology: Topology, busy: int, chosen: int) -> int:
+    """Devices in the largest wholly free allowed set that contains `chosen` (before placement)."""
+    if topology.kind is TopologyKind.SWITCH:
+        return topology.devices - busy.bit_count()
+    for size in _capacity_sizes(topology):
+        if size < chosen.bit_count():
+            break
+        for mask in topology.device_sets(size):
+            if mask & chosen == chosen and not mask & busy:
+                return size
+    return chosen.bit_count()
+
+
+def fit_score(requested: int, block: int) -> int:
+    """0-10; 10 when the request fills its free block exactly, so big free blocks stay free."""
+    return max(1, min(10, round(10 * requested / max(block, 1))))
+
+
+def _ordered(topology: Topology, mask: int) -> tuple[int, ...]:
+    """Device ids of a set in topology order: a ring run that wraps starts at its first device."""
+    ids = mask_ids(mask)
+    if topology.kind is TopologyKind.RING and len(ids) < topology.devices:
+        for i in range(len(ids)):
+            if ids[i - 1] != (ids[i] - 1) % topology.devices:
+                return tuple(ids[i:] + ids[:i])
+    return tuple(ids)
+
+
+def _place_devices(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
+    busy = busy_devices(topology, used)
+    if topology.kind is TopologyKind.SWITCH:
+        free = [d for d in range(topology.devices) if not busy >> d & 1]
+        candidates = [sum(1 << d for d in free[:count])] if len(free) >= count else []
+    else:
+        candidates = [mask for mask in topology.device_sets(count) if not mask & busy]
+    if not candidates:
+        return Refusal(_no_device_set_reason(topology, busy, count))
+    if policy is Policy.FIRST_FIT or len(candidates) == 1:
+        chosen = candidates[0]
+    else:
+        # max() keeps the first of equals, so ties go to the lowest start: deterministic.
+        chosen = max(candidates, key=lambda mask: _future_capacity(topology, busy | mask))
+    devices = _ordered(topology, chosen)
+    per_device = topology.cores_per_device
+    return Placement(
+        devices,
+        tuple(d * per_device + i for d in devices for i in range(per_device)),
+        fit_score(count, _block_size(topology, busy, chosen)),
+    )
+
+
+def _free_core_runs(total: int, used: int) -> list[tuple[int, int]]:
+    """Maximal runs of free core ids as (start, length); core ids never wrap around."""
+    runs: list[tuple[int, int]] = []
+    start = -1
+    for core in range(total + 1):
+        free = core < total and not used >> core & 1
+        if free and start < 0:
+            start = core
+        elif not free and start >= 0:
+            runs.append((start, core - start))
+            start = -1
+    return runs
+
+
+def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
+    per_device = topology.cores_per_device
+    busy = busy_devices(topology, used)
+    best: tuple[tuple[object, ...], int, int] | None = None  # (key, start, touched)
+    for run_start, run_length in _free_core_runs(topology.total_cores, used):
+        if run_length < count:
+            continue
+        for start in range(run_start, run_start + run_length - count + 1):
+            touched = 0
+            for device in range(start // per_device, (start + count - 1) // per_device + 1):
+                touched |= 1 << device
+            if not topology.span_allowed(touched):
+                continue
+            if policy is Policy.FIRST_FIT:
+                return _core_placement(topology, start, count, touched, run_length)
+            at_edge = start in (run_start, run_start + run_length - count)
+            key = (
+                _future_capacity(topology, busy | touched),
+                -touched.bit_count(),
+                -run_length,  # best fit: the smallest free run that holds the request
+                at_edge,  # do not split a run in two when one end will do
+            )
+            if best is None or key > best[0]:
+                best = (key, start, touched)
+    if best is None:
+        return Refusal(_no_core_run_reason(topology, used, count))
+    _, start, touched = best
+    run_length = next(
+        length
+        for s, length in _free_core_runs(topology.total_cores, used)
+        if s <= start < s + length
+    )
+    return _core_placement(topology, start, count, touched, run_length)
+
+
+def _core_placement(
+    topology: Topology, start: int, count: int, touched: int, run_length: int
+) -> Placement:
+    return Placement(
+        tuple(mask_ids(touched)), tuple(range(start, start + count)), fit_score(count, run_length)
+    )
+
+
+def largest_free_run(topology: Topology, busy: int) -> int:
+    """Longest run of free devices that a request could get as one set on this topology."""
+    if topology.kind is TopologyKind.SWITCH:
+        return topology.devices - busy.bit_count()
+    for size in _capacity_sizes(topology):
+        if any(not mask & busy for mask in topology.device_sets(size)):
+            return size
+    return 0
+
+
+def _no_device_set_reason(topology: Topology, busy: int, count: int) -> str:
+    free = [d for d in range(topology.devices) if not busy >> d & 1]
+    free_text = f"(free devices: {format_ids(free)})"
+    if topology.kind is TopologyKind.TORUS and 1 < count < topology.devices:
+        sets = ", ".join(format_ids(mask_ids(m)) for m in topology.device_sets(count))
+        shape = "one whole row" if count == 4 else f"one aligned group of {count}"
+        return f"needs {count} devices as {shape} ({sets}); none is wholly free {free_text}"
+    largest = largest_free_run(topology, busy)
+    return f"needs {count} contiguous devices; largest free contiguous run is {largest} {free_text}"
+
+
+def _no_core_run_reason(topology: Topology, used: int, count: int) -> str:
+    runs = _free_core_runs(topology.total_cores, used)
+    longest = max((length for _, length in runs), default=0)
+    free = [c for c in range(topology.total_cores) if not used >> c & 1]
+    where = " within one allowed device group" if topology.kind is TopologyKind.TORUS else ""
+    return (
+        f"needs {count} contiguous cores{where}; largest free contiguous core run is {longest} "
+        f"(free cores: {format_ids(free)})"
+    )
+
+
+def is_valid_device_set(topology: Topology, devices: tuple[int, ...] | list[int]) -> bool:
+    """Whether a set of devices obeys the topology's rule (for checking ids chosen elsewhere)."""
+    mask = 0
+    for d in devices:
+        if d < 0 or d >= topology.devices:
+            return False
+        mask |= 1 << d
+    if mask.bit_count() != len(devices) or not devices:
+        return False
+    if topology.kind is TopologyKind.SWITCH:
+        return True
+    return mask in topology.device_sets(len(devices))
+
+
+def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) -> bool:
+    """Whether core ids are contiguous and touch an allowed span of devices."""
+    ordered = sorted(cores)
+    if not ordered or ordered[0] < 0 or ordered[-1] >= topology.total_cores:
+        return False
+    if ordered != list(range(ordered[0], ordered[0] + len(ordered))):
+        return False
+    touched = 0
+    for core in ordered:
+        touched |= 1 << (core // topology.cores_per_device)
+    return topology.span_allowed(touched)

@@ -1,0 +1,175 @@
+"""Instance-type topologies: which sets of Neuron devices are directly connected.
+
+Pure data and arithmetic, no I/O. Device sets are int bit masks (bit d = device d) because the
+allocator compares thousands of them per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+
+
+class TopologyKind(StrEnum):
+    SINGLE = "single"
+    CHAIN = "chain"
+    RING = "ring"
+    TORUS = "torus"
+    SWITCH = "switch"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    instance_type: str
+    kind: TopologyKind
+    devices: int
+    cores_per_device: int
+    # Torus only: allowed request size -> the device sets (masks) a request of that size may get.
+    groups: tuple[tuple[int, tuple[int, ...]], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ValueError(
+                f"{self.instance_type}: devices must be at least 1, got {self.devices}"
+            )
+        if self.cores_per_device < 1:
+            raise ValueError(
+                f"{self.instance_type}: cores_per_device must be at least 1, "
+                f"got {self.cores_per_device}"
+            )
+        if self.kind is TopologyKind.SINGLE and self.devices != 1:
+            raise ValueError(f"{self.instance_type}: a single topology has exactly 1 device")
+        for size, masks in self.groups:
+            for mask in masks:
+                if mask.bit_count() != size or mask >> self.devices:
+                    raise ValueError(
+                        f"{self.instance_type}: group {format_ids(mask_ids(mask))} is not a set "
+                        f"of {size} devices within 0-{self.devices - 1}"
+                    )
+
+    @property
+    def total_cores(self) -> int:
+        return self.devices * self.cores_per_device
+
+    @property
+    def all_devices(self) -> int:
+        return (1 << self.devices) - 1
+
+    @property
+    def allowed_device_counts(self) -> tuple[int, ...] | None:
+        """Request sizes this topology accepts; None means any size from 1 to all devices."""
+        if self.kind is not TopologyKind.TORUS:
+            return None
+        return tuple(sorted({1, self.devices, *(size for size, _ in self.groups)}))
+
+    def device_sets(self, count: int) -> tuple[int, ...]:
+        """Every allowed device set of `count` devices, in a fixed order (lowest start first).
+
+        A switch allows any set; those are not enumerated (see `allocation`), so this is empty.
+        """
+        return _device_sets(self, count)
+
+    def span_allowed(self, touched: int) -> bool:
+        """Whether a core request may touch this set of devices (already contiguous by id)."""
+        if self.kind is not TopologyKind.TORUS:
+            return True
+        size = touched.bit_count()
+        for allowed in self.allowed_device_counts or ():
+            if allowed >= size:
+                return any(touched & mask == touched for mask in self.device_sets(allowed))
+        return False
+
+    def core_mask_of_devices(self, devices: int) -> int:
+        """The global core ids (as a mask) owned by a set of devices."""
+        return _core_mask_of_devices(self.cores_per_device, devices)
+
+
+@lru_cache(maxsize=4096)
+def _device_sets(topology: Topology, count: int) -> tuple[int, ...]:
+    n = topology.devices
+    if count < 1 or count > n:
+        return ()
+    if count == n:
+        return (topology.all_devices,)
+    run = (1 << count) - 1
+    kind = topology.kind
+    if kind is TopologyKind.CHAIN:
+        return tuple(run << start for start in range(n - count + 1))
+    if kind is TopologyKind.RING:
+        full = topology.all_devices
+        return tuple(((run << start) | (run >> (n - start))) & full for start in range(n))
+    if kind is TopologyKind.TORUS:
+        if count == 1:
+            return tuple(1 << d for d in range(n))
+        return dict(topology.groups).get(count, ())
+    return ()
+
+
+@lru_cache(maxsize=1024)
+def _core_mask_of_devices(cores_per_device: int, devices: int) -> int:
+    per_device = (1 << cores_per_device) - 1
+    mask = 0
+    for d in mask_ids(devices):
+        mask |= per_device << (d * cores_per_device)
+    return mask
+
+
+def mask_ids(mask: int) -> list[int]:
+    ids = []
+    index = 0
+    while mask:
+        if mask & 1:
+            ids.append(index)
+        mask >>= 1
+        index += 1
+    return ids
+
+
+def ids_mask(ids: list[int] | tuple[int, ...]) -> int:
+    mask = 0
+    for i in ids:
+        mask |= 1 << i
+    return mask
+
+
+def format_ids(ids: list[int] | tuple[int, ...]) -> str:
+    """`0,1,5` for short lists, runs of three or more as ranges: `0-5,10`; `none` when empty."""
+    if not ids:
+        return "none"
+    ordered = sorted(ids)
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for i in [*ordered[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        if prev - start >= 2:
+            parts.append(f"{start}-{prev}")
+        else:
+            parts.extend(str(x) for x in range(start, prev + 1))
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def parse_ids(text: str) -> list[int]:
+    """Inverse of `format_ids`; also accepts plain comma lists. Raises ValueError on bad input."""
+    text = text.strip()
+    if not text or text == "none":
+        return []
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            low_text, high_text = part.split("-", 1)
+            low, high = int(low_text), int(high_text)
+            if low < 0 or high < low:
+                raise ValueError(f"bad id range {part!r}")
+            ids.extend(range(low, high + 1))
+        else:
+            value = int(part)
+            if value < 0:
+                raise ValueError(f"negative id {part!r}")
+            ids.append(value)
+    return ids

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+import pytest
+
+from neuron_scheduler.catalog import Catalog
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    return Catalog.builtin()
