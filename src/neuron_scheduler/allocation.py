@@ -16,7 +16,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from neuron_scheduler.requests import NeuronRequest, Unit
-from neuron_scheduler.topology import Topology, TopologyKind, format_ids, mask_ids
+from neuron_scheduler.topology import Topology, TopologyKind, format_ids, free_runs, mask_ids
 
 
 class Policy(StrEnum):
@@ -145,6 +145,7 @@ def _busy_devices(cores_per_device: int, devices: int, used_cores: int) -> int:
     return busy
 
 
+@lru_cache(maxsize=256)
 def _capacity_sizes(topology: Topology) -> tuple[int, ...]:
     """Request sizes whose future satisfiability best-fit protects, largest first."""
     allowed = topology.allowed_device_counts
@@ -153,31 +154,43 @@ def _capacity_sizes(topology: Topology) -> tuple[int, ...]:
     return tuple(range(topology.devices, 0, -1))
 
 
+@lru_cache(maxsize=1 << 16)
 def _future_capacity(topology: Topology, busy: int) -> tuple[int, ...]:
-    """For each size (largest first), how many allowed device sets of that size are wholly free.
+    """What a node with these busy devices can still serve; larger compares as better.
 
-    Comparing these tuples lexicographically is the best-fit rule: a placement that keeps a larger
-    request satisfiable always wins; among equals, the one that keeps more of them.
+    Comparing these tuples is the best-fit rule: a placement that keeps a larger request
+    satisfiable wins; among equals, the one that keeps more of them.
+    - ring/chain: free run lengths, longest first (a run of L serves every request up to L);
+    - torus: for each allowed size, largest first, how many allowed sets are wholly free;
+    - switch: any set is connected, so only the number of free devices matters.
     """
-    if topology.kind is TopologyKind.SWITCH:
-        # Any set is connected: only the number of free devices matters.
-        return ((topology.devices - busy.bit_count()),)
-    return tuple(
-        sum(1 for mask in topology.device_sets(size) if not mask & busy)
-        for size in _capacity_sizes(topology)
-    )
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
+        return (topology.devices - busy.bit_count(),)
+    if kind is TopologyKind.TORUS:
+        free = topology.devices - busy.bit_count()
+        return tuple(
+            free if size == 1 else [mask & busy for mask in topology.device_sets(size)].count(0)
+            for size in _capacity_sizes(topology)
+        )
+    return tuple(sorted((length for _, length in free_runs(topology, busy)), reverse=True))
 
 
 def _block_size(topology: Topology, busy: int, chosen: int) -> int:
-    """Devices in the largest wholly free allowed set that contains `chosen` (before placement)."""
-    if topology.kind is TopologyKind.SWITCH:
+    """Devices in the largest wholly free block that contains `chosen` (before placement)."""
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
         return topology.devices - busy.bit_count()
-    for size in _capacity_sizes(topology):
-        if size < chosen.bit_count():
-            break
-        for mask in topology.device_sets(size):
-            if mask & chosen == chosen and not mask & busy:
-                return size
+    if kind is TopologyKind.TORUS:
+        for size in _capacity_sizes(topology):
+            for mask in topology.device_sets(size):
+                if mask & chosen == chosen and not mask & busy:
+                    return size
+        return chosen.bit_count()
+    first = (chosen & -chosen).bit_length() - 1
+    for start, length in free_runs(topology, busy):
+        if (first - start) % topology.devices < length:
+            return length
     return chosen.bit_count()
 
 
@@ -219,6 +232,11 @@ def _place_devices(topology: Topology, used: int, count: int, policy: Policy) ->
     )
 
 
+@lru_cache(maxsize=1 << 16)
+def largest_free_core_run(total: int, used: int) -> int:
+    return max((length for _, length in _free_core_runs(total, used)), default=0)
+
+
 def _free_core_runs(total: int, used: int) -> list[tuple[int, int]]:
     """Maximal runs of free core ids as (start, length); core ids never wrap around."""
     runs: list[tuple[int, int]] = []
@@ -236,36 +254,42 @@ def _free_core_runs(total: int, used: int) -> list[tuple[int, int]]:
 def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
     per_device = topology.cores_per_device
     busy = busy_devices(topology, used)
-    best: tuple[tuple[object, ...], int, int] | None = None  # (key, start, touched)
+    best: tuple[tuple[object, ...], int, int, int] | None = None  # key, start, touched, run
     for run_start, run_length in _free_core_runs(topology.total_cores, used):
         if run_length < count:
             continue
-        for start in range(run_start, run_start + run_length - count + 1):
-            touched = 0
-            for device in range(start // per_device, (start + count - 1) // per_device + 1):
-                touched |= 1 << device
-            if not topology.span_allowed(touched):
+        last = run_start + run_length - count
+        previous = -1
+        for start in range(run_start, last + 1):
+            first_device = start // per_device
+            span = (start + count - 1) // per_device - first_device + 1
+            touched = ((1 << span) - 1) << first_device
+            # Starts that touch the same devices as the one before tie on every key but the
+            # run-edge one, so only the first of them and the run's last start can win.
+            if touched == previous and start != last:
+                continue
+            previous = touched
+            if not _span_allowed(topology, touched):
                 continue
             if policy is Policy.FIRST_FIT:
                 return _core_placement(topology, start, count, touched, run_length)
-            at_edge = start in (run_start, run_start + run_length - count)
             key = (
                 _future_capacity(topology, busy | touched),
-                -touched.bit_count(),
+                -span,
                 -run_length,  # best fit: the smallest free run that holds the request
-                at_edge,  # do not split a run in two when one end will do
+                start in (run_start, last),  # do not split a run in two when one end will do
             )
             if best is None or key > best[0]:
-                best = (key, start, touched)
+                best = (key, start, touched, run_length)
     if best is None:
         return Refusal(_no_core_run_reason(topology, used, count))
-    _, start, touched = best
-    run_length = next(
-        length
-        for s, length in _free_core_runs(topology.total_cores, used)
-        if s <= start < s + length
-    )
+    _, start, touched, run_length = best
     return _core_placement(topology, start, count, touched, run_length)
+
+
+@lru_cache(maxsize=1 << 14)
+def _span_allowed(topology: Topology, touched: int) -> bool:
+    return topology.span_allowed(touched)
 
 
 def _core_placement(
@@ -277,13 +301,18 @@ def _core_placement(
 
 
 def largest_free_run(topology: Topology, busy: int) -> int:
-    """Longest run of free devices that a request could get as one set on this topology."""
-    if topology.kind is TopologyKind.SWITCH:
+    """The most devices a single request could still get on this node."""
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
         return topology.devices - busy.bit_count()
-    for size in _capacity_sizes(topology):
-        if any(not mask & busy for mask in topology.device_sets(size)):
-            return size
-    return 0
+    if kind is TopologyKind.TORUS:
+        for size in _capacity_sizes(topology):
+            if any(not mask & busy for mask in topology.device_sets(size)):
+                return size
+        return 0
+    return min(
+        max((length for _, length in free_runs(topology, busy)), default=0), topology.devices
+    )
 
 
 def _no_device_set_reason(topology: Topology, busy: int, count: int) -> str:

@@ -18,10 +18,11 @@ from neuron_scheduler.allocation import (
     Refusal,
     allocate,
     busy_devices,
+    largest_free_core_run,
     largest_free_run,
 )
 from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest
+from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
 from neuron_scheduler.topology import Topology
 
 
@@ -172,11 +173,12 @@ def feasible_nodes_to_find(nodes: int) -> int:
     return max(100, nodes * percentage // 100)
 
 
+GroupKey = tuple[Topology, int, int]  # topology, largest free device block, largest free core run
+
+
 class Simulation:
     """Places pods one at a time like kube-scheduler with the extender: filter, score, bind."""
 
-    # Pending pods retried after each departure: bounded so one departure stays cheap.
-    RETRIES_PER_DEPARTURE = 32
     SAMPLES = 400
 
     def __init__(self, fleet: list[NodeSpec], catalog: Catalog, policy: Policy) -> None:
@@ -185,10 +187,12 @@ class Simulation:
         for spec in fleet:
             resolved = catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
             self.nodes.append(SimNode(spec, resolved.topology))
-        # Nodes grouped by (topology, state): one decision serves every node of a group.
-        self._groups: dict[tuple[Topology, NodeState], dict[str, SimNode]] = {}
+        # Nodes grouped by state (one decision serves every node in the same state), and states
+        # grouped by their largest free blocks, so a request skips nodes too full for it without
+        # asking the allocator: on a full fleet that is nearly every node.
+        self._index: dict[GroupKey, dict[NodeState, dict[str, SimNode]]] = {}
         for node in self.nodes:
-            self._groups.setdefault((node.topology, node.state), {})[node.name] = node
+            self._add(node)
         self._to_find = feasible_nodes_to_find(len(self.nodes))
         self._where: dict[str, SimNode] = {}
         self._waiting: dict[str, NeuronRequest] = {}
@@ -209,10 +213,12 @@ class Simulation:
                     reasons[event.pod] = reason
                     self._waiting[event.pod] = event.request
             elif event.pod in self._where:
-                self._release(event.pod)
+                node = self._release(event.pod)
                 result.departed += 1
-                for pod in list(self._waiting)[: self.RETRIES_PER_DEPARTURE]:
-                    if self._try_place(pod, self._waiting[pod]) is None:
+                # Waiting pods fit nowhere before; only this node changed, so only it can take
+                # them now. Oldest first, like kube-scheduler's queue.
+                for pod, request in list(self._waiting.items()):
+                    if self._place_on(node, pod, request):
                         del self._waiting[pod]
                         reasons.pop(pod, None)
                         result.placed += 1
@@ -230,40 +236,80 @@ class Simulation:
     def _try_place(self, pod: str, request: NeuronRequest) -> str | None:
         """Place the pod on the best node; the reason it fits nowhere otherwise."""
         best: tuple[int, Placement, dict[str, SimNode]] | None = None
-        refusals: Counter[str] = Counter()
         found = 0
-        for (topology, state), members in self._groups.items():
-            decision = allocate(topology, state, request, self.policy)
-            if isinstance(decision, Refusal):
-                refusals[decision.reason] += len(members)
+        by_cores = request.unit is Unit.CORE
+        for (topology, block, run), states in self._index.items():
+            if (run if by_cores else block) < request.count:
                 continue
-            if best is None or decision.score > best[0]:
-                best = (decision.score, decision, members)
-            found += len(members)
-            if found >= self._to_find or decision.score == 10:
+            for state, members in states.items():
+                decision = allocate(topology, state, request, self.policy)
+                if isinstance(decision, Refusal):
+                    continue
+                if best is None or decision.score > best[0]:
+                    best = (decision.score, decision, members)
+                found += len(members)
+                if found >= self._to_find or decision.score == 10:
+                    break
+            if best is not None and (found >= self._to_find or best[0] == 10):
                 break
         if best is None:
-            return _summarize(refusals, len(self.nodes))
+            return self._reason(request)
         _, placement, members = best
-        node = next(iter(members.values()))
-        self._move(node, node.state.with_used(placement.core_mask))
-        node.pods[pod] = placement
-        self._where[pod] = node
+        self._bind(next(iter(members.values())), pod, placement)
         return None
 
-    def _release(self, pod: str) -> None:
+    def _place_on(self, node: SimNode, pod: str, request: NeuronRequest) -> bool:
+        decision = allocate(node.topology, node.state, request, self.policy)
+        if isinstance(decision, Refusal):
+            return False
+        self._bind(node, pod, decision)
+        return True
+
+    def _reason(self, request: NeuronRequest) -> str:
+        refusals: Counter[str] = Counter()
+        for (topology, _, _), states in self._index.items():
+            for state, members in states.items():
+                decision = allocate(topology, state, request, self.policy)
+                if isinstance(decision, Refusal):
+                    refusals[decision.reason] += len(members)
+        return _summarize(refusals, len(self.nodes))
+
+    def _bind(self, node: SimNode, pod: str, placement: Placement) -> None:
+        self._remove(node)
+        node.state = node.state.with_used(placement.core_mask)
+        self._add(node)
+        node.pods[pod] = placement
+        self._where[pod] = node
+
+    def _release(self, pod: str) -> SimNode:
         node = self._where.pop(pod)
         placement = node.pods.pop(pod)
-        self._move(node, node.state.without(placement.core_mask))
+        self._remove(node)
+        node.state = node.state.without(placement.core_mask)
+        self._add(node)
+        return node
 
-    def _move(self, node: SimNode, state: NodeState) -> None:
-        key = (node.topology, node.state)
-        members = self._groups[key]
+    def _key(self, node: SimNode) -> GroupKey:
+        topology, used = node.topology, node.state.used_cores
+        return (
+            topology,
+            largest_free_run(topology, busy_devices(topology, used)),
+            largest_free_core_run(topology.total_cores, used),
+        )
+
+    def _add(self, node: SimNode) -> None:
+        states = self._index.setdefault(self._key(node), {})
+        states.setdefault(node.state, {})[node.name] = node
+
+    def _remove(self, node: SimNode) -> None:
+        key = self._key(node)
+        states = self._index[key]
+        members = states[node.state]
         del members[node.name]
         if not members:
-            del self._groups[key]
-        node.state = state
-        self._groups.setdefault((node.topology, state), {})[node.name] = node
+            del states[node.state]
+            if not states:
+                del self._index[key]
 
 
 def _summarize(refusals: Counter[str], nodes: int) -> str:

@@ -27,6 +27,14 @@ class Topology:
     cores_per_device: int
     # Torus only: allowed request size -> the device sets (masks) a request of that size may get.
     groups: tuple[tuple[int, tuple[int, ...]], ...] = field(default=())
+    # Derived once: allowed sets by size, and the hash (topologies key the allocator's caches,
+    # and hashing every field on each lookup was the allocator's largest cost).
+    _sets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _allowed: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -47,6 +55,18 @@ class Topology:
                         f"{self.instance_type}: group {format_ids(mask_ids(mask))} is not a set "
                         f"of {size} devices within 0-{self.devices - 1}"
                     )
+        allowed = None
+        if self.kind is TopologyKind.TORUS:
+            allowed = tuple(sorted({1, self.devices, *(size for size, _ in self.groups)}))
+        object.__setattr__(self, "_allowed", allowed)
+        object.__setattr__(
+            self, "_sets", tuple(_device_sets(self, count) for count in range(self.devices + 1))
+        )
+        object.__setattr__(
+            self,
+            "_hash",
+            hash((self.instance_type, self.kind, self.devices, self.cores_per_device, self.groups)),
+        )
 
     @property
     def total_cores(self) -> int:
@@ -59,16 +79,14 @@ class Topology:
     @property
     def allowed_device_counts(self) -> tuple[int, ...] | None:
         """Request sizes this topology accepts; None means any size from 1 to all devices."""
-        if self.kind is not TopologyKind.TORUS:
-            return None
-        return tuple(sorted({1, self.devices, *(size for size, _ in self.groups)}))
+        return self._allowed
 
     def device_sets(self, count: int) -> tuple[int, ...]:
         """Every allowed device set of `count` devices, in a fixed order (lowest start first).
 
         A switch allows any set; those are not enumerated (see `allocation`), so this is empty.
         """
-        return _device_sets(self, count)
+        return self._sets[count] if 0 <= count <= self.devices else ()
 
     def span_allowed(self, touched: int) -> bool:
         """Whether a core request may touch this set of devices (already contiguous by id)."""
@@ -85,7 +103,6 @@ class Topology:
         return _core_mask_of_devices(self.cores_per_device, devices)
 
 
-@lru_cache(maxsize=4096)
 def _device_sets(topology: Topology, count: int) -> tuple[int, ...]:
     n = topology.devices
     if count < 1 or count > n:
@@ -173,3 +190,33 @@ def parse_ids(text: str) -> list[int]:
                 raise ValueError(f"negative id {part!r}")
             ids.append(value)
     return ids
+
+
+def free_runs(topology: Topology, busy: int) -> list[tuple[int, int]]:
+    """Maximal runs of free devices as (start, length), in id order; on a ring a run may wrap
+    (it then starts near the end and its length counts the devices after the wrap)."""
+    return list(_free_runs(topology, busy))
+
+
+@lru_cache(maxsize=1 << 16)
+def _free_runs(topology: Topology, busy: int) -> tuple[tuple[int, int], ...]:
+    n = topology.devices
+    runs: list[tuple[int, int]] = []
+    start = -1
+    for d in range(n + 1):
+        free = d < n and not busy >> d & 1
+        if free and start < 0:
+            start = d
+        elif not free and start >= 0:
+            runs.append((start, d - start))
+            start = -1
+    if (
+        topology.kind is TopologyKind.RING
+        and len(runs) > 1
+        and runs[0][0] == 0
+        and runs[-1][0] + runs[-1][1] == n
+    ):
+        # The last run continues through the n-1 -> 0 link into the first.
+        last_start, last_length = runs.pop()
+        runs[0] = (last_start, last_length + runs[0][1])
+    return tuple(runs)

@@ -1,0 +1,83 @@
+"""Allocator decisions per second on a 16-device torus and a 12-device ring, random occupancy.
+
+Target (issue 2): at least 50,000 decisions/s on one core. Two figures per topology:
+- "cold": the decision function itself with its cache bypassed (every call computes),
+- "fleet": through `allocate`, whose cache is what the extender and simulator hit when many
+  nodes share a type and a state; occupancy drawn from a realistic pool of 2,000 node states.
+
+Run: uv run python bench/allocator.py [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import time
+
+from neuron_scheduler.allocation import NodeState, Policy, _decide, allocate
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.requests import NEURON, NEURONCORE, NeuronRequest, Unit
+from neuron_scheduler.topology import Topology
+
+
+def random_state(rng: random.Random, topology: Topology) -> NodeState:
+    # Occupancy of 0-90% of devices, some of them only partly (core-level) used.
+    used = 0
+    for device in range(topology.devices):
+        roll = rng.random()
+        if roll < 0.35:
+            used |= topology.core_mask_of_devices(1 << device)
+        elif roll < 0.5:
+            used |= 1 << (device * topology.cores_per_device)
+    return NodeState(used)
+
+
+def requests_for(topology: Topology) -> list[NeuronRequest]:
+    devices = [1, 2, 3, 4, 8] if topology.allowed_device_counts is None else [1, 4, 8]
+    return [NeuronRequest(NEURON, n) for n in devices] + [
+        NeuronRequest(NEURONCORE, n) for n in (1, 2, 4, 8)
+    ]
+
+
+def measure(topology: Topology, seconds: float, cold: bool, pool: int) -> float:
+    rng = random.Random(1)
+    states = [random_state(rng, topology) for _ in range(pool)]
+    requests = requests_for(topology)
+    work = [(rng.choice(states), rng.choice(requests)) for _ in range(50_000)]
+    decide = _decide.__wrapped__  # type: ignore[attr-defined]
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        for state, request in work[:2_000]:
+            if cold:
+                decide(topology, state.used_cores, 0, request.unit, request.count, Policy.BEST_FIT)
+            else:
+                allocate(topology, state, request)
+        done += 2_000
+        work = work[2_000:] + work[:2_000]
+    return done / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    catalog = Catalog.builtin()
+    print(
+        f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    )
+    assert Unit.DEVICE  # the module's enum is what requests carry
+    for instance_type in ("trn1.32xlarge", "inf2.48xlarge"):
+        topology = catalog.resolve(instance_type).topology
+        cold = measure(topology, args.seconds, cold=True, pool=50_000)
+        fleet = measure(topology, args.seconds, cold=False, pool=2_000)
+        print(
+            f"{instance_type:14} ({topology.kind.value}, {topology.devices} devices): "
+            f"cold {cold:,.0f} decisions/s, fleet (cached) {fleet:,.0f} decisions/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
