@@ -191,6 +191,43 @@ def simulate(
             )
 
 
+@app.command()
+def extender(
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account)")
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="port kube-scheduler calls")] = 12345,
+    tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="key for --tls-cert")] = None,
+    topology_file: TopologyFile = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    body_limit: Annotated[int, typer.Option(help="largest request body in bytes")] = 64 << 20,
+) -> None:
+    """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
+    from neuron_scheduler.kubeapi import ConfigError
+    from neuron_scheduler.server import ExtenderOptions, run
+
+    with user_errors():
+        if (tls_cert is None) != (tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together")
+        for path in (tls_cert, tls_key):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{path}: no such file")
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise UsageError(f"--log-level {log_level!r}: use debug, info, warning or error")
+        if not 0 < port < 65536:
+            raise UsageError(f"--port {port} is not a TCP port")
+        Catalog.load(topology_file)  # fail now, with the file's name, not inside the server
+        options = ExtenderOptions(
+            kubeconfig, host, port, tls_cert, tls_key, topology_file, log_level, body_limit
+        )
+        try:
+            run(options)
+        except ConfigError as error:
+            raise UsageError(str(error)) from error
+
+
 def _print_results(results: list[SimResult]) -> None:
     table = Table(title="Simulation", show_lines=False)
     table.add_column("")

@@ -1,0 +1,219 @@
+"""The extender's HTTP server: routes, body limits, health, metrics, and the watch tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.extender import BadRequest, Extender, ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.kubeapi import KubeAPI, load_config
+from neuron_scheduler.ledger import Ledger
+from neuron_scheduler.objects import Node, Pod
+from neuron_scheduler.requests import RequestError
+from neuron_scheduler.watching import Watch
+
+log = logging.getLogger("neuron_scheduler.server")
+
+DEFAULT_BODY_LIMIT = 64 * 1024 * 1024  # a full 5,000-node NodeList is well under this
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+def error_response(message: str, status: int) -> Response:
+    return json_response({"Error": message}, status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body of {declared} bytes is over the {limit} limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"request body is over the {limit} byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(extender: Extender, body_limit: int = DEFAULT_BODY_LIMIT) -> Starlette:
+    latency = extender.metrics.latency
+
+    def verb(
+        name: str, kind: type[Any], handler: Callable[[Any], Awaitable[Any]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            with latency.labels(name).time():
+                body = await read_body(request, body_limit)
+                try:
+                    args = msgspec.json.decode(body, type=kind)
+                except msgspec.ValidationError as error:
+                    return error_response(f"{name}: malformed request: {error}", 400)
+                except msgspec.DecodeError as error:
+                    return error_response(f"{name}: request is not JSON: {error}", 400)
+                try:
+                    return json_response(await handler(args))
+                except (BadRequest, RequestError) as error:
+                    return error_response(f"{name}: {error}", 400)
+
+        return endpoint
+
+    async def do_filter(args: ExtenderArgs) -> Any:
+        return extender.filter(args).wire()
+
+    async def do_prioritize(args: ExtenderArgs) -> Any:
+        return extender.prioritize(args)
+
+    async def do_bind(args: ExtenderBindingArgs) -> Any:
+        return {"Error": await extender.bind(args)}
+
+    async def healthz(_: Request) -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    async def readyz(_: Request) -> Response:
+        if extender.ready.is_set():
+            return Response("ok\n", media_type="text/plain")
+        return Response("cache not synced\n", 503, media_type="text/plain")
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        detail = exc.detail
+        if exc.status_code == 404:
+            detail = "unknown path; the extender serves POST /filter, /prioritize, /bind"
+        return error_response(detail, exc.status_code)
+
+    async def crash(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error answering a request: %s", exc)
+        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    routes = [
+        Route("/filter", verb("filter", ExtenderArgs, do_filter), methods=["POST"]),
+        Route("/prioritize", verb("prioritize", ExtenderArgs, do_prioritize), methods=["POST"]),
+        Route("/bind", verb("bind", ExtenderBindingArgs, do_bind), methods=["POST"]),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+    ]
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: http_error, Exception: crash}
+    )
+
+
+@dataclass
+class ExtenderOptions:
+    kubeconfig: Path | None = None
+    host: str = "0.0.0.0"
+    port: int = 12345
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    topology_file: Path | None = None
+    log_level: str = "info"
+    body_limit: int = DEFAULT_BODY_LIMIT
+
+
+def start_watches(api: KubeAPI, ledger: Ledger, extender: Extender) -> list[asyncio.Task[None]]:
+    nodes: Watch[Node] = Watch(
+        api,
+        "/api/v1/nodes",
+        Node,
+        on_list=ledger.replace_nodes,
+        on_change=ledger.apply_node,
+        on_delete=lambda node: ledger.remove_node(node.metadata.name),
+    )
+    pods: Watch[Pod] = Watch(
+        api,
+        "/api/v1/pods",
+        Pod,
+        on_list=ledger.replace_pods,
+        on_change=ledger.apply_pod,
+        on_delete=lambda pod: ledger.remove_pod(pod.metadata.uid),
+        # Finished pods hold nothing; when one finishes the watch reports it as deleted.
+        params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
+    )
+
+    async def mark_ready() -> None:
+        await nodes.synced.wait()
+        await pods.synced.wait()
+        extender.ready.set()
+        log.info(
+            "cache synced: %d Neuron nodes, %d pods holding Neuron resources",
+            len(ledger.nodes),
+            ledger.pod_count,
+        )
+
+    loop = asyncio.get_running_loop()
+    return [
+        loop.create_task(nodes.run()),
+        loop.create_task(pods.run()),
+        loop.create_task(mark_ready()),
+    ]
+
+
+async def serve(options: ExtenderOptions) -> None:
+    catalog = Catalog.load(options.topology_file)
+    config = load_config(options.kubeconfig)
+    async with KubeAPI(config) as api:
+        ledger = Ledger(catalog)
+        extender = Extender(ledger, api)
+        app = build_app(extender, options.body_limit)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=options.host,
+                port=options.port,
+                loop="none",
+                http="httptools",
+                access_log=False,
+                log_level=options.log_level.lower(),
+                ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
+                ssl_keyfile=str(options.tls_key) if options.tls_key else None,
+                timeout_graceful_shutdown=5,
+                lifespan="off",
+            )
+        )
+        tasks = start_watches(api, ledger, extender)
+        log.info(
+            "extender listening on %s://%s:%d (API server %s)",
+            "https" if options.tls_cert else "http",
+            options.host,
+            options.port,
+            config.server,
+        )
+        try:
+            await server.serve()
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def run(options: ExtenderOptions) -> None:
+    import uvloop
+
+    logging.basicConfig(
+        level=options.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvloop.run(serve(options))

@@ -1,0 +1,230 @@
+"""The extender's HTTP protocol as kube-scheduler speaks it, over a real socket on 127.0.0.1.
+
+Filter and prioritize need only the cache, so they run here without an API server; bind runs
+against the real kube-apiserver in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.extender import Extender
+from neuron_scheduler.ledger import Ledger
+from neuron_scheduler.server import build_app
+from tests.kube import node, node_json, pod, pod_json
+
+CORE = "aws.amazon.com/neuroncore"
+DEV = "aws.amazon.com/neuron"
+WARNING_7 = (
+    "Instance type trn1.32xlarge does not support requests for device: 7. "
+    "Please request a different number of devices."
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def extender() -> Iterator[tuple[str, Extender]]:
+    ledger = Ledger(Catalog.builtin())
+    ledger.replace_nodes(
+        [
+            node("inf1-a", "inf1.6xlarge"),
+            node("inf2-a", "inf2.48xlarge"),
+            node("trn1-a", "trn1.32xlarge"),
+            node("trn1-b", "trn1.32xlarge"),
+        ]
+    )
+    # inf2-a: devices 1,3,5,7,9,11 taken: no 2 contiguous devices left.
+    ledger.apply_pod(
+        pod(
+            "spread",
+            {DEV: 6},
+            node="inf2-a",
+            annotations={"AWS_NEURON_IDS": "1,3,5,7,9,11", "NEURON_RESOURCE_TYPE": DEV},
+        )
+    )
+    ext = Extender(ledger, None)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_app(ext, body_limit=1 << 20),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", ext
+    server.should_exit = True
+    thread.join(10)
+
+
+def post(base: str, path: str, body: bytes | Any, expect: int = 200) -> Any:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == expect
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        assert error.code == expect, error.read()
+        return json.loads(error.read())
+
+
+def cache_args(pod_body: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": pod_body, "Nodes": None, "NodeNames": names}
+
+
+def full_args(pod_body: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"Pod": pod_body, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
+
+
+ALL = ["inf1-a", "inf2-a", "trn1-a", "trn1-b"]
+NODE_OBJECTS = [
+    node_json("inf1-a", "inf1.6xlarge"),
+    node_json("inf2-a", "inf2.48xlarge"),
+    node_json("trn1-a", "trn1.32xlarge"),
+    node_json("trn1-b", "trn1.32xlarge"),
+]
+
+
+@pytest.mark.parametrize("mode", ["names", "nodes"])
+def test_filter_torus_warning_goes_to_unresolvable(
+    extender: tuple[str, Extender], mode: str
+) -> None:
+    base, _ = extender
+    body = pod_json("p7", {DEV: 7})
+    args = cache_args(body, ALL) if mode == "names" else full_args(body, NODE_OBJECTS)
+    result = post(base, "/filter", args)
+    assert result["FailedAndUnresolvableNodes"]["trn1-a"] == WARNING_7
+    assert result["FailedAndUnresolvableNodes"]["trn1-b"] == WARNING_7
+    assert "inf1-a" in result["FailedAndUnresolvableNodes"]  # 4 devices only
+    assert result["FailedNodes"]["inf2-a"] == "needs 7 devices; only 6 devices free"
+    assert result["NodeNames"] == [] and result["Nodes"]["items"] == []
+    assert result["Error"] == ""
+
+
+@pytest.mark.parametrize("mode", ["names", "nodes"])
+def test_filter_two_devices_fit_rings_not_tori(extender: tuple[str, Extender], mode: str) -> None:
+    base, _ = extender
+    body = pod_json("p2", {DEV: 2})
+    args = cache_args(body, ALL) if mode == "names" else full_args(body, NODE_OBJECTS)
+    result = post(base, "/filter", args)
+    # 2 devices: fine on the empty inf1 chain, refused on tori (not 1/4/8/16), and inf2-a has
+    # no two contiguous free devices.
+    assert result["NodeNames"] == ["inf1-a"]
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["inf1-a"]
+    assert "largest free contiguous run is 1" in result["FailedNodes"]["inf2-a"]
+
+
+def test_filter_without_neuron_request_passes_everything(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    result = post(base, "/filter", cache_args(pod_json("web", {"cpu": 1}), ALL))
+    assert result["NodeNames"] == ALL and result["FailedNodes"] == {}
+
+
+def test_filter_mixed_kinds_is_refused_everywhere(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    result = post(base, "/filter", cache_args(pod_json("mix", [{DEV: 1}, {CORE: 2}]), ALL))
+    assert result["NodeNames"] == []
+    assert all(
+        "more than one Neuron resource kind" in r
+        for r in result["FailedAndUnresolvableNodes"].values()
+    )
+
+
+def test_filter_unknown_node_name_is_a_resolvable_failure(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    result = post(base, "/filter", cache_args(pod_json("p", {CORE: 1}), ["new-node"]))
+    assert result["FailedNodes"] == {"new-node": "node is not in neuron-scheduler's cache yet"}
+
+
+def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    scores = post(base, "/prioritize", cache_args(pod_json("p", {DEV: 4}), ALL))
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["inf1-a"] == 10  # 4 of 4 devices
+    assert by_host["inf2-a"] == 0  # does not fit
+    assert 0 < by_host["trn1-a"] < 10
+    assert all(0 <= s <= 10 for s in by_host.values())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/filter", b"{not json", 400, "not JSON"),
+        ("/filter", {"Pod": "nope", "NodeNames": []}, 400, "malformed request"),
+        ("/filter", {"Pod": None, "NodeNames": ["a"]}, 400, "no Pod"),
+        ("/filter", {"Pod": {}, "Nodes": None, "NodeNames": None}, 400, "neither NodeNames"),
+        ("/prioritize", [], 400, "malformed"),
+        ("/bind", {"PodName": "x"}, 400, "bind needs"),
+        ("/preempt", {}, 404, "unknown path"),
+    ],
+)
+def test_bad_requests_get_json_errors(
+    extender: tuple[str, Extender], path: str, body: Any, status: int, message: str
+) -> None:
+    base, _ = extender
+    result = post(base, path, body, expect=status)
+    assert message in result["Error"]
+    # The server keeps serving.
+    assert post(base, "/filter", cache_args(pod_json("p", {CORE: 1}), ["inf1-a"]))["NodeNames"]
+
+
+def test_body_over_the_limit_is_refused_before_reading(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2097152\r\n\r\n"
+        )
+        reply = conn.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 413")
+    assert "over the 1048576 limit" in reply
+
+
+def test_quantity_that_is_not_a_number(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    body = pod_json("q", {CORE: 1})
+    body["spec"]["containers"][0]["resources"]["limits"][CORE] = "lots"
+    result = post(base, "/filter", cache_args(body, ["inf1-a"]))
+    assert "cannot read quantity" in result["FailedAndUnresolvableNodes"]["inf1-a"]
+
+
+def test_health_ready_and_metrics(extender: tuple[str, Extender]) -> None:
+    base, ext = extender
+    with urllib.request.urlopen(base + "/healthz") as response:
+        assert response.status == 200
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(base + "/readyz")
+    assert raised.value.code == 503
+    ext.ready.set()
+    with urllib.request.urlopen(base + "/readyz") as response:
+        assert response.status == 200
+    with urllib.request.urlopen(base + "/metrics") as response:
+        text = response.read().decode()
+    assert 'neuron_scheduler_node_free_devices{node="inf2-a"} 6.0' in text
+    assert 'neuron_scheduler_filter_nodes_total{outcome="unresolvable"}' in text
+    assert 'neuron_scheduler_request_seconds_count{verb="filter"}' in text

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+from neuron_scheduler.allocation import NodeState
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.ledger import Ledger
+from tests.kube import node, pod
+
+CORE = "aws.amazon.com/neuroncore"
+DEV = "aws.amazon.com/neuron"
+
+
+def ours(node_name: str, cores: str, devs: str, ids: str, resource: str = CORE) -> dict[str, str]:
+    return {
+        "AWS_NEURON_IDS": ids,
+        "NEURON_RESOURCE_TYPE": resource,
+        "NEURON_CORES": cores,
+        "NEURON_DEVS": devs,
+        "NEURON_NODE": node_name,
+        "NEURON_ALLOCATED": "false",
+    }
+
+
+def mask(*ids: int) -> int:
+    return sum(1 << i for i in ids)
+
+
+def ledger_with(*objects: object) -> Ledger:
+    ledger = Ledger(Catalog.builtin())
+    ledger.replace_nodes([node("n1", "inf1.6xlarge"), node("t1", "trn1.32xlarge")])
+    return ledger
+
+
+def test_bound_pod_with_our_annotations_holds_exactly_its_cores() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("a", {CORE: 2}, node="n1", annotations=ours("n1", "2,3", "0", "2,3")))
+    assert ledger.state("n1") == NodeState(mask(2, 3), 0)
+
+
+def test_unbound_pending_and_finished_pods_hold_nothing() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("pending", {CORE: 2}, annotations=ours("n1", "0,1", "0", "0,1")))
+    ledger.apply_pod(
+        pod(
+            "done",
+            {CORE: 2},
+            node="n1",
+            phase="Succeeded",
+            annotations=ours("n1", "4,5", "1", "4,5"),
+        )
+    )
+    assert ledger.state("n1") == NodeState()
+
+
+def test_finishing_frees_at_once() -> None:
+    ledger = ledger_with()
+    running = pod("a", {DEV: 1}, node="t1", uid="u1", annotations=ours("t1", "0,1", "0", "0", DEV))
+    ledger.apply_pod(running)
+    assert ledger.state("t1").used_cores == mask(0, 1)
+    running.status.phase = "Failed"
+    ledger.apply_pod(running)
+    assert ledger.state("t1") == NodeState()
+
+
+def test_annotations_for_another_node_do_not_count_there() -> None:
+    ledger = ledger_with()
+    # Annotated for n1 but bound to t1 (a bind that failed and a later one elsewhere):
+    # the ids are meaningless on t1, so its size counts with unknown ids.
+    ledger.apply_pod(pod("a", {CORE: 2}, node="t1", annotations=ours("n1", "0,1", "0", "0,1")))
+    assert ledger.state("n1") == NodeState()
+    assert ledger.state("t1") == NodeState(0, 2)
+
+
+def test_pods_from_another_scheduler_count_by_size() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("other", {DEV: 2}, node="t1"))
+    assert ledger.state("t1") == NodeState(0, 4)  # 2 devices x 2 cores, ids unknown
+
+
+def test_pods_without_neuron_requests_never_count() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("device-plugin", {"cpu": 1}, node="n1"))
+    assert ledger.state("n1") == NodeState()
+    assert ledger.pod_count == 0
+
+
+def test_withheld_capacity_counts_as_unknown() -> None:
+    ledger = Ledger(Catalog.builtin())
+    ledger.apply_node(node("n1", "inf1.6xlarge", allocatable_cores=12))
+    assert ledger.state("n1") == NodeState(0, 4)
+
+
+def test_upstream_annotations_without_node_key_are_trusted() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("up", {DEV: 2}, node="t1", annotations={"AWS_NEURON_IDS": "4,5"}))
+    assert ledger.state("t1").used_cores == mask(8, 9, 10, 11)
+
+
+def test_unreadable_annotations_count_by_size() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("bad", {CORE: 3}, node="n1", annotations={"AWS_NEURON_IDS": "x,y"}))
+    assert ledger.state("n1") == NodeState(0, 3)
+
+
+def test_reservation_holds_until_the_watch_shows_the_binding() -> None:
+    ledger = ledger_with()
+    ledger.reserve("u9", "default/a", "n1", mask(0, 1, 2))
+    assert ledger.state("n1").used_cores == mask(0, 1, 2)
+    # A stale event from before the bind (still unbound) must not drop the reservation.
+    ledger.apply_pod(pod("a", {CORE: 3}, uid="u9"))
+    assert ledger.state("n1").used_cores == mask(0, 1, 2)
+    ledger.apply_pod(
+        pod("a", {CORE: 3}, uid="u9", node="n1", annotations=ours("n1", "0,1,2", "0", "0,1,2"))
+    )
+    assert ledger.reservation("u9") is None
+    assert ledger.state("n1").used_cores == mask(0, 1, 2)
+    ledger.remove_pod("u9")
+    assert ledger.state("n1") == NodeState()
+
+
+def test_relist_diff_forgets_deleted_pods_and_rebuilds_identically() -> None:
+    pods = [
+        pod("a", {CORE: 2}, node="n1", uid="a", annotations=ours("n1", "0,1", "0", "0,1")),
+        pod(
+            "b",
+            {DEV: 4},
+            node="t1",
+            uid="b",
+            annotations=ours("t1", "0,1,2,3,4,5,6,7", "0,1,2,3", "0,1,2,3", DEV),
+        ),
+        pod("c", {DEV: 1}, node="t1", uid="c"),
+    ]
+    first = ledger_with()
+    first.replace_pods(pods)
+    # A re-list after missed events: pod a is gone.
+    first.replace_pods(pods[1:])
+    assert first.state("n1") == NodeState()
+    # A restarted extender listing the same pods reaches the same state.
+    second = ledger_with()
+    second.replace_pods(pods[1:])
+    for name in ("n1", "t1"):
+        assert first.state(name) == second.state(name)
+
+
+def test_node_removed_and_relisted() -> None:
+    ledger = ledger_with()
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    assert set(ledger.nodes) == {"n1"}
+    ledger.apply_node(node("cpu-only", "m5.large"))
+    assert "cpu-only" not in ledger.nodes
