@@ -1,0 +1,44 @@
+# Make fragment: builds the Kubernetes multi-call binary (tools/kube) used by the
+# integration tests. Include it from the top-level Makefile:
+#
+#   include tools/kube.mk
+#   test-integration: $(KUBE_BIN)
+#
+# The binary lives outside the repo, keyed by a hash of everything that affects
+# it, so fresh clones on the same machine reuse a previous build (a cold build
+# takes several minutes) and any change to tools/kube yields a new path, which
+# make then sees as missing. That is also why the target has no file
+# prerequisites: a new checkout's mtimes would otherwise force a rebuild.
+
+KUBE_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))/kube
+KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' $(KUBE_DIR)/go.mod)
+KUBE_MAJOR := $(word 1,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION))))
+KUBE_MINOR := $(word 2,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION))))
+KUBE_HASH := $(shell { go env GOVERSION 2>/dev/null; cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/*.go; } | sha256sum | cut -c1-12)
+KUBE_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/neuron-scheduler
+KUBE_BIN_DIR := $(KUBE_CACHE_DIR)/kube-$(KUBE_HASH)
+KUBE_BIN := $(KUBE_BIN_DIR)/kubebin
+# For recipes: the testbed's find_kubebin() reads it instead of calling make.
+export KUBE_BIN
+# Symlinks named after each component, so KUBE_BIN_DIR can go on PATH.
+KUBE_COMPONENTS := kube-apiserver kube-scheduler etcd kubectl
+
+# Without these the servers report v0.0.0-master, which kubectl and helm reject
+# as skewed. client-go's copy is what `kubectl version --client` prints.
+KUBE_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+  -X $(p).gitVersion=$(KUBE_VERSION) -X $(p).gitMajor=$(KUBE_MAJOR) \
+  -X $(p).gitMinor=$(KUBE_MINOR) -X $(p).gitTreeState=clean)
+
+$(KUBE_BIN):
+	@mkdir -p $(@D)
+	@echo "building Kubernetes $(KUBE_VERSION) multi-call binary into $(@D) (cold: several minutes)"
+	cd $(KUBE_DIR) && CGO_ENABLED=0 go build -ldflags '$(KUBE_LDFLAGS)' -o $@.tmp.$$$$ . && mv -f $@.tmp.$$$$ $@
+	@for c in $(KUBE_COMPONENTS); do ln -sfn kubebin $(@D)/$$c; done
+
+.PHONY: kube-bin kube-bin-clean
+kube-bin: $(KUBE_BIN)
+	@echo $(KUBE_BIN)
+
+# Removes every cached build, including ones other checkouts may still use.
+kube-bin-clean:
+	rm -rf $(KUBE_CACHE_DIR)/kube-*
