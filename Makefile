@@ -23,7 +23,7 @@ lint: sync
 typecheck: sync
 	$(UV) run mypy --strict src
 
-test: lint typecheck
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN)
 	$(UV) run pytest $(PYTEST_ARGS)
 
 unit: sync
@@ -38,3 +38,6 @@ bench: sync
 
 clean:
 	rm -rf report .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+include tools/kube.mk
+include tools/kubeletpeer.mk

@@ -1,0 +1,312 @@
+"""The end-to-end stack: real etcd, kube-apiserver and kube-scheduler, and our extender process.
+
+The extender runs as its own process with a ServiceAccount token bound to the chart's ClusterRole
+(charts/neuron-scheduler/files/extender-rules.yaml), never as admin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from neuron_scheduler.testbed import (
+    ControlPlane,
+    KubeError,
+    ManagedProcess,
+    Scheduler,
+    fake_neuron_node,
+    free_ports,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
+NEURON = "aws.amazon.com/neuron"
+NEURONCORE = "aws.amazon.com/neuroncore"
+CAPACITY = {
+    "inf1.6xlarge": (4, 16),
+    "inf1.24xlarge": (16, 64),
+    "inf2.24xlarge": (6, 12),
+    "inf2.48xlarge": (12, 24),
+    "trn1.32xlarge": (16, 32),
+    "trn2.48xlarge": (16, 64),
+}
+WARNING_7 = (
+    "Instance type trn1.32xlarge does not support requests for device: 7. "
+    "Please request a different number of devices."
+)
+
+T = TypeVar("T")
+
+
+def build_kubebin() -> Path:
+    """Builds (first time) or finds the Kubernetes multi-call binary through make."""
+    result = subprocess.run(
+        ["make", "-s", "--no-print-directory", "kube-bin"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"make kube-bin failed:\n{result.stdout}\n{result.stderr}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def wait_for(check: Callable[[], T | None], what: str, seconds: float = 60.0) -> T:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Extender:
+    """Our extender as a separate process, restartable and killable like a real pod."""
+
+    def __init__(self, cp: ControlPlane, kubeconfig: Path) -> None:
+        self.cp = cp
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = ManagedProcess(
+            "extender",
+            [
+                sys.executable,
+                "-m",
+                "neuron_scheduler",
+                "extender",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "info",
+            ],
+            cp.log_dir / "extender.log",
+        )
+
+    def start(self) -> None:
+        self.process.start()
+        wait_for(lambda: self.process.alive() and self._ready(), "extender /readyz", 60)
+
+    def _ready(self) -> bool:
+        if not self.process.alive():
+            raise AssertionError(f"extender exited:\n{self.process.log_tail()}")
+        try:
+            with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        self.process.stop(kill=True)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+class Stack:
+    """A control plane, an extender and a `my-scheduler` using it."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        rules = yaml.safe_load(RULES.read_text())
+        cp.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "neuron-scheduler-extender"},
+                "rules": rules,
+            },
+        )
+        credentials = cp.service_account("kube-system", "neuron-scheduler")
+        cp.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "neuron-scheduler-extender"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "neuron-scheduler-extender",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
+        self.extender_token = credentials.token
+        self.extender = Extender(cp, credentials.kubeconfig_path)
+        self.extender.start()
+        self.scheduler: Scheduler | None = None
+        self.node_cache_capable = True
+
+    def use_scheduler(self, node_cache_capable: bool) -> None:
+        if self.scheduler is not None and self.node_cache_capable == node_cache_capable:
+            return
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.node_cache_capable = node_cache_capable
+        self.scheduler = self.cp.start_scheduler(self.extender.url, node_cache_capable)
+
+    def logs(self) -> dict[str, Path]:
+        return {**self.cp.log_paths, "extender": self.extender.process.log_path}
+
+
+class Scenario:
+    """One test's nodes and namespace, isolated from other tests by a label and a selector."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.cp = stack.cp
+        self.id = uuid.uuid4().hex[:8]
+        self.namespace = f"t-{self.id}"
+        self.cp.client.ensure_namespace(self.namespace)
+        self.nodes: list[str] = []
+
+    def add_node(self, instance_type: str, name: str | None = None) -> str:
+        devices, cores = CAPACITY[instance_type]
+        name = name or f"{instance_type.replace('.', '-')}-{self.id}-{len(self.nodes)}"
+        body = fake_neuron_node(
+            name, instance_type, devices, cores, extra_labels={"neuron-test": self.id}
+        )
+        self.cp.request("POST", "/api/v1/nodes", body)
+        self.nodes.append(name)
+        return name
+
+    def pod_body(
+        self,
+        name: str,
+        limits: dict[str, int] | list[dict[str, int]],
+        annotations: dict[str, str] | None = None,
+        scheduler: str = "my-scheduler",
+    ) -> dict[str, Any]:
+        containers = limits if isinstance(limits, list) else [limits]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "annotations": annotations or {},
+            },
+            "spec": {
+                "schedulerName": scheduler,
+                "nodeSelector": {"neuron-test": self.id},
+                "containers": [
+                    {
+                        "name": f"c{i}",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {k: str(v) for k, v in c.items()}},
+                    }
+                    for i, c in enumerate(containers)
+                ],
+            },
+        }
+
+    def create_pod(
+        self, name: str, limits: dict[str, int] | list[dict[str, int]], **kwargs: Any
+    ) -> dict[str, Any]:
+        body = self.pod_body(name, limits, **kwargs)
+        created: dict[str, Any] = self.cp.request(
+            "POST", f"/api/v1/namespaces/{self.namespace}/pods", body
+        )
+        return created
+
+    def pod(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.cp.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+        )
+        return found
+
+    def pods(self) -> list[dict[str, Any]]:
+        listed: dict[str, Any] = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+        return list(listed["items"])
+
+    def wait_bound(self, name: str, seconds: float = 60) -> dict[str, Any]:
+        def bound() -> dict[str, Any] | None:
+            pod = self.pod(name)
+            return pod if pod["spec"].get("nodeName") else None
+
+        return wait_for(bound, f"pod {name} to be bound", seconds)
+
+    def wait_all_bound(self, seconds: float) -> None:
+        """Every pod of the scenario bound; on time-out, says which are not and why."""
+        try:
+            wait_for(
+                lambda: all(p["spec"].get("nodeName") for p in self.pods()),
+                "every pod to be bound",
+                seconds,
+            )
+        except AssertionError:
+            pending = [p["metadata"]["name"] for p in self.pods() if not p["spec"].get("nodeName")]
+            reasons = {n: [e.get("message", "") for e in self.events(n)][-2:] for n in pending[:5]}
+            raise AssertionError(f"{len(pending)} pods not bound, e.g. {dump(reasons)}") from None
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/events")
+        return [e for e in listed["items"] if e["involvedObject"]["name"] == name]
+
+    def wait_event(
+        self, name: str, reason: str, contains: str = "", seconds: float = 60
+    ) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            for event in self.events(name):
+                if event["reason"] == reason and contains in event.get("message", ""):
+                    return event
+            return None
+
+        return wait_for(find, f"{reason} event on {name} containing {contains!r}", seconds)
+
+    def delete_pod(self, name: str) -> None:
+        with contextlib.suppress(KubeError):
+            self.cp.request(
+                "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}?gracePeriodSeconds=0"
+            )
+
+    def cleanup(self) -> None:
+        for pod in self.pods():
+            self.delete_pod(pod["metadata"]["name"])
+        for node in self.nodes:
+            with contextlib.suppress(KubeError):
+                self.cp.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def ids(pod: dict[str, Any], key: str = "AWS_NEURON_IDS") -> list[int]:
+    text = pod["metadata"].get("annotations", {}).get(key, "")
+    return [int(x) for x in text.split(",") if x]
+
+
+def dump(value: Any) -> str:
+    return json.dumps(value, indent=1)[:4000]
