@@ -26,9 +26,21 @@ CORES = "NEURON_CORES"
 DEVS = "NEURON_DEVS"
 NODE = "NEURON_NODE"
 CONTAINER_IDS = "NEURON_CONTAINER_IDS"
+# Written by the device plugin for pods with several Neuron containers: those already served.
+ALLOCATED_CONTAINERS = "NEURON_ALLOCATED_CONTAINERS"
 
 # Every key this project writes: a patch that removes ours must name exactly these.
-OURS = (IDS, RESOURCE_TYPE, ALLOC_TIME, ALLOCATED, CORES, DEVS, NODE, CONTAINER_IDS)
+OURS = (
+    IDS,
+    RESOURCE_TYPE,
+    ALLOC_TIME,
+    ALLOCATED,
+    CORES,
+    DEVS,
+    NODE,
+    CONTAINER_IDS,
+    ALLOCATED_CONTAINERS,
+)
 
 
 class AnnotationError(ValueError):

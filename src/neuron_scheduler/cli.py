@@ -17,6 +17,7 @@ from rich.table import Table
 
 from neuron_scheduler.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.catalog import Catalog, CatalogError
+from neuron_scheduler.deviceplugin.command import register as register_device_plugin
 from neuron_scheduler.requests import NeuronRequest, RequestError, Unit, resource_name
 from neuron_scheduler.scenario import ScenarioError, load_fleet, load_workload
 from neuron_scheduler.simulation import (
@@ -279,6 +280,9 @@ def _print_results(results: list[SimResult]) -> None:
         for reason, count in reasons.most_common(5):
             pending.add_row(str(count), reason)
         out.print(pending)
+
+
+register_device_plugin(app)
 
 
 def main() -> None:

@@ -1,0 +1,337 @@
+"""Answers kubelet's GetPreferredAllocation and Allocate from the scheduler's pod annotations, and
+marks pods allocated. Shared by the three resource endpoints, because a core and the device that
+owns it are the same silicon whichever resource kubelet asks through."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from neuron_scheduler import annotations as keys
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.deviceplugin.backoff import Backoff
+from neuron_scheduler.deviceplugin.devicewatch import DeviceState
+from neuron_scheduler.deviceplugin.matching import (
+    ALLOCATED_CONTAINERS,
+    Holding,
+    Matched,
+    NodeView,
+    Refused,
+    Unclaimed,
+    decide_allocation,
+    node_view,
+    parse_ids,
+    preferred_ids,
+)
+from neuron_scheduler.deviceplugin.pods import NodePods
+from neuron_scheduler.deviceplugin.v1beta1 import api_pb2
+from neuron_scheduler.kubeapi import ApiError
+from neuron_scheduler.objects import Pod
+from neuron_scheduler.requests import Unit
+from neuron_scheduler.topology import Topology, format_ids
+
+log = logging.getLogger(__name__)
+
+# What a failed API call looks like from here: the server answered with an error, or could not be
+# reached at all.
+API_ERRORS = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
+VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"
+VISIBLE_DEVICES = "AWS_NEURON_VISIBLE_DEVICES"
+
+
+class AllocationError(Exception):
+    """Allocate must fail; the message is what kubelet shows on the pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    available: tuple[str, ...]
+    must_include: tuple[str, ...]
+    size: int
+
+
+def container_response(
+    unit: Unit, ids: Sequence[int], cores_per_device: int
+) -> api_pb2.ContainerAllocateResponse:
+    """The device files and environment for one container's ids."""
+    if unit is Unit.CORE:
+        cores = sorted(ids)
+        devices = sorted({c // cores_per_device for c in cores})
+    else:
+        devices = sorted(ids)
+        cores = [d * cores_per_device + i for d in devices for i in range(cores_per_device)]
+    envs = {VISIBLE_CORES: ",".join(map(str, cores))}
+    if unit is Unit.DEVICE:
+        envs[VISIBLE_DEVICES] = ",".join(map(str, devices))
+    # Host paths are kubelet's view, always /dev: --dev-root only says where this process sees it.
+    specs = [
+        api_pb2.DeviceSpec(
+            container_path=f"/dev/neuron{d}", host_path=f"/dev/neuron{d}", permissions="rw"
+        )
+        for d in devices
+    ]
+    return api_pb2.ContainerAllocateResponse(envs=envs, devices=specs)
+
+
+class Assigner:
+    LIST_ATTEMPTS = 4  # inside one Allocate: about 7 s of backoff before giving up
+    NODE_RETRY_SECONDS = 30.0
+
+    def __init__(
+        self, pods: NodePods, node: str, state: DeviceState, catalog: Catalog | None = None
+    ) -> None:
+        self.pods = pods
+        self.node = node
+        self.state = state
+        self.catalog = catalog or Catalog.builtin()
+        self._lock = asyncio.Lock()
+        self._instance_type: str | None = None
+        self._node_checked = float("-inf")
+        self._warned: set[str] = set()
+        # (pod uid, container) given ids by this process, until the pod's annotation shows it.
+        self._handed_out: set[tuple[str, str]] = set()
+        self._retries: set[asyncio.Task[None]] = set()
+
+    # --- reading the node -----------------------------------------------------------------
+
+    def _warn_once(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            log.warning("%s", text)
+
+    async def topology(self) -> Topology:
+        now = time.monotonic()
+        if self._instance_type is None and now - self._node_checked >= self.NODE_RETRY_SECONDS:
+            self._node_checked = now
+            try:
+                node = await self.pods.get_node()
+            except API_ERRORS as error:
+                log.warning("cannot read node %s for its instance type: %s", self.node, error)
+            else:
+                if node is None:
+                    self._warn_once(f"node {self.node} does not exist in the API")
+                elif node.instance_type:
+                    self._instance_type = node.instance_type
+                else:
+                    self._warn_once(f"node {self.node} has no node.kubernetes.io/instance-type")
+        devices = self.state.device_count
+        resolved = self.catalog.resolve(
+            self._instance_type or "", devices, devices * self.state.cores_per_device
+        )
+        if resolved.warning:
+            self._warn_once(resolved.warning)
+        return resolved.topology
+
+    async def _pods(self, attempts: int) -> list[Pod]:
+        backoff = Backoff(initial=0.5, maximum=4.0)
+        while True:
+            try:
+                return await self.pods.list_pods()
+            except API_ERRORS as error:
+                if backoff.failures + 1 >= attempts:
+                    raise AllocationError(
+                        f"cannot read the pods of node {self.node} from the Kubernetes API "
+                        f"({error}); refusing to guess which pod kubelet is starting"
+                    ) from error
+                delay = backoff.failed()
+                log.warning(
+                    "listing pods on %s failed (%s); retrying in %.1fs", self.node, error, delay
+                )
+                await asyncio.sleep(delay)
+
+    def _view(self, pods: list[Pod]) -> NodeView:
+        view = node_view(pods, self.node, self.state.cores_per_device)
+        for problem in view.unreadable:
+            self._warn_once(f"ignoring unreadable Neuron annotations of {problem}")
+        # Forget hand-outs the annotations now show, or whose pod is gone or done.
+        shown = {
+            (h.uid, name)
+            for h in view.holdings
+            if h.pending
+            for name in h.slot_names - h.allocated_containers
+        }
+        self._handed_out &= shown
+        return view
+
+    # --- GetPreferredAllocation -----------------------------------------------------------
+
+    async def preferred(self, unit: Unit, requests: Sequence[ContainerRequest]) -> list[list[str]]:
+        try:
+            view = self._view(await self._pods(attempts=1))
+        except AllocationError as error:
+            # A preference is only advice; kubelet still gets an answer it can use.
+            log.warning("GetPreferredAllocation without the scheduler's choices: %s", error)
+            view = NodeView(())
+        topology = await self.topology()
+        answers: list[list[str]] = []
+        taken: list[tuple[str, str]] = list(self._handed_out)
+        for request in requests:
+            available = parse_ids(request.available)
+            must = parse_ids(request.must_include)
+            if available is None or must is None:
+                log.warning("GetPreferredAllocation with ids that are not ours: %s", request)
+                answers.append(list(request.must_include))
+                continue
+            ids, slot = preferred_ids(
+                view,
+                unit,
+                available,
+                must,
+                request.size,
+                self.state.cores_per_device,
+                topology,
+                taken,
+            )
+            if slot is not None:
+                taken.append((slot.uid, slot.container))
+                log.info(
+                    "preferring %s %s for %s container %s (size %d)",
+                    unit.value,
+                    format_ids(list(ids)),
+                    slot.pod,
+                    slot.container,
+                    request.size,
+                )
+            else:
+                log.info(
+                    "no pending pod on %s has %d %ss among the %d offered; preferring %s",
+                    self.node,
+                    request.size,
+                    unit.value,
+                    len(available),
+                    format_ids(list(ids)),
+                )
+            answers.append([str(i) for i in ids])
+        return answers
+
+    # --- Allocate -------------------------------------------------------------------------
+
+    async def allocate(
+        self, resource: str, unit: Unit, requests: Sequence[Sequence[str]]
+    ) -> list[api_pb2.ContainerAllocateResponse]:
+        async with self._lock:
+            pods = await self._pods(attempts=self.LIST_ATTEMPTS)
+            view = self._view(pods)
+            by_uid = {p.metadata.uid: p for p in pods}
+            topology = await self.topology()
+            responses: list[api_pb2.ContainerAllocateResponse] = []
+            marks: list[Holding] = []
+            for raw in requests:
+                ids = parse_ids(raw)
+                if ids is None or not ids:
+                    raise AllocationError(
+                        f"kubelet asked {resource} for ids {list(raw)!r}, which this plugin "
+                        "never advertised"
+                    )
+                decision = decide_allocation(
+                    view,
+                    unit,
+                    ids,
+                    self.state.cores_per_device,
+                    topology,
+                    frozenset(self._handed_out),
+                )
+                if isinstance(decision, Refused):
+                    log.warning("Allocate refused: %s", decision.message)
+                    raise AllocationError(decision.message)
+                response = container_response(unit, ids, self.state.cores_per_device)
+                visible = response.envs[VISIBLE_CORES]
+                if isinstance(decision, Unclaimed):
+                    log.warning("%s: %s", resource, decision.note)
+                elif isinstance(decision, Matched):
+                    slot = decision.slot
+                    log.info(
+                        "%s %s -> %s container %s: %s, %s=%s",
+                        resource,
+                        format_ids(sorted(ids)),
+                        slot.pod,
+                        slot.container,
+                        ",".join(d.host_path for d in response.devices),
+                        VISIBLE_CORES,
+                        visible,
+                    )
+                    if not decision.again:
+                        self._handed_out.add((slot.uid, slot.container))
+                        marks.append(decision.holding)
+                responses.append(response)
+            for holding in marks:
+                pod = by_uid.get(holding.uid)
+                if pod is not None:
+                    await self._mark(pod, holding)
+            return responses
+
+    def _done(self, pod: Pod, uid: str) -> set[str]:
+        raw = pod.metadata.annotations.get(ALLOCATED_CONTAINERS, "")
+        done = {name for name in raw.split(",") if name}
+        done |= {name for pod_uid, name in self._handed_out if pod_uid == uid}
+        return done
+
+    def _patch(self, pod: Pod, holding: Holding) -> dict[str, str | None]:
+        names = holding.slot_names
+        if len(names) <= 1:
+            return {keys.ALLOCATED: "true"}
+        done = self._done(pod, holding.uid)
+        values: dict[str, str | None] = {ALLOCATED_CONTAINERS: ",".join(sorted(done & names))}
+        if names <= done:
+            values[keys.ALLOCATED] = "true"
+        return values
+
+    async def _mark(self, pod: Pod, holding: Holding) -> None:
+        """NEURON_ALLOCATED=true once all the pod's Neuron containers have their ids; retried in
+        the background when the API is unreachable (the hand-out itself has already happened)."""
+        try:
+            await self._mark_once(pod, holding)
+        except API_ERRORS as error:
+            log.warning(
+                "could not mark %s allocated (%s); retrying in the background", holding.pod, error
+            )
+            task = asyncio.create_task(self._mark_later(pod, holding))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+    async def _mark_once(self, pod: Pod, holding: Holding) -> None:
+        multi = len(holding.slot_names) > 1
+        for _ in range(5):
+            values = self._patch(pod, holding)
+            try:
+                await self.pods.patch_annotations(pod, values, resource_version=multi)
+            except ApiError as error:
+                if error.status != 409:
+                    raise
+                fresh = await self.pods.get_pod(pod.metadata.namespace, pod.metadata.name)
+                if fresh is None or fresh.metadata.uid != holding.uid:
+                    log.info("%s is gone; nothing to mark", holding.pod)
+                    return
+                pod = fresh
+                continue
+            if values.get(keys.ALLOCATED) == "true":
+                log.info("marked %s %s=true", holding.pod, keys.ALLOCATED)
+            return
+        log.warning("gave up marking %s allocated after repeated conflicts", holding.pod)
+
+    async def _mark_later(self, pod: Pod, holding: Holding) -> None:
+        backoff = Backoff(initial=1.0, maximum=30.0)
+        while True:
+            await asyncio.sleep(backoff.failed())
+            try:
+                fresh = await self.pods.get_pod(pod.metadata.namespace, pod.metadata.name)
+                if fresh is None or fresh.metadata.uid != holding.uid:
+                    return
+                await self._mark_once(fresh, holding)
+                return
+            except API_ERRORS as error:
+                if backoff.should_log:
+                    log.warning("still cannot mark %s allocated: %s", holding.pod, error)
+
+    async def close(self) -> None:
+        for task in list(self._retries):
+            task.cancel()
+        for task in list(self._retries):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,394 @@
+"""Which pod kubelet is asking for, and which ids to steer it to. Pure.
+
+kubelet's Allocate and GetPreferredAllocation carry device ids and nothing about the pod, so the
+only sound link to the scheduler's choice is the ids themselves: a request is matched to the
+container whose annotated slice is exactly those ids, never to "the oldest pending pod of that
+size". Ids that match no slice are accepted only when they obey the node's topology rule and touch
+no core the scheduler gave to another live pod.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from neuron_scheduler import annotations as keys
+from neuron_scheduler.allocation import (
+    NodeState,
+    Placement,
+    allocate,
+    is_valid_core_set,
+    is_valid_device_set,
+)
+from neuron_scheduler.objects import Container, Pod, assignment, neuron_request, quantity
+from neuron_scheduler.requests import (
+    NEURON,
+    NEURONCORE,
+    RESOURCE_UNITS,
+    NeuronRequest,
+    RequestError,
+    Unit,
+)
+from neuron_scheduler.topology import Topology, format_ids
+
+log = logging.getLogger(__name__)
+
+# The containers of a multi-container pod that kubelet has already been given their slice,
+# comma-separated. NEURON_ALLOCATED turns "true" once all of them are.
+ALLOCATED_CONTAINERS = keys.ALLOCATED_CONTAINERS
+SCHEDULER_HINT = (
+    "Pods that use Neuron devices must be placed by the neuron scheduler: set "
+    "`schedulerName: my-scheduler` in the pod spec"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One container's share of a pod's assignment, in the pod's unit."""
+
+    pod: str  # namespace/name
+    uid: str
+    container: str
+    ids: tuple[int, ...]
+    allocated: bool
+    # Tie-break among equal candidates, stable across calls: bind time, pod, container position.
+    order: tuple[int, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What the scheduler gave one live pod on this node."""
+
+    pod: str
+    uid: str
+    unit: Unit
+    core_mask: int
+    pending: bool  # not (fully) allocated and not being deleted
+    slots: tuple[Slot, ...]
+    allocated_containers: frozenset[str]
+
+    @property
+    def slot_names(self) -> frozenset[str]:
+        return frozenset(s.container for s in self.slots)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    holdings: tuple[Holding, ...]
+    unreadable: tuple[str, ...] = ()  # "pod: why", pods whose annotations cannot be used
+
+
+@dataclass(frozen=True, slots=True)
+class Matched:
+    slot: Slot
+    holding: Holding
+    again: bool  # the slot was handed out before: kubelet is retrying for the same pod
+
+
+@dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """Ids that match no pod's slice but are safe to hand out (a pod placed without us)."""
+
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    message: str
+
+
+Decision = Matched | Unclaimed | Refused
+
+
+def cores_of(unit: Unit, ids: Iterable[int], cores_per_device: int) -> int:
+    mask = 0
+    for i in ids:
+        if unit is Unit.CORE:
+            mask |= 1 << i
+        else:
+            mask |= ((1 << cores_per_device) - 1) << (i * cores_per_device)
+    return mask
+
+
+def parse_ids(values: Sequence[str]) -> tuple[int, ...] | None:
+    """kubelet's string ids as ints; None if any is not one of ours."""
+    try:
+        ids = tuple(int(v) for v in values)
+    except ValueError:
+        return None
+    return ids if all(i >= 0 for i in ids) and len(set(ids)) == len(ids) else None
+
+
+def _count(container: Container, unit: Unit) -> int:
+    merged = {**container.resources.requests, **container.resources.limits}
+    total = 0
+    for name, value in merged.items():
+        if RESOURCE_UNITS.get(name) is unit:
+            try:
+                total += quantity(value, name)
+            except RequestError:
+                continue
+    return total
+
+
+def _slots(pod: Pod, found: keys.Assignment, done: frozenset[str]) -> tuple[Slot, ...]:
+    unit = RESOURCE_UNITS[found.resource]
+    key = pod.key
+    alloc_time = _alloc_time(pod)
+    shares: list[tuple[str, tuple[int, ...]]] = []
+    # kubelet admits init containers first, each with the pod's first ids (the app containers
+    # then reuse them); the extender records only app containers.
+    for container in pod.spec.initContainers:
+        count = _count(container, unit)
+        if count and container.name not in found.containers:
+            shares.append((container.name, found.ids[:count]))
+    if found.containers:
+        shares.extend(found.containers.items())
+    else:
+        shares.extend(_split_without_record(pod, found, unit))
+    return tuple(
+        Slot(
+            key,
+            pod.metadata.uid,
+            name,
+            ids,
+            found.allocated or name in done,
+            (alloc_time, key, position),
+        )
+        for position, (name, ids) in enumerate(shares)
+        if ids
+    )
+
+
+def _split_without_record(
+    pod: Pod, found: keys.Assignment, unit: Unit
+) -> list[tuple[str, tuple[int, ...]]]:
+    # Annotated by the upstream extension (no per-container record): split the ids the way the
+    # extender would have, by each container's count in container order.
+    try:
+        request = neuron_request(pod)
+    except RequestError:
+        request = None
+    if request is not None and request.unit is unit:
+        split = keys.split_per_container(found.ids, request, pod.container_names)
+        if split:
+            return list(split.items())
+    users = [c.name for c in pod.spec.containers if _count(c, unit)]
+    return [(users[0] if users else "", found.ids)]
+
+
+def _alloc_time(pod: Pod) -> int:
+    try:
+        return int(pod.metadata.annotations.get(keys.ALLOC_TIME, "0"))
+    except ValueError:
+        return 0
+
+
+def node_view(pods: Iterable[Pod], node: str, cores_per_device: int) -> NodeView:
+    """The scheduler's assignments on this node, from the pods bound to it."""
+    holdings: list[Holding] = []
+    unreadable: list[str] = []
+    for pod in pods:
+        if pod.spec.nodeName != node or pod.finished:
+            continue
+        try:
+            found = assignment(pod, cores_per_device)
+        except keys.AnnotationError as error:
+            unreadable.append(f"{pod.key}: {error}")
+            continue
+        if found is None:
+            continue
+        terminating = pod.metadata.deletionTimestamp is not None
+        if terminating and not found.allocated:
+            continue  # never admitted, never will be: its ids are nobody's
+        raw = pod.metadata.annotations.get(ALLOCATED_CONTAINERS, "")
+        done = frozenset(name for name in raw.split(",") if name)
+        unit = RESOURCE_UNITS[found.resource]
+        holdings.append(
+            Holding(
+                pod.key,
+                pod.metadata.uid,
+                unit,
+                found.core_mask,
+                not found.allocated and not terminating,
+                _slots(pod, found, done),
+                done,
+            )
+        )
+    return NodeView(tuple(holdings), tuple(unreadable))
+
+
+def _ids_text(unit: Unit, ids: Iterable[int]) -> str:
+    ordered = sorted(ids)
+    noun = unit.value if len(ordered) == 1 else f"{unit.value}s"
+    return f"{noun} {format_ids(ordered)}"
+
+
+def obeys_topology(topology: Topology, unit: Unit, ids: Sequence[int]) -> bool:
+    if unit is Unit.CORE:
+        return is_valid_core_set(topology, list(ids))
+    return is_valid_device_set(topology, list(ids))
+
+
+def decide_allocation(
+    view: NodeView,
+    unit: Unit,
+    ids: Sequence[int],
+    cores_per_device: int,
+    topology: Topology,
+    handed_out: frozenset[tuple[str, str]] = frozenset(),
+) -> Decision:
+    """Whose container kubelet's `ids` are for.
+
+    handed_out: (pod uid, container) pairs this process gave ids to but whose annotation may not
+    show it yet (the patch failed or is in flight).
+    """
+    wanted = set(ids)
+    exact = [
+        (slot, holding)
+        for holding in view.holdings
+        if holding.unit is unit
+        for slot in holding.slots
+        if set(slot.ids) == wanted
+    ]
+
+    def fresh(item: tuple[Slot, Holding]) -> bool:
+        slot, holding = item
+        return (
+            holding.pending and not slot.allocated and (slot.uid, slot.container) not in handed_out
+        )
+
+    waiting = sorted((item for item in exact if fresh(item)), key=lambda item: item[0].order)
+    if waiting:
+        slot, holding = waiting[0]
+        if len({s.uid for s, _ in waiting}) > 1:
+            log.warning(
+                "%s are annotated for more than one pending pod (%s); giving them to %s",
+                _ids_text(unit, ids),
+                ", ".join(sorted({s.pod for s, _ in waiting})),
+                slot.pod,
+            )
+        return Matched(slot, holding, again=False)
+    if exact:
+        slot, holding = min(exact, key=lambda item: item[0].order)
+        return Matched(slot, holding, again=True)
+    partial = _in_progress(view, unit, wanted, handed_out)
+    if partial is not None:
+        return partial
+
+    mask = cores_of(unit, ids, cores_per_device)
+    clashes = [h for h in view.holdings if h.core_mask & mask]
+    if clashes:
+        owners = "; ".join(
+            f"{h.pod} holds {_ids_text(Unit.CORE, _mask_ids(h.core_mask & mask))}"
+            for h in clashes[:3]
+        )
+        return Refused(
+            f"kubelet offered {_ids_text(unit, ids)}, which match no pod's assignment on this "
+            f"node and overlap cores the neuron scheduler gave to other pods ({owners}). "
+            f"{SCHEDULER_HINT}"
+        )
+    if not obeys_topology(topology, unit, ids):
+        shape = (
+            "contiguous cores on connected devices"
+            if unit is Unit.CORE
+            else "an allowed set of connected devices"
+        )
+        return Refused(
+            f"kubelet offered {_ids_text(unit, ids)}, which are not {shape} on "
+            f"{topology.instance_type} ({topology.kind.value} of {topology.devices} devices x "
+            f"{topology.cores_per_device} cores), and no pod on this node was assigned them. "
+            f"{SCHEDULER_HINT}"
+        )
+    return Unclaimed(
+        f"{_ids_text(unit, ids)} match no pod's assignment; accepted because they obey the "
+        f"{topology.kind.value} rule of {topology.instance_type} and nobody else holds them"
+    )
+
+
+def _in_progress(
+    view: NodeView, unit: Unit, wanted: set[int], handed_out: frozenset[tuple[str, str]]
+) -> Matched | None:
+    """The pod kubelet is in the middle of admitting, when the ids lie within its assignment.
+
+    kubelet allocates all containers of one pod before the next pod, and app containers reuse
+    their init containers' ids in an order of its own (string-sorted), so their requests need not
+    equal a slice. A pod with some containers already served is the one being admitted.
+    """
+    found: list[Matched] = []
+    for holding in view.holdings:
+        if not holding.pending or holding.unit is not unit:
+            continue
+        served = holding.allocated_containers | {c for u, c in handed_out if u == holding.uid}
+        if not served or not wanted <= {i for s in holding.slots for i in s.ids}:
+            continue
+        left = [s for s in holding.slots if not s.allocated and s.container not in served]
+        if left:
+            slot = min(left, key=lambda s: (len(s.ids) != len(wanted), s.order))
+            found.append(Matched(slot, holding, again=False))
+    return found[0] if len(found) == 1 else None
+
+
+def _mask_ids(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def preferred_ids(
+    view: NodeView,
+    unit: Unit,
+    available: Sequence[int],
+    must_include: Sequence[int],
+    size: int,
+    cores_per_device: int,
+    topology: Topology,
+    taken: Iterable[tuple[str, str]] = (),
+) -> tuple[tuple[int, ...], Slot | None]:
+    """The ids to steer kubelet to for one container, and the slot they come from (None when no
+    pending pod's slice fits: then a topology-valid choice that avoids everyone's ids)."""
+    offered = set(available)
+    required = set(must_include)
+    skip = set(taken)
+    candidates = sorted(
+        (
+            slot
+            for holding in view.holdings
+            if holding.pending and holding.unit is unit
+            for slot in holding.slots
+            if not slot.allocated
+            and (slot.uid, slot.container) not in skip
+            and len(slot.ids) == size
+            and offered.issuperset(slot.ids)
+            and required.issubset(slot.ids)
+        ),
+        key=lambda slot: slot.order,
+    )
+    if candidates:
+        return tuple(candidates[0].ids), candidates[0]
+    return _fallback(view, unit, offered, required, size, cores_per_device, topology), None
+
+
+def _fallback(
+    view: NodeView,
+    unit: Unit,
+    offered: set[int],
+    required: set[int],
+    size: int,
+    cores_per_device: int,
+    topology: Topology,
+) -> tuple[int, ...]:
+    everything = range(topology.total_cores if unit is Unit.CORE else topology.devices)
+    used = cores_of(unit, (i for i in everything if i not in offered), cores_per_device)
+    for holding in view.holdings:
+        used |= holding.core_mask
+    used &= ~cores_of(unit, required, cores_per_device)
+    resource = NEURONCORE if unit is Unit.CORE else NEURON
+    if size >= 1:
+        decision = allocate(topology, NodeState(used), NeuronRequest(resource, size))
+        if isinstance(decision, Placement):
+            chosen = decision.cores if unit is Unit.CORE else decision.devices
+            if required.issubset(chosen) and offered.issuperset(chosen):
+                return tuple(chosen)
+    # Nothing clean fits: kubelet falls back to its own pick from `offered` anyway.
+    rest = sorted(offered - required)
+    return tuple(sorted(required)) + tuple(rest[: max(size - len(required), 0)])

@@ -1,0 +1,118 @@
+"""The device plugin process: discovery, the three endpoints, registration, health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_scheduler.deviceplugin import DEFAULT_LOGICAL_NC_CONFIG, DEFAULT_PLUGIN_DIR
+from neuron_scheduler.deviceplugin.assigning import API_ERRORS, Assigner
+from neuron_scheduler.deviceplugin.devicewatch import DeviceWatch
+from neuron_scheduler.deviceplugin.hardware import Hardware, SysfsHardware
+from neuron_scheduler.deviceplugin.pods import ApiNodePods
+from neuron_scheduler.deviceplugin.registration import Endpoint, Registrar
+from neuron_scheduler.deviceplugin.service import NeuronDevicePlugin
+from neuron_scheduler.kubeapi import KubeAPI, load_config
+from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE
+
+log = logging.getLogger(__name__)
+
+RESOURCES = (NEURONCORE, NEURON, NEURONDEVICE)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    node_name: str
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    dev_root: Path = Path("/dev")
+    sys_root: Path = Path("/sys")
+    kubeconfig: Path | None = None  # None: in-cluster service account
+    logical_nc_config: Path = DEFAULT_LOGICAL_NC_CONFIG
+    cores_per_device: int | None = None  # overrides sysfs core_count / LNC
+    resources: tuple[str, ...] = RESOURCES
+    health_interval: float = 2.0
+    poll_interval: float = 0.5  # how often the plugin directory is checked for a new kubelet
+
+
+async def serve(
+    config: PluginConfig, stop: asyncio.Event, hardware: Hardware | None = None
+) -> None:
+    """Run until `stop` is set. Raises kubeapi.ConfigError at once when there is no way to reach
+    the API server at all; every other trouble is logged and retried."""
+    api = KubeAPI(load_config(config.kubeconfig))
+    assigner: Assigner | None = None
+    try:
+        watch = DeviceWatch(
+            hardware or SysfsHardware(config.dev_root, config.sys_root),
+            config.logical_nc_config,
+            config.cores_per_device,
+            config.health_interval,
+        )
+        state = await watch.discover(stop)
+        if state is None:
+            return
+        assigner = Assigner(ApiNodePods(api, config.node_name), config.node_name, state)
+        endpoints = [
+            Endpoint(config.plugin_dir, resource, NeuronDevicePlugin(resource, state, assigner))
+            for resource in config.resources
+        ]
+        registrar = Registrar(config.plugin_dir, endpoints, config.poll_interval)
+        await asyncio.gather(
+            watch.run(state, stop),
+            registrar.run(stop),
+            _check_api(assigner, config.node_name),
+        )
+    finally:
+        if assigner is not None:
+            await assigner.close()
+        await api.close()
+
+
+async def _check_api(assigner: Assigner, node: str) -> None:
+    # Said once at start so a wrong kubeconfig or missing RBAC shows up before the first pod.
+    try:
+        pods = await assigner.pods.list_pods()
+    except API_ERRORS as error:
+        log.warning(
+            "cannot list pods on node %s yet (%s); Allocate will retry, and fail pods only "
+            "while the API stays unreachable",
+            node,
+            error,
+        )
+        return
+    topology = await assigner.topology()
+    log.info(
+        "node %s: %s, %s of %d devices x %d cores; %d pods bound here",
+        node,
+        topology.instance_type,
+        topology.kind.value,
+        topology.devices,
+        topology.cores_per_device,
+        len(pods),
+    )
+
+
+def run(config: PluginConfig) -> None:
+    """Serve until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.create_task(serve(config, stop))
+        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when="FIRST_COMPLETED")
+        if not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 5.0)
+        if task.done():
+            task.result()
+        else:
+            task.cancel()
+        log.info("device plugin stopped")
+
+    asyncio.run(main())

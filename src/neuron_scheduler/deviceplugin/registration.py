@@ -1,0 +1,220 @@
+"""Serving each resource on its socket and keeping it registered with kubelet.
+
+kubelet dials a plugin's endpoint while handling Register, so every endpoint serves before it
+registers. When kubelet restarts it deletes every socket in the plugin directory and creates a new
+kubelet.sock; a poll of the directory notices both, serves again and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import grpc
+
+from neuron_scheduler.deviceplugin.backoff import Backoff
+from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+
+FileIdentity = tuple[int, int, int]
+
+
+def identity(path: Path) -> FileIdentity | None:
+    """Changes whenever the file is re-created (inode numbers alone get reused at once)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def socket_name(resource: str) -> str:
+    return f"neuron-scheduler-{resource.rsplit('/', 1)[-1]}.sock"
+
+
+class Endpoint:
+    """One resource's gRPC server on its unix socket."""
+
+    def __init__(
+        self, plugin_dir: Path, resource: str, servicer: api_pb2_grpc.DevicePluginServicer
+    ) -> None:
+        self.resource = resource
+        self.socket = plugin_dir / socket_name(resource)
+        self.servicer = servicer
+        self._server: grpc.aio.Server | None = None
+        self._identity: FileIdentity | None = None
+
+    async def start(self) -> None:
+        await self.stop()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()  # left by an earlier run; binding over it would fail
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+        self._identity = identity(self.socket)
+        log.info("serving %s on %s", self.resource, self.socket)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        await server.stop(grace=0.5)
+        if self._identity is not None and identity(self.socket) == self._identity:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket.unlink()
+        self._identity = None
+
+    @property
+    def intact(self) -> bool:
+        return self._server is not None and identity(self.socket) == self._identity
+
+
+async def register(kubelet_socket: Path, endpoint: Endpoint, timeout: float) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
+        stub = api_pb2_grpc.RegistrationStub(channel)
+        await stub.Register(
+            api_pb2.RegisterRequest(
+                version=API_VERSION,
+                endpoint=endpoint.socket.name,
+                resource_name=endpoint.resource,
+                options=api_pb2.DevicePluginOptions(
+                    pre_start_required=False, get_preferred_allocation_available=True
+                ),
+            ),
+            timeout=timeout,
+        )
+
+
+class Registrar:
+    """Serves every endpoint and keeps each registered with the current kubelet."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        endpoints: list[Endpoint],
+        poll_interval: float = 0.5,
+        register_timeout: float = 15.0,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
+        self.endpoints = endpoints
+        self.poll_interval = poll_interval
+        self.register_timeout = register_timeout
+        # resource -> the kubelet.sock identity it is registered with
+        self.registered: dict[str, FileIdentity] = {}
+        self._backoff = {e.resource: Backoff(initial=0.5, maximum=30.0) for e in endpoints}
+        self._tried: dict[str, FileIdentity] = {}
+        # Only their throttled log lines use these two.
+        self._absent = Backoff(initial=1.0, maximum=3600.0)
+        self._dir_problem = Backoff(initial=1.0, maximum=3600.0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                await self.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval)
+        finally:
+            for endpoint in self.endpoints:
+                await endpoint.stop()
+
+    async def tick(self) -> None:
+        problem = socket_dir_problem(self.plugin_dir)
+        if problem is not None:
+            self.registered.clear()
+            self._dir_problem.failed()
+            if self._dir_problem.should_log:
+                log.warning("cannot serve yet: %s (kubelet creates it when it starts)", problem)
+            return
+        if self._dir_problem.failures:
+            log.info("plugin directory %s is usable now", self.plugin_dir)
+            self._dir_problem.succeeded()
+        for endpoint in self.endpoints:
+            if not endpoint.intact:
+                # First start, or kubelet (or a person) removed our socket.
+                backoff = self._backoff[endpoint.resource]
+                if not backoff.ready():
+                    continue
+                try:
+                    await endpoint.start()
+                except Exception as error:  # e.g. a socket path the OS refuses
+                    delay = backoff.failed()
+                    if backoff.should_log:
+                        log.error(
+                            "cannot serve %s on %s: %s; retrying in %.1fs",
+                            endpoint.resource,
+                            endpoint.socket,
+                            error,
+                            delay,
+                        )
+                    continue
+                backoff.succeeded()
+                self.registered.pop(endpoint.resource, None)
+        kubelet = identity(self.kubelet_socket)
+        if kubelet is None:
+            self.registered.clear()
+            self._absent.failed()
+            if self._absent.should_log:
+                log.warning(
+                    "waiting for kubelet: %s does not exist (is this the kubelet's device plugin "
+                    "directory, and is kubelet running?)",
+                    self.kubelet_socket,
+                )
+            return
+        if self._absent.failures:
+            log.info("kubelet socket %s appeared", self.kubelet_socket)
+            self._absent.succeeded()
+        for endpoint in self.endpoints:
+            await self._register(endpoint, kubelet)
+
+    async def _register(self, endpoint: Endpoint, kubelet: FileIdentity) -> None:
+        if not endpoint.intact or self.registered.get(endpoint.resource) == kubelet:
+            return
+        backoff = self._backoff[endpoint.resource]
+        if self._tried.get(endpoint.resource) != kubelet:
+            # A new kubelet: register at once, whatever the last one made us wait for.
+            self._tried[endpoint.resource] = kubelet
+            backoff.succeeded()
+        if not backoff.ready():
+            return
+        began = time.monotonic()
+        try:
+            await register(self.kubelet_socket, endpoint, self.register_timeout)
+        except grpc.aio.AioRpcError as error:
+            delay = backoff.failed()
+            if backoff.should_log:
+                log.warning(
+                    "registering %s with kubelet failed: %s: %s; retrying in %.1fs",
+                    endpoint.resource,
+                    error.code().name,
+                    error.details(),
+                    delay,
+                )
+            return
+        self.registered[endpoint.resource] = kubelet
+        backoff.succeeded()
+        log.info(
+            "registered %s with kubelet (endpoint %s, %.0f ms)",
+            endpoint.resource,
+            endpoint.socket.name,
+            1000 * (time.monotonic() - began),
+        )
+
+
+def socket_dir_problem(plugin_dir: Path) -> str | None:
+    """Why the plugin directory cannot hold our sockets, or None."""
+    if not plugin_dir.is_dir():
+        return f"{plugin_dir} is not a directory"
+    if not os.access(plugin_dir, os.W_OK | os.X_OK):
+        return f"{plugin_dir} is not writable"
+    return None
