@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PYTEST_ARGS ?=
 
-.PHONY: demo test sync lint typecheck unit property e2e bench clean
+.PHONY: demo test sync lint typecheck unit property e2e bench clean cluster
 
 # uv itself comes from PyPI; everything else comes from the committed lockfile.
 $(UV):
@@ -25,6 +25,13 @@ typecheck: sync
 
 test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN)
 	$(UV) run pytest $(PYTEST_ARGS)
+
+# A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
+cluster: sync $(KUBE_BIN)
+	$(UV) run neuron-scheduler cluster
+
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN)
+	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync
 	$(UV) run pytest tests/unit $(PYTEST_ARGS)

@@ -229,6 +229,60 @@ def extender(
             raise UsageError(str(error)) from error
 
 
+@app.command()
+def cluster(
+    workdir: Annotated[Path, typer.Option(help="keys, kubeconfigs, logs")] = Path(".cluster"),
+    node_cache_capable: Annotated[
+        bool, typer.Option(help="kube-scheduler sends node names only (else full nodes)")
+    ] = True,
+) -> None:
+    """Start a local control plane with the extender and my-scheduler, for trying it by hand."""
+    import signal
+    import threading
+
+    from neuron_scheduler.testbed import ControlPlane, Stack, fake_neuron_node, find_kubebin
+    from neuron_scheduler.testbed.stack import REPO
+
+    nodes = [
+        ("inf1-6xlarge-0", "inf1.6xlarge", 4, 16),
+        ("inf2-48xlarge-0", "inf2.48xlarge", 12, 24),
+        ("trn1-32xlarge-0", "trn1.32xlarge", 16, 32),
+        ("trn2-48xlarge-0", "trn2.48xlarge", 16, 64),
+    ]
+    kubebin = find_kubebin(REPO)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ControlPlane(kubebin, workdir) as cp:
+        stack = Stack(cp)
+        stack.use_scheduler(node_cache_capable)
+        for name, instance_type, devices, cores in nodes:
+            cp.request(
+                "POST", "/api/v1/nodes", fake_neuron_node(name, instance_type, devices, cores)
+            )
+        kubectl = f"{kubebin} kubectl --kubeconfig {cp.kubeconfig_path}"
+        out.print(
+            f"[bold]cluster ready[/] in {cp.startup_seconds:.1f}s; nodes: "
+            + ", ".join(n[0] for n in nodes)
+        )
+        out.print(f"kubeconfig: {cp.kubeconfig_path}")
+        out.print(f"kubectl:    {kubectl}")
+        out.print(f"extender:   {stack.extender.url} (log {stack.extender.process.log_path})")
+        out.print(f"logs:       {cp.log_dir}/")
+        out.print(
+            "try:        " + kubectl + " run nrt --image=x --restart=Never "
+            '--overrides=\'{"spec":{"schedulerName":"my-scheduler","containers":'
+            '[{"name":"nrt","image":"x","resources":{"limits":'
+            '{"aws.amazon.com/neuroncore":"9"}}}]}}\''
+        )
+        out.print("Ctrl-C stops everything.")
+        try:
+            while not stop.wait(1):
+                pass
+        except KeyboardInterrupt:
+            pass
+        stack.stop()
+
+
 def _print_results(results: list[SimResult]) -> None:
     table = Table(title="Simulation", show_lines=False)
     table.add_column("")

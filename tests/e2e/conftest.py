@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane
-from tests.e2e.harness import Scenario, Stack, build_kubebin
+from neuron_scheduler.testbed import ControlPlane, Stack, find_kubebin
+from tests.e2e.harness import ROOT, Scenario
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ _stack: Stack | None = None
 
 @pytest.fixture(scope="session")
 def kubebin() -> Path:
-    return build_kubebin()
+    return find_kubebin(ROOT)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
     global _stack
     _stack = Stack(control_plane)
     yield _stack
-    _stack.extender.process.stop()
+    _stack.stop()
     _stack = None
 
 

@@ -1,36 +1,18 @@
-"""The end-to-end stack: real etcd, kube-apiserver and kube-scheduler, and our extender process.
-
-The extender runs as its own process with a ServiceAccount token bound to the chart's ClusterRole
-(charts/neuron-scheduler/files/extender-rules.yaml), never as admin.
-"""
+"""One end-to-end test's world: its namespace, its fake Neuron nodes, its pods."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from neuron_scheduler.testbed import (
-    ControlPlane,
-    KubeError,
-    ManagedProcess,
-    Scheduler,
-    fake_neuron_node,
-    free_ports,
-)
+from neuron_scheduler.testbed import KubeError, Stack, fake_neuron_node
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"
 CAPACITY = {
@@ -49,20 +31,6 @@ WARNING_7 = (
 T = TypeVar("T")
 
 
-def build_kubebin() -> Path:
-    """Builds (first time) or finds the Kubernetes multi-call binary through make."""
-    result = subprocess.run(
-        ["make", "-s", "--no-print-directory", "kube-bin"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"make kube-bin failed:\n{result.stdout}\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
 def wait_for(check: Callable[[], T | None], what: str, seconds: float = 60.0) -> T:
     deadline = time.monotonic() + seconds
     while True:
@@ -72,116 +40,6 @@ def wait_for(check: Callable[[], T | None], what: str, seconds: float = 60.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
         time.sleep(0.1)
-
-
-class Extender:
-    """Our extender as a separate process, restartable and killable like a real pod."""
-
-    def __init__(self, cp: ControlPlane, kubeconfig: Path) -> None:
-        self.cp = cp
-        (self.port,) = free_ports(1)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = ManagedProcess(
-            "extender",
-            [
-                sys.executable,
-                "-m",
-                "neuron_scheduler",
-                "extender",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "info",
-            ],
-            cp.log_dir / "extender.log",
-        )
-
-    def start(self) -> None:
-        self.process.start()
-        wait_for(lambda: self.process.alive() and self._ready(), "extender /readyz", 60)
-
-    def _ready(self) -> bool:
-        if not self.process.alive():
-            raise AssertionError(f"extender exited:\n{self.process.log_tail()}")
-        try:
-            with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def kill(self) -> None:
-        self.process.stop(kill=True)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
-    def metric(self, name: str) -> float:
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-
-class Stack:
-    """A control plane, an extender and a `my-scheduler` using it."""
-
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        rules = yaml.safe_load(RULES.read_text())
-        cp.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": "neuron-scheduler-extender"},
-                "rules": rules,
-            },
-        )
-        credentials = cp.service_account("kube-system", "neuron-scheduler")
-        cp.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "neuron-scheduler-extender"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "neuron-scheduler-extender",
-                },
-                "subjects": [
-                    {
-                        "kind": "ServiceAccount",
-                        "name": "neuron-scheduler",
-                        "namespace": "kube-system",
-                    }
-                ],
-            },
-        )
-        self.extender_token = credentials.token
-        self.extender = Extender(cp, credentials.kubeconfig_path)
-        self.extender.start()
-        self.scheduler: Scheduler | None = None
-        self.node_cache_capable = True
-
-    def use_scheduler(self, node_cache_capable: bool) -> None:
-        if self.scheduler is not None and self.node_cache_capable == node_cache_capable:
-            return
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        self.node_cache_capable = node_cache_capable
-        self.scheduler = self.cp.start_scheduler(self.extender.url, node_cache_capable)
-
-    def logs(self) -> dict[str, Path]:
-        return {**self.cp.log_paths, "extender": self.extender.process.log_path}
 
 
 class Scenario:

@@ -20,6 +20,7 @@ from .manifests import (
     scheduler_config,
 )
 from .process import ManagedProcess, free_ports
+from .stack import ExtenderProcess, Stack
 
 __all__ = [
     "NEURON",
@@ -27,11 +28,13 @@ __all__ = [
     "NEURONDEVICE",
     "NEURON_RESOURCES",
     "ControlPlane",
+    "ExtenderProcess",
     "KubeClient",
     "KubeError",
     "ManagedProcess",
     "Scheduler",
     "ServiceAccountCredentials",
+    "Stack",
     "StartupError",
     "fake_neuron_node",
     "find_kubebin",
