@@ -2,7 +2,9 @@
 Go) and a real kube-apiserver: registration, ListAndWatch, GetPreferredAllocation, Allocate and
 the pod annotations, with the plugin run as its CLI command over a fake /dev and /sys tree.
 
-Both binaries are built through make (cached outside the repo after the first build).
+Both binaries are built through make (cached outside the repo after the first build). The
+control plane is the session's (tests/e2e/conftest.py); the last test adds our extender and
+my-scheduler, so the annotations are the ones a real bind writes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, ManagedProcess, fake_neuron_node
+from neuron_scheduler.testbed import ControlPlane, ManagedProcess, Stack, fake_neuron_node
 
 pytestmark = pytest.mark.e2e
 
@@ -33,17 +35,6 @@ NEURONDEVICE = "aws.amazon.com/neurondevice"
 RESOURCES = (NEURONCORE, NEURON, NEURONDEVICE)
 # Safety net against a hang, never a performance bound: a healthy run answers in milliseconds.
 PATIENCE = 60.0
-
-# The CLI wires the command in with register(app); this is that wiring on its own.
-CLI = """
-import typer
-from neuron_scheduler.deviceplugin.command import register
-app = typer.Typer()
-@app.callback()
-def main() -> None: pass
-register(app)
-app()
-"""
 
 Json = dict[str, Any]
 
@@ -65,13 +56,6 @@ def _make(makefile: str, target: str) -> Path:
 @pytest.fixture(scope="session")
 def peer_binary() -> Path:
     return _make("tools/kubeletpeer.mk", "kubeletpeer-bin")
-
-
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    kubebin = _make("tools/kube.mk", "kube-bin")
-    with ControlPlane(kubebin) as cp:
-        yield cp
 
 
 class KubeletPeer:
@@ -231,8 +215,8 @@ class Node:
             "device-plugin",
             [
                 sys.executable,
-                "-c",
-                CLI,
+                "-m",
+                "neuron_scheduler",
                 "device-plugin",
                 "--node-name",
                 self.name,
@@ -513,3 +497,44 @@ def test_plugin_waits_for_devices_and_kubelet(
         assert "Traceback" not in node.log()
     finally:
         node.close()
+
+
+def test_seed_flow_through_the_extender(
+    make_node: Callable[[str, int, int], Node], stack: Stack
+) -> None:
+    """Seed flow steps 1-11: my-scheduler and our extender bind and annotate, then kubelet's
+    Allocate gets exactly those ids from the plugin."""
+    if stack.scheduler is None:
+        stack.use_scheduler(True)
+    node = make_node("inf2.48xlarge", 12, 2)
+    node.peer.wait_registered()
+
+    def scheduled_pod(name: str) -> Json:
+        body = neuron_pod(name, "", NEURONCORE, {"main": 2})
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+        return body
+
+    def bound(name: str) -> dict[str, str]:
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            pod: Json = node.cp.client.get(f"/api/v1/namespaces/{node.namespace}/pods/{name}")
+            if pod["spec"].get("nodeName"):
+                return dict(pod["metadata"]["annotations"])
+            assert time.monotonic() < deadline, f"{name} not bound: {pod.get('status')}"
+            time.sleep(0.1)
+
+    node.create_pod(scheduled_pod("first"))
+    assert bound("first")["AWS_NEURON_IDS"] == "0,1"
+    assert node.peer.call("admit", resource=NEURONCORE, size=2)["ids"] == ["0", "1"]
+
+    node.create_pod(scheduled_pod("seed"))
+    annotations = bound("seed")
+    assert annotations["AWS_NEURON_IDS"] == "2,3"
+    assert annotations["NEURON_DEVS"] == "1"
+    assert annotations["NEURON_ALLOCATED"] == "false"
+    admitted = node.peer.call("admit", resource=NEURONCORE, size=2)
+    assert admitted["ids"] == ["2", "3"], admitted
+    response = admitted["response"]
+    assert [d["host_path"] for d in response["devices"]] == ["/dev/neuron1"]
+    assert response["envs"]["NEURON_RT_VISIBLE_CORES"] == "2,3"
+    assert node.annotations("seed")["NEURON_ALLOCATED"] == "true"
