@@ -12,6 +12,11 @@ $(UV):
 sync: $(UV)
 	$(UV) sync --locked --quiet
 
+# Before the rules that name their variables: prerequisites are expanded as they are read.
+include tools/kube.mk
+include tools/kubeletpeer.mk
+include tools/sshd.mk
+
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
 	@echo "pictures: report/device-maps.png report/utilization.png (one per node in report/nodes/)"
@@ -23,14 +28,14 @@ lint: sync
 typecheck: sync
 	$(UV) run mypy --strict src
 
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN)
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP)
 	$(UV) run pytest $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
 cluster: sync $(KUBE_BIN)
 	$(UV) run neuron-scheduler cluster
 
-e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN)
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP)
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync
@@ -45,6 +50,3 @@ bench: sync
 
 clean:
 	rm -rf report .pytest_cache .mypy_cache .ruff_cache .hypothesis
-
-include tools/kube.mk
-include tools/kubeletpeer.mk
