@@ -16,6 +16,7 @@ sync: $(UV)
 include tools/kube.mk
 include tools/kubeletpeer.mk
 include tools/sshd.mk
+include tools/helm.mk
 
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
@@ -28,14 +29,14 @@ lint: sync
 typecheck: sync
 	$(UV) run mypy --strict src
 
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP)
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 	$(UV) run pytest $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
 cluster: sync $(KUBE_BIN)
 	$(UV) run neuron-scheduler cluster
 
-e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP)
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync
