@@ -204,8 +204,27 @@ def extender(
     topology_file: TopologyFile = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
     body_limit: Annotated[int, typer.Option(help="largest request body in bytes")] = 64 << 20,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(help="take a Lease; only the leader is ready and binds (for >1 replica)"),
+    ] = False,
+    lease_name: Annotated[str, typer.Option(help="the Lease's name")] = "k8s-neuron-scheduler",
+    lease_namespace: Annotated[
+        str | None, typer.Option(help="Lease namespace (default: $POD_NAMESPACE or kube-system)")
+    ] = None,
+    lease_identity: Annotated[
+        str | None, typer.Option(help="this replica's name in the Lease (default: $POD_NAME)")
+    ] = None,
+    lease_duration: Annotated[
+        float, typer.Option(help="seconds a standby waits before taking over a silent leader")
+    ] = 15.0,
+    renew_deadline: Annotated[
+        float, typer.Option(help="seconds the leader keeps leading without a renewal")
+    ] = 10.0,
+    retry_period: Annotated[float, typer.Option(help="seconds between Lease rounds")] = 2.0,
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
+    from neuron_scheduler.election import ElectionConfig, default_identity, default_namespace
     from neuron_scheduler.kubeapi import ConfigError
     from neuron_scheduler.server import ExtenderOptions, run
 
@@ -220,9 +239,23 @@ def extender(
         if not 0 < port < 65536:
             raise UsageError(f"--port {port} is not a TCP port")
         Catalog.load(topology_file)  # fail now, with the file's name, not inside the server
+        election = None
+        if leader_elect:
+            try:
+                election = ElectionConfig(
+                    lease_name,
+                    lease_namespace or default_namespace(),
+                    lease_identity or default_identity(),
+                    lease_duration,
+                    renew_deadline,
+                    retry_period,
+                )
+            except ValueError as error:
+                raise UsageError(str(error)) from error
         options = ExtenderOptions(
             kubeconfig, host, port, tls_cert, tls_key, topology_file, log_level, body_limit
         )
+        options.election = election
         try:
             run(options)
         except ConfigError as error:

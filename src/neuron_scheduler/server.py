@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.election import ElectionConfig, LeaderElector
 from neuron_scheduler.extender import BadRequest, Extender, ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.kubeapi import KubeAPI, load_config
 from neuron_scheduler.ledger import Ledger
@@ -54,7 +55,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(extender: Extender, body_limit: int = DEFAULT_BODY_LIMIT) -> Starlette:
+def build_app(
+    extender: Extender,
+    body_limit: int = DEFAULT_BODY_LIMIT,
+    elector: LeaderElector | None = None,
+) -> Starlette:
+    """With an elector, only the leader is ready and binds (non-leaders answer bind with an
+    Error, which kube-scheduler retries); filter and prioritize are read-only and always served."""
     latency = extender.metrics.latency
 
     def verb(
@@ -83,15 +90,24 @@ def build_app(extender: Extender, body_limit: int = DEFAULT_BODY_LIMIT) -> Starl
         return extender.prioritize(args)
 
     async def do_bind(args: ExtenderBindingArgs) -> Any:
+        if elector is not None and not elector.is_leader:
+            extender.metrics.binds.labels("not_leader").inc()
+            return {
+                "Error": f"this neuron-scheduler replica ({elector.config.identity}) is not the "
+                f"leader (Lease holder: {elector.holder or 'none'}); not binding"
+            }
         return {"Error": await extender.bind(args)}
 
     async def healthz(_: Request) -> Response:
         return Response("ok\n", media_type="text/plain")
 
     async def readyz(_: Request) -> Response:
-        if extender.ready.is_set():
-            return Response("ok\n", media_type="text/plain")
-        return Response("cache not synced\n", 503, media_type="text/plain")
+        if not extender.ready.is_set():
+            return Response("cache not synced\n", 503, media_type="text/plain")
+        if elector is not None and not elector.is_leader:
+            holder = elector.holder or "none"
+            return Response(f"not the leader (holder: {holder})\n", 503, media_type="text/plain")
+        return Response("ok\n", media_type="text/plain")
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -130,6 +146,7 @@ class ExtenderOptions:
     topology_file: Path | None = None
     log_level: str = "info"
     body_limit: int = DEFAULT_BODY_LIMIT
+    election: ElectionConfig | None = None
 
 
 def start_watches(api: KubeAPI, ledger: Ledger, extender: Extender) -> list[asyncio.Task[None]]:
@@ -176,7 +193,8 @@ async def serve(options: ExtenderOptions) -> None:
     async with KubeAPI(config) as api:
         ledger = Ledger(catalog)
         extender = Extender(ledger, api)
-        app = build_app(extender, options.body_limit)
+        elector = LeaderElector(api, options.election) if options.election else None
+        app = build_app(extender, options.body_limit, elector)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -193,6 +211,8 @@ async def serve(options: ExtenderOptions) -> None:
             )
         )
         tasks = start_watches(api, ledger, extender)
+        if elector is not None:
+            tasks.append(asyncio.get_running_loop().create_task(elector.run()))
         log.info(
             "extender listening on %s://%s:%d (API server %s)",
             "https" if options.tls_cert else "http",
@@ -207,6 +227,8 @@ async def serve(options: ExtenderOptions) -> None:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
+            if elector is not None:
+                await elector.release()  # a standby takes over now, not after the lease expires
 
 
 def run(options: ExtenderOptions) -> None:
