@@ -1,0 +1,231 @@
+"""Leader election against an in-memory Lease store with the API server's optimistic concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+from starlette.types import ASGIApp, Message
+
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.election import ElectionConfig, LeaderElector
+from neuron_scheduler.extender import Extender
+from neuron_scheduler.kubeapi import ApiError
+from neuron_scheduler.ledger import Ledger
+from neuron_scheduler.server import build_app
+
+PATH = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"
+
+
+class FakeLeases:
+    """One Lease; PUT needs the current resourceVersion (else 409), POST fails if it exists."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.down = False
+        self.calls: list[str] = []
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        self.calls.append(method)
+        if self.down:
+            raise OSError("connection refused")
+        if method == "GET":
+            assert path == PATH
+            if self.lease is None:
+                raise ApiError(method, path, 404, b'{"reason": "NotFound"}')
+            snapshot = msgspec.json.encode(self.lease)
+            await asyncio.sleep(0)  # let concurrent candidates read the same version
+            return snapshot
+        if method == "POST":
+            assert path == PATH.rsplit("/", 1)[0]
+            if self.lease is not None:
+                raise ApiError(method, path, 409, b'{"reason": "AlreadyExists"}')
+            return self._store(body)
+        assert method == "PUT" and path == PATH
+        assert self.lease is not None
+        if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
+            raise ApiError(method, path, 409, b'{"reason": "Conflict"}')
+        return self._store(body)
+
+    def _store(self, body: dict[str, Any]) -> bytes:
+        assert body["apiVersion"] == "coordination.k8s.io/v1" and body["kind"] == "Lease"
+        self.version += 1
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
+        return msgspec.json.encode(self.lease)
+
+    @property
+    def holder(self) -> str | None:
+        return None if self.lease is None else self.lease["spec"].get("holderIdentity")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(api: FakeLeases, clock: Clock, identity: str) -> LeaderElector:
+    config = ElectionConfig("lease", "ns", identity, 15.0, 10.0, 2.0)
+    return LeaderElector(api, config, clock=clock)
+
+
+async def test_first_candidate_creates_the_lease_and_leads() -> None:
+    api, clock = FakeLeases(), Clock()
+    a = elector(api, clock, "a")
+    await a.step()
+    assert a.is_leader
+    assert api.holder == "a"
+    assert api.lease is not None
+    spec = api.lease["spec"]
+    assert spec["leaseDurationSeconds"] == 15
+    assert spec["leaseTransitions"] == 0
+    assert spec["renewTime"].endswith("Z") and "." in spec["renewTime"]
+
+
+async def test_standby_waits_for_a_live_lease_then_takes_over_a_silent_one() -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    await a.step()
+    await b.step()
+    assert a.is_leader and not b.is_leader
+    assert b.holder == "a"
+    for _ in range(5):  # a keeps renewing: b never takes over, however long it waits
+        clock.now += 5
+        await a.step()
+        await b.step()
+        assert a.is_leader and not b.is_leader
+    # a goes silent: b must wait a full lease duration from the last change it saw.
+    clock.now += 14
+    await b.step()
+    assert not b.is_leader
+    assert not a.is_leader  # 14 s since a's last renewal is past its 10 s renew deadline
+    clock.now += 2
+    await b.step()
+    assert b.is_leader
+    assert api.holder == "b"
+    assert api.lease is not None and api.lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_a_leader_that_cannot_renew_steps_down_before_the_lease_expires() -> None:
+    api, clock = FakeLeases(), Clock()
+    a = elector(api, clock, "a")
+    await a.step()
+    api.down = True
+    clock.now += 9
+    await a.step()
+    assert a.is_leader  # still within the renew deadline
+    clock.now += 1.5
+    assert not a.is_leader  # deadline passed: stops binding even before the next round
+    await a.step()
+    assert not a.is_leader
+    api.down = False
+    await a.step()
+    assert a.is_leader  # nobody else took it: renewing our own lease resumes leadership
+
+
+async def test_racing_candidates_only_one_wins_through_resource_version() -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b, c = (elector(api, clock, name) for name in "abc")
+    await a.step()
+    await asyncio.gather(b.step(), c.step())
+    clock.now += 20  # a is gone; b and c both read the same expired record, then both write
+    await asyncio.gather(b.step(), c.step())
+    assert [b.is_leader, c.is_leader].count(True) == 1
+    assert api.holder in ("b", "c")
+    assert api.lease is not None and api.lease["spec"]["leaseTransitions"] == 1
+    assert api.calls.count("PUT") == 2  # both tried; the API server refused the stale one
+
+
+async def test_release_hands_over_at_once() -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    await a.step()
+    await b.step()
+    await a.release()
+    assert not a.is_leader
+    assert api.holder == ""
+    await b.step()  # no waiting for the lease duration: the holder is empty
+    assert b.is_leader
+
+
+async def test_release_without_leadership_writes_nothing() -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    await a.step()
+    await b.step()
+    calls = len(api.calls)
+    await b.release()
+    assert len(api.calls) == calls
+    assert api.holder == "a"
+
+
+def test_timings_must_nest() -> None:
+    with pytest.raises(ValueError, match="retry period < renew deadline < lease duration"):
+        ElectionConfig("lease", "ns", "a", 10.0, 10.0, 2.0)
+    with pytest.raises(ValueError, match="identity"):
+        ElectionConfig("lease", "ns", "", 15.0, 10.0, 2.0)
+
+
+async def call(app: ASGIApp, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    """One request straight through the ASGI interface."""
+    payload = b"" if body is None else msgspec.json.encode(body)
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"content-length", str(len(payload)).encode())],
+    }
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+async def test_non_leader_is_not_ready_and_refuses_bind(catalog: Catalog) -> None:
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    await a.step()
+    await b.step()
+    extender = Extender(Ledger(catalog), None)
+    extender.ready.set()
+    # PodUID missing: the extender's own bind answers 400, so reaching it is visible.
+    bind = {"PodName": "p", "PodNamespace": "ns", "Node": "n"}
+
+    standby = build_app(extender, elector=b)
+    status, text = await call(standby, "GET", "/readyz")
+    assert (status, text) == (503, b"not the leader (holder: a)\n")
+    status, text = await call(standby, "POST", "/bind", bind)
+    assert status == 200
+    error = msgspec.json.decode(text)["Error"]
+    assert "replica (b) is not the leader (Lease holder: a); not binding" in error
+
+    leader = build_app(extender, elector=a)
+    assert await call(leader, "GET", "/readyz") == (200, b"ok\n")
+    status, text = await call(leader, "POST", "/bind", bind)
+    assert status == 400 and b"bind needs PodName" in text
+
+    # Without a synced cache even the leader is not ready.
+    extender.ready.clear()
+    assert (await call(leader, "GET", "/readyz"))[0] == 503
