@@ -27,6 +27,7 @@ from neuron_scheduler.simulation import (
     generate_workload,
 )
 from neuron_scheduler.topology import format_ids, ids_mask, parse_ids
+from neuron_scheduler.ultraserver.command import register as register_ultraserver
 
 app = typer.Typer(
     help="Topology-aware scheduling for AWS Neuron devices on Kubernetes.",
@@ -370,6 +371,7 @@ def _print_results(results: list[SimResult]) -> None:
 
 
 register_device_plugin(app)
+register_ultraserver(app)
 
 
 def main() -> None:

@@ -1,0 +1,123 @@
+"""The `ultraserver-init` and `ultraserver-affinity` commands. `register(app)` adds them."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from neuron_scheduler.ultraserver.config import (
+    ENV_NODE_CONFIG,
+    SYSFS_DIR,
+    ConfigError,
+    parse_node_config,
+)
+from neuron_scheduler.ultraserver.environment import DEFAULT_ENVIRONMENT_FILE
+from neuron_scheduler.ultraserver.hostfile import DEFAULT_HOSTFILE, DEFAULT_OUT_DIR
+from neuron_scheduler.ultraserver.init import InitError, InitOptions, Source
+from neuron_scheduler.ultraserver.ssh import DEFAULT_SSH, SshOptions
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    for line in message.splitlines() or [message]:
+        typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def ultraserver_init(
+    node_config: Annotated[
+        str | None,
+        typer.Option(
+            envvar=ENV_NODE_CONFIG,
+            show_envvar=True,
+            help="UltraServer nodes per unit: 4, 2 or 1 (default 4)",
+        ),
+    ] = None,
+    hostfile: Annotated[Path, typer.Option(help="the MPI hostfile")] = Path(DEFAULT_HOSTFILE),
+    out_dir: Annotated[Path, typer.Option(help="where new_hostfile is written")] = Path(
+        DEFAULT_OUT_DIR
+    ),
+    source: Annotated[
+        Source, typer.Option(help="worker facts: sysfs over ssh, or node labels from the API")
+    ] = Source.SSH,
+    ssh: Annotated[
+        str, typer.Option(help="ssh command line; the worker host and command are appended")
+    ] = DEFAULT_SSH,
+    sysfs_dir: Annotated[
+        str, typer.Option(help="the driver's sysfs directory on the workers")
+    ] = SYSFS_DIR,
+    environment_file: Annotated[
+        str, typer.Option(help="the file on each worker that gets the runtime's variables")
+    ] = DEFAULT_ENVIRONMENT_FILE,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="--source kube: kubeconfig (default: in-cluster)")
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(help="--source kube: the workers' namespace when the hostfile has none"),
+    ] = None,
+) -> None:
+    """The MPIJob launcher's init step for Trn2 UltraServers: validate the workers' placement,
+    write NEURON_GLOBAL_TOPOID & co. into each worker's /etc/environment, write new_hostfile."""
+    try:
+        config = parse_node_config(node_config)
+        command = tuple(shlex.split(ssh))
+    except (ConfigError, ValueError) as error:
+        raise _fail(str(error), 2) from None
+    if not command:
+        raise _fail("--ssh is empty", 2)
+    options = InitOptions(
+        node_config=config,
+        hostfile=hostfile,
+        out_dir=out_dir,
+        source=source,
+        ssh=SshOptions(command, sysfs_dir, environment_file),
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+    )
+    from neuron_scheduler.ultraserver.init import run
+
+    try:
+        asyncio.run(run(options, _log))
+    except InitError as error:
+        raise _fail(str(error), 1) from None
+
+
+def ultraserver_affinity(
+    job_name: Annotated[str, typer.Option(help="the MPIJob's name")],
+    workers: Annotated[int, typer.Option(help="Worker replicas")],
+    node_config: Annotated[str, typer.Option(help="UltraServer nodes per unit: 4, 2 or 1")] = "4",
+    full_example: Annotated[
+        bool, typer.Option(help="a whole MPIJob with the launcher's two init containers")
+    ] = False,
+    namespace: Annotated[str, typer.Option(help="--full-example: the MPIJob's namespace")] = (
+        "default"
+    ),
+) -> None:
+    """Print the Worker template's nodeSelector and affinity for an UltraServer MPIJob."""
+    from neuron_scheduler.ultraserver.affinity import mpijob, worker_placement
+
+    try:
+        config = parse_node_config(node_config, "--node-config")
+        document = (
+            mpijob(job_name, workers, config, namespace=namespace)
+            if full_example
+            else worker_placement(job_name, workers, config)
+        )
+    except ConfigError as error:
+        raise _fail(str(error), 2) from None
+    sys.stdout.write(yaml.safe_dump(document, sort_keys=False, width=100))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ultraserver-init")(ultraserver_init)
+    app.command("ultraserver-affinity")(ultraserver_affinity)

@@ -1,0 +1,301 @@
+"""UltraServer-aware placement of MPI job workers, for the extender's filter. Pure (the caller
+passes the time).
+
+A worker pod is one labelled `training.kubeflow.org/job-name` and `training.kubeflow.org/job-role:
+worker`; its node config (4, 2 or 1 nodes per unit) is the pod annotation
+`neuron.amazonaws.com/ultraserver-node-config`, else a label of that name, else 4. A unit is the
+set of nodes sharing `neuron.amazonaws.com/ultraserver-server-id-<config>` (config 1: one node).
+On UltraServer nodes (those with `neuron.amazonaws.com/ultraserver-mode`) the rule is:
+
+- a unit that holds (or is being filled by) workers of another job is closed to this job, in
+  either job's config, so a 2-node job and a 4-node job never share an UltraServer;
+- one worker of a job per node;
+- a job fills the unit it started before it opens another (config 2 and 4), so a job of at most
+  `config` workers lands in one unit and a larger one in whole units;
+- a job that opens a unit gets one chosen for it (complete units first, then by server id) and
+  holds a claim on it until its workers show up bound, because kube-scheduler asks about the next
+  worker before the previous one's binding is visible.
+
+Nodes without UltraServer labels are left alone: the Worker's nodeSelector picks the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from neuron_scheduler.objects import Node, Pod
+from neuron_scheduler.ultraserver.config import (
+    DEFAULT_NODE_CONFIG,
+    DEFAULT_SERVER_ID,
+    JOB_NAME_LABEL,
+    JOB_ROLE_LABEL,
+    MODE_LABEL,
+    NODE_CONFIG_KEY,
+    WORKER_ROLE,
+    ConfigError,
+    parse_node_config,
+    server_id_label,
+)
+
+JobKey = tuple[str, str]  # (namespace, job name)
+UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
+CLAIM_SECONDS = 120.0
+
+
+def worker_job(pod: Pod) -> JobKey | None:
+    labels = pod.metadata.labels
+    name = labels.get(JOB_NAME_LABEL)
+    if not name or labels.get(JOB_ROLE_LABEL) != WORKER_ROLE:
+        return None
+    return (pod.metadata.namespace, name)
+
+
+def pod_node_config(pod: Pod) -> int:
+    """The worker's node config; ConfigError names the annotation or label when it is bad."""
+    annotations, labels = pod.metadata.annotations, pod.metadata.labels
+    if NODE_CONFIG_KEY in annotations:
+        return parse_node_config(annotations[NODE_CONFIG_KEY], f"annotation {NODE_CONFIG_KEY}")
+    if NODE_CONFIG_KEY in labels:
+        return parse_node_config(labels[NODE_CONFIG_KEY], f"label {NODE_CONFIG_KEY}")
+    return DEFAULT_NODE_CONFIG
+
+
+def describe(job: JobKey) -> str:
+    return f"{job[0]}/{job[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    node: str
+    job: JobKey
+    config: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    unit: UnitKey
+    until: float
+
+
+@dataclass
+class Occupancy:
+    """UltraServer nodes by unit and job workers by node, kept from the extender's watches."""
+
+    servers: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> config -> id
+    members: dict[UnitKey, set[str]] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)  # pod uid -> worker
+    on_node: dict[str, dict[str, Worker]] = field(default_factory=dict)
+    claims: dict[tuple[JobKey, int], Claim] = field(default_factory=dict)
+
+    # --- feeding -----------------------------------------------------------------------------
+
+    def apply_node(self, node: Node) -> None:
+        name = node.metadata.name
+        labels = node.metadata.labels
+        ids: dict[int, str] = {}
+        if MODE_LABEL in labels:
+            ids[1] = name
+            for config in (2, 4):
+                value = labels.get(server_id_label(config), "").strip().lower()
+                if value and value != DEFAULT_SERVER_ID:
+                    ids[config] = value
+        if self.servers.get(name) == (ids or None):
+            return
+        self.remove_node(name)
+        if ids:
+            self.servers[name] = ids
+            for config, server in ids.items():
+                self.members.setdefault((config, server), set()).add(name)
+
+    def remove_node(self, name: str) -> None:
+        for config, server in self.servers.pop(name, {}).items():
+            unit = self.members.get((config, server))
+            if unit is not None:
+                unit.discard(name)
+                if not unit:
+                    del self.members[(config, server)]
+
+    def apply_pod(self, pod: Pod) -> None:
+        uid = pod.metadata.uid
+        job = worker_job(pod)
+        node = pod.spec.nodeName
+        if job is None or not node or pod.finished:
+            self.remove_pod(uid)
+            return
+        try:
+            config = pod_node_config(pod)
+        except ConfigError:
+            config = DEFAULT_NODE_CONFIG
+        worker = Worker(node, job, config)
+        if self.workers.get(uid) == worker:
+            return
+        self.remove_pod(uid)
+        self.workers[uid] = worker
+        self.on_node.setdefault(node, {})[uid] = worker
+
+    def remove_pod(self, uid: str) -> None:
+        worker = self.workers.pop(uid, None)
+        if worker is None:
+            return
+        here = self.on_node.get(worker.node, {})
+        here.pop(uid, None)
+        if not here:
+            self.on_node.pop(worker.node, None)
+
+    def retain(self, uids: Iterable[str]) -> None:
+        """After a full re-list: forget workers whose pods are gone."""
+        keep = set(uids)
+        for uid in [u for u in self.workers if u not in keep]:
+            self.remove_pod(uid)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def unit(self, node: str, config: int) -> UnitKey | None:
+        server = self.servers.get(node, {}).get(config)
+        return (config, server) if server is not None else None
+
+    def nodes_of(self, unit: UnitKey) -> set[str]:
+        return self.members.get(unit, set())
+
+    def footprint(self, worker: Worker) -> set[str]:
+        unit = self.unit(worker.node, worker.config)
+        return self.nodes_of(unit) if unit else {worker.node}
+
+
+@dataclass
+class Decision:
+    passed: list[str]
+    failed: dict[str, str]
+    claim: UnitKey | None = None
+
+
+def _label(unit: UnitKey) -> str:
+    config, server = unit
+    return f"node {server}" if config == 1 else f"{server_id_label(config)}={server}"
+
+
+def decide(
+    occupancy: Occupancy, job: JobKey, config: int, candidates: list[str], now: float
+) -> Decision:
+    """Which candidate nodes a worker of `job` may take; claim: the unit the job opens."""
+    claims = {k: c for k, c in occupancy.claims.items() if c.until > now}
+    own_claim = claims.get((job, config))
+    other_claims = [(k[0], c.unit) for k, c in claims.items() if k[0] != job]
+    counts: dict[UnitKey, int] = {}
+    own_nodes: set[str] = set()
+    for worker in occupancy.workers.values():
+        if worker.job == job:
+            own_nodes.add(worker.node)
+            unit = occupancy.unit(worker.node, config)
+            if unit is not None:
+                counts[unit] = counts.get(unit, 0) + 1
+    if own_claim is not None:
+        counts.setdefault(own_claim.unit, 0)
+    open_units = {u for u, n in counts.items() if n < config} if config > 1 else set()
+
+    decision = Decision([], {})
+    eligible: dict[str, UnitKey] = {}
+    for name in candidates:
+        if name not in occupancy.servers:
+            decision.passed.append(name)  # not an UltraServer node: not ours to judge
+            continue
+        unit = occupancy.unit(name, config)
+        if unit is None:
+            decision.failed[name] = (
+                f"UltraServer node without a unit for config {config} "
+                f"({server_id_label(config)} missing or all zeros)"
+            )
+            continue
+        area = occupancy.nodes_of(unit)
+        blocker = _blocker(occupancy, job, area | {name}, other_claims)
+        if blocker is not None:
+            decision.failed[name] = f"UltraServer {_label(unit)} {blocker}"
+            continue
+        if name in own_nodes:
+            decision.failed[name] = f"already runs a worker of job {describe(job)}"
+            continue
+        if open_units:
+            if unit not in open_units:
+                first = min(open_units, key=lambda u: (-counts[u], u))
+                decision.failed[name] = (
+                    f"job {describe(job)} fills UltraServer {_label(first)} first "
+                    f"({counts[first]} of {config} workers there)"
+                )
+                continue
+            decision.passed.append(name)
+            continue
+        if config > 1 and counts.get(unit, 0) >= config:
+            decision.failed[name] = (
+                f"UltraServer {_label(unit)} already holds {config} workers of job {describe(job)}"
+            )
+            continue
+        eligible[name] = unit
+    if config == 1:
+        decision.passed += list(eligible)
+        return decision
+    if eligible:
+        chosen = min(
+            set(eligible.values()),
+            key=lambda u: (-min(len(occupancy.nodes_of(u)), config), u[1]),
+        )
+        for name, unit in eligible.items():
+            if unit == chosen:
+                decision.passed.append(name)
+            else:
+                decision.failed[name] = (
+                    f"job {describe(job)} starts on UltraServer {_label(chosen)} "
+                    "(complete free units first, then by server id)"
+                )
+        decision.claim = chosen
+    elif own_claim is not None and own_claim.unit in open_units:
+        decision.claim = own_claim.unit  # keep holding it while its nodes are busy
+    return decision
+
+
+def _blocker(
+    occupancy: Occupancy,
+    job: JobKey,
+    area: set[str],
+    other_claims: list[tuple[JobKey, UnitKey]],
+) -> str | None:
+    """Why another job keeps `job` out of these nodes, or None."""
+    near: set[str] = set()
+    for name in area:
+        for config in (1, 2, 4):
+            unit = occupancy.unit(name, config)
+            near |= occupancy.nodes_of(unit) if unit else {name}
+    for name in sorted(near):
+        for worker in occupancy.on_node.get(name, {}).values():
+            if worker.job != job and occupancy.footprint(worker) & area:
+                return f"holds workers of job {describe(worker.job)}"
+    for other, unit in other_claims:
+        if occupancy.nodes_of(unit) & area:
+            return f"is being filled by job {describe(other)}"
+    return None
+
+
+class UnitPlacement:
+    """The extender's side: the rule plus the claims it makes."""
+
+    def __init__(self, occupancy: Occupancy, claim_seconds: float = CLAIM_SECONDS) -> None:
+        self.occupancy = occupancy
+        self.claim_seconds = claim_seconds
+
+    def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
+        """Narrow the nodes that passed the device check; returns (passed, newly failed)."""
+        job = worker_job(pod)
+        if job is None or not any(n in self.occupancy.servers for n in passed):
+            return passed, {}
+        try:
+            config = pod_node_config(pod)
+        except ConfigError as error:
+            return [n for n in passed if n not in self.occupancy.servers], {
+                n: str(error) for n in passed if n in self.occupancy.servers
+            }
+        decision = decide(self.occupancy, job, config, passed, now)
+        if decision.claim is not None:
+            self.occupancy.claims[(job, config)] = Claim(decision.claim, now + self.claim_seconds)
+        for key in [k for k, c in self.occupancy.claims.items() if c.until <= now]:
+            del self.occupancy.claims[key]
+        return decision.passed, decision.failed
