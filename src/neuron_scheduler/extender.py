@@ -34,6 +34,7 @@ from neuron_scheduler.ledger import Ledger
 from neuron_scheduler.objects import Node, NodeList, Pod, assignment, neuron_request, node_topology
 from neuron_scheduler.requests import NeuronRequest, RequestError
 from neuron_scheduler.topology import Topology, format_ids
+from neuron_scheduler.ultraserver.placement import UnitPlacement
 
 log = logging.getLogger("neuron_scheduler.extender")
 
@@ -154,6 +155,7 @@ class Extender:
         self.ready = asyncio.Event()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._background: set[asyncio.Task[None]] = set()
+        self.ultraserver = UnitPlacement(ledger.ultraservers)  # MPI workers: one unit per job
 
     # --- filter and prioritize ---------------------------------------------------------------
 
@@ -212,6 +214,11 @@ class Extender:
             else:
                 result.failed[name] = decision.reason
                 outcomes["no_fit"] += 1
+        result.passed, narrowed = self.ultraserver.filter(pod, result.passed, time.monotonic())
+        if narrowed:  # UltraServer workers: see neuron_scheduler.ultraserver.placement
+            result.failed.update(narrowed)
+            outcomes["fits"] -= len(narrowed)
+            outcomes["ultraserver_unit"] += len(narrowed)
         for outcome, count in outcomes.items():
             self.metrics.filter_outcomes.labels(outcome).inc(count)
         self._log_filter(pod, request, result)

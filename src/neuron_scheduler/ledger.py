@@ -26,6 +26,7 @@ from neuron_scheduler.objects import (
 )
 from neuron_scheduler.requests import RequestError, Unit
 from neuron_scheduler.topology import Topology
+from neuron_scheduler.ultraserver.placement import Occupancy
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Ledger:
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._states: dict[str, NodeState] = {}
+        self.ultraservers = Occupancy()  # UltraServer units and MPI job workers, by node
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -67,6 +69,7 @@ class Ledger:
         if resolved is None:
             self.remove_node(name)
             return
+        self.ultraservers.apply_node(node)
         if resolved.warning and (name not in self.nodes or self.nodes[name].warning is None):
             log.warning("node %s: %s", name, resolved.warning)
         topology = resolved.topology
@@ -78,6 +81,7 @@ class Ledger:
             self._states.pop(name, None)
 
     def remove_node(self, name: str) -> None:
+        self.ultraservers.remove_node(name)
         if self.nodes.pop(name, None) is not None:
             self._states.pop(name, None)
 
@@ -94,6 +98,7 @@ class Ledger:
 
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
+        self.ultraservers.apply_pod(pod)
         self._pod_keys[uid] = pod.key
         holding = self._holding_of(pod)
         previous = self._holdings.get(uid)
@@ -113,6 +118,7 @@ class Ledger:
             self._pod_keys.pop(uid, None)
 
     def remove_pod(self, uid: str) -> None:
+        self.ultraservers.remove_pod(uid)
         previous = self._holdings.get(uid)
         if previous is not None:
             self._drop(uid, previous)
@@ -124,6 +130,7 @@ class Ledger:
         for pod in pods:
             seen.add(pod.metadata.uid)
             self.apply_pod(pod)
+        self.ultraservers.retain(seen)
         for uid in [u for u in self._holdings if u not in seen]:
             self.remove_pod(uid)
 
