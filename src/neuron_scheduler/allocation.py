@@ -220,6 +220,18 @@ def _place_devices(topology: Topology, used: int, count: int, policy: Policy) ->
         return Refusal(_no_device_set_reason(topology, busy, count))
     if policy is Policy.FIRST_FIT or len(candidates) == 1:
         chosen = candidates[0]
+    elif topology.kind is TopologyKind.TORUS:
+        # Same order as the future-capacity rule, cheaper: capacity after = capacity now minus
+        # the wholly free groups the candidate breaks, so compare what each one breaks.
+        free_groups = [
+            [g for g in topology.device_sets(size) if not g & busy]
+            for size in _capacity_sizes(topology)
+            if size > 1
+        ]
+        chosen = max(
+            candidates,
+            key=lambda mask: tuple(-sum(1 for g in groups if g & mask) for groups in free_groups),
+        )
     else:
         # max() keeps the first of equals, so ties go to the lowest start: deterministic.
         chosen = max(candidates, key=lambda mask: _future_capacity(topology, busy | mask))
@@ -251,38 +263,86 @@ def _free_core_runs(total: int, used: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
-    per_device = topology.cores_per_device
-    busy = busy_devices(topology, used)
-    best: tuple[tuple[object, ...], int, int, int] | None = None  # key, start, touched, run
-    for run_start, run_length in _free_core_runs(topology.total_cores, used):
-        if run_length < count:
-            continue
-        last = run_start + run_length - count
-        previous = -1
-        for start in range(run_start, last + 1):
+class _CoreWindows:
+    """The static half of a core decision for one topology and count: which window starts
+    (a window is `count` consecutive core ids) touch an allowed span of devices, and what each
+    touches. Bit s of a mask stands for the window starting at core s."""
+
+    __slots__ = ("allowed", "shape")
+
+    def __init__(self, topology: Topology, count: int) -> None:
+        per_device = topology.cores_per_device
+        self.allowed = 0
+        self.shape: list[tuple[int, int]] = []  # by start: (touched devices, span)
+        for start in range(topology.total_cores - count + 1):
             first_device = start // per_device
             span = (start + count - 1) // per_device - first_device + 1
             touched = ((1 << span) - 1) << first_device
-            # Starts that touch the same devices as the one before tie on every key but the
-            # run-edge one, so only the first of them and the run's last start can win.
-            if touched == previous and start != last:
-                continue
-            previous = touched
-            if not _span_allowed(topology, touched):
-                continue
-            if policy is Policy.FIRST_FIT:
-                return _core_placement(topology, start, count, touched, run_length)
-            key = (
-                _future_capacity(topology, busy | touched),
-                -span,
-                -run_length,  # best fit: the smallest free run that holds the request
-                start in (run_start, last),  # do not split a run in two when one end will do
-            )
-            if best is None or key > best[0]:
-                best = (key, start, touched, run_length)
-    if best is None:
+            self.shape.append((touched, span))
+            if _span_allowed(topology, touched):
+                self.allowed |= 1 << start
+
+
+@lru_cache(maxsize=1024)
+def _core_windows(topology: Topology, count: int) -> _CoreWindows:
+    return _CoreWindows(topology, count)
+
+
+def _window_starts(cores: int, count: int) -> int:
+    """Mask of the starts s for which cores s .. s+count-1 are all in `cores`."""
+    starts, width = cores, 1
+    while width * 2 <= count:  # doubling: bit s set iff cores s .. s+width-1 are all set
+        starts &= starts >> width
+        width *= 2
+    if width < count:
+        starts &= starts >> (count - width)
+    return starts
+
+
+def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
+    total = topology.total_cores
+    windows = _core_windows(topology, count)
+    free_starts = _window_starts(~used & ((1 << total) - 1), count) & windows.allowed
+    if not free_starts:
         return Refusal(_no_core_run_reason(topology, used, count))
+    busy = busy_devices(topology, used)
+    # A placement inside devices that are already partly used breaks no free device, so it keeps
+    # the most future capacity (touching a free device always lowers it): when there is one,
+    # only those compete, on the other keys.
+    inside_busy = free_starts & _window_starts(topology.core_mask_of_devices(busy), count)
+    candidates = free_starts if policy is Policy.FIRST_FIT else inside_busy or free_starts
+    shape = windows.shape
+    capacities: dict[int, tuple[int, ...]] = {}  # by touched devices: many windows share one
+    best: tuple[tuple[object, ...], int, int, int] | None = None  # key, start, touched, run
+    while candidates:
+        lowest = candidates & -candidates
+        candidates ^= lowest
+        start = lowest.bit_length() - 1
+        touched, span = shape[start]
+        # The maximal free run around the window: from just above the highest used core below
+        # it to just below the lowest used core above it.
+        run_start = (used & (lowest - 1)).bit_length()
+        above = used >> start
+        run_end = start + (above & -above).bit_length() - 1 if above else total
+        run_length = run_end - run_start
+        if policy is Policy.FIRST_FIT:
+            return _core_placement(topology, start, count, touched, run_length)
+        if inside_busy:
+            capacity: tuple[int, ...] = ()  # all equal: none breaks a free device
+        else:
+            capacity = capacities.get(touched) or capacities.setdefault(
+                touched, _future_capacity(topology, busy | touched)
+            )
+        key = (
+            capacity,
+            -span,
+            -run_length,  # best fit: the smallest free run that holds the request
+            start == run_start or start == run_end - count,  # keep the rest of the run whole
+        )
+        # Strictly greater, by ascending start: ties keep the lowest start (deterministic).
+        if best is None or key > best[0]:
+            best = (key, start, touched, run_length)
+    assert best is not None  # candidates was not empty
     _, start, touched, run_length = best
     return _core_placement(topology, start, count, touched, run_length)
 
