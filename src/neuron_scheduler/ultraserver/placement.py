@@ -233,8 +233,7 @@ def decide(
         eligible[name] = unit
     if config == 1:
         decision.passed += list(eligible)
-        return decision
-    if eligible:
+    elif eligible:
         chosen = min(
             set(eligible.values()),
             key=lambda u: (-min(len(occupancy.nodes_of(u)), config), u[1]),
@@ -250,6 +249,8 @@ def decide(
         decision.claim = chosen
     elif own_claim is not None and own_claim.unit in open_units:
         decision.claim = own_claim.unit  # keep holding it while its nodes are busy
+    passed = set(decision.passed)
+    decision.passed = [name for name in candidates if name in passed]
     return decision
 
 

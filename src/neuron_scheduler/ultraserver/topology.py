@@ -111,21 +111,24 @@ def _unit_problems(workers: list[WorkerInfo], config: int) -> list[str]:
             "UltraServer is busy"
         )
     counts = Counter(w.server_id for w in workers if w.server_id != DEFAULT_SERVER_ID)
-    single_unit = len(workers) == config
+    ranked = counts.most_common(2)
+    majority = None  # one unit's worth of workers where most agree: name only the odd ones
+    if len(workers) == config and ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+        majority = ranked[0]
     for w in workers:
         if w.server_id == DEFAULT_SERVER_ID:
             continue
         count = counts[w.server_id]
         if count == config:
             continue
-        if single_unit and count < config:
-            common, common_count = counts.most_common(1)[0]
-            if common != w.server_id and common_count > count:
+        if majority is not None:
+            common, common_count = majority
+            if w.server_id != common:
                 problems.append(
                     f"{who(w)}: {key} {w.server_id} differs from the other {common_count} "
                     f"workers ({common}); config {config} needs all {config} in one UltraServer"
                 )
-                continue
+            continue
         problems.append(
             f"{who(w)}: {key} {w.server_id} is shared by {count} of the {len(workers)} workers; "
             f"config {config} needs exactly {config} workers per UltraServer"
