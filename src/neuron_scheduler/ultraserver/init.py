@@ -86,7 +86,7 @@ async def run(options: InitOptions, log: Callable[[str], None]) -> list[Placed]:
         raise InitError(str(error)) from error
     hosts = [line.host for line in lines]
     log(f"Using {options.node_config}-node config")
-    log(f"{len(hosts)} workers in {options.hostfile}, facts from {options.source.value}")
+    log(f"Gathering {len(hosts)} workers from {options.hostfile} (source: {options.source.value})")
     workers = await _gather(options, hosts)
     try:
         placed = order(workers, options.node_config)
