@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -378,11 +378,13 @@ class ControlPlane:
         kubeconfig: str | os.PathLike[str] | None = None,
         *,
         extra_args: Sequence[str] = ("--v=2",),
+        config: Mapping[str, Any] | None = None,
     ) -> Scheduler:
         """Start a kube-scheduler serving one profile, with our extender if extender_url.
 
         Runs as admin unless kubeconfig is given. --v=2 logs each binding, which
-        is what one reads when a test fails.
+        is what one reads when a test fails. A given config (e.g. the Helm chart's
+        KubeSchedulerConfiguration) is used instead, with clientConnection.kubeconfig set.
         """
         if not self.running:
             raise RuntimeError("control plane is not running")
@@ -390,12 +392,15 @@ class ControlPlane:
         log_name = "kube-scheduler" if index == 1 else f"kube-scheduler-{index}"
         kc = Path(kubeconfig).resolve() if kubeconfig is not None else self.kubeconfig_path
         config_path = self.workdir / f"{log_name}.json"
-        config = scheduler_config(
-            scheduler_name=scheduler_name,
-            extender_url=extender_url,
-            node_cache_capable=node_cache_capable,
-            kubeconfig=str(kc),
-        )
+        if config is not None:
+            config = {**config, "clientConnection": {"kubeconfig": str(kc)}}
+        else:
+            config = scheduler_config(
+                scheduler_name=scheduler_name,
+                extender_url=extender_url,
+                node_cache_capable=node_cache_capable,
+                kubeconfig=str(kc),
+            )
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         (port,) = free_ports(1)
         proc = self._process(

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -26,7 +27,16 @@ ROLE = "neuron-scheduler-extender"
 class ExtenderProcess:
     """The extender as a separate process, restartable and killable like a real pod."""
 
-    def __init__(self, cp: ControlPlane, kubeconfig: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        kubeconfig: Path,
+        port: int | None = None,
+        *,
+        name: str = "extender",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """extra_args go to the `extender` command (e.g. --leader-elect); name names the log."""
         self.cp = cp
         self.port = port or free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,8 +55,9 @@ class ExtenderProcess:
                 str(self.port),
                 "--log-level",
                 "info",
+                *extra_args,
             ],
-            cp.log_dir / "extender.log",
+            cp.log_dir / f"{name}.log",
         )
 
     def start(self, timeout: float = 60.0) -> None:

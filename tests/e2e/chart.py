@@ -1,0 +1,136 @@
+"""The Helm chart as the tests use it: helm built by make, rendering, and strict server-side apply.
+
+helm comes from tools/helm.mk like the Kubernetes binary comes from tools/kube.mk: $HELM_BIN when
+make runs the tests, else `make -f tools/helm.mk helm-bin` (which builds it on first use). A missing
+helm is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from neuron_scheduler.testbed import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "neuron-scheduler"
+RULES = CHART / "files" / "extender-rules.yaml"
+# The testbed's Kubernetes version (tools/kube/go.mod), so rendering matches the API server.
+KUBE_VERSION = next(
+    line.split()[1]
+    for line in (ROOT / "tools" / "kube" / "go.mod").read_text().splitlines()
+    if line.strip().startswith("k8s.io/kubernetes ")
+)
+
+Doc = dict[str, Any]
+
+
+@cache
+def helm_bin() -> Path:
+    env = os.environ.get("HELM_BIN")
+    if env:
+        path = Path(env)
+    else:
+        result = subprocess.run(
+            ["make", "-s", "--no-print-directory", "-f", "tools/helm.mk", "helm-bin"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, f"building helm failed:\n{result.stdout}\n{result.stderr}"
+        path = Path(result.stdout.strip().splitlines()[-1])
+    assert os.access(path, os.X_OK), f"helm binary {path} is missing or not executable"
+    return path
+
+
+def helm(*args: str, values: Doc | None = None) -> subprocess.CompletedProcess[str]:
+    """Run helm on the chart with a values file; never raises, the caller checks."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="values-") as handle:
+        yaml.safe_dump(values or {}, handle)
+        handle.flush()
+        return subprocess.run(
+            [str(helm_bin()), *args, str(CHART), "-f", handle.name],
+            capture_output=True,
+            text=True,
+            check=False,
+            # helm keeps caches and a registry config under these; keep them out of $HOME.
+            env={
+                **os.environ,
+                "HELM_CACHE_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-cache"),
+                "HELM_CONFIG_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-config"),
+                "HELM_DATA_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-data"),
+            },
+        )
+
+
+def render(
+    values: Doc | None = None, namespace: str = "kube-system", kube_version: str = KUBE_VERSION
+) -> list[Doc]:
+    result = helm(
+        "template",
+        "neuron-scheduler",
+        "--namespace",
+        namespace,
+        "--kube-version",
+        kube_version,
+        values=values,
+    )
+    assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def refusal(values: Doc) -> str:
+    """helm template's error for values the chart must refuse."""
+    result = helm("template", "neuron-scheduler", values=values)
+    assert result.returncode != 0, f"helm template accepted {values}:\n{result.stdout[:2000]}"
+    return result.stderr
+
+
+def find(docs: list[Doc], kind: str, name: str) -> Doc:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} rendered; have {kinds(docs)}"
+    return matches[0]
+
+
+def kinds(docs: list[Doc]) -> list[str]:
+    return sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+
+
+def apply(cp: ControlPlane, docs: list[Doc], *, manager: str = "chart-test") -> str:
+    """Server-side apply with strict field validation (unknown or duplicate fields are errors)."""
+    result = cp.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        f"--field-manager={manager}",
+        "--validate=strict",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(docs),
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl apply failed:\n{result.stderr}\n{result.stdout}"
+    return result.stdout
+
+
+def extender_args(docs: list[Doc]) -> list[str]:
+    """The rendered extender container's arguments after the `extender` command, minus --port
+    (the test process listens on a free port)."""
+    deployment = find(docs, "Deployment", "k8s-neuron-scheduler")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args: list[str] = container["args"]
+    assert args[0] == "extender", args
+    return [a for a in args[1:] if not a.startswith("--port")]
+
+
+def scheduler_config(docs: list[Doc], name: str = "my-scheduler") -> Doc:
+    configmap = find(docs, "ConfigMap", f"{name}-config")
+    config: Doc = yaml.safe_load(configmap["data"][f"{name}-config.yaml"])
+    return config

@@ -1,0 +1,544 @@
+"""The Helm chart: lint and render every mode combination, refuse the invalid ones, apply every
+rendered manifest to a real kube-apiserver (server-side apply, strict field validation), and run
+the rendered my-scheduler KubeSchedulerConfiguration in a real kube-scheduler that schedules a
+Neuron pod through our extender, both running with the chart's ServiceAccounts and RBAC.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from neuron_scheduler.testbed import (
+    ControlPlane,
+    ExtenderProcess,
+    fake_neuron_node,
+    find_kubebin,
+    manifests,
+)
+from tests.e2e.chart import (
+    RULES,
+    Doc,
+    apply,
+    extender_args,
+    find,
+    helm,
+    kinds,
+    refusal,
+    render,
+    scheduler_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+PATIENCE = 60.0  # a safety net against hangs, never a performance bound
+
+DEFAULT_MODE = {
+    "scheduler": {"customScheduler": {"enabled": False}, "defaultScheduler": {"enabled": True}}
+}
+COMBOS: dict[str, Doc] = {
+    "custom": {},
+    "custom-ha": {"scheduler": {"replicas": 3}},
+    "custom-tls-full-nodes": {
+        "scheduler": {"tlsSecretName": "neuron-scheduler-tls", "nodeCacheCapable": False}
+    },
+    "default": DEFAULT_MODE,
+    "default-tls": {
+        **DEFAULT_MODE,
+        "scheduler": {**DEFAULT_MODE["scheduler"], "tlsSecretName": "t"},
+    },
+    "scheduler-only": {"devicePlugin": {"enabled": False}},
+    "device-plugin-only": {"scheduler": {"enabled": False}},
+}
+REFUSED: dict[str, tuple[Doc, str]] = {
+    "both-modes": (
+        {"scheduler": {"defaultScheduler": {"enabled": True}}},
+        "scheduler.customScheduler.enabled and scheduler.defaultScheduler.enabled are both true",
+    ),
+    "no-mode": (
+        {"scheduler": {"customScheduler": {"enabled": False}}},
+        "neither scheduler.customScheduler.enabled nor scheduler.defaultScheduler.enabled",
+    ),
+    "nothing": (
+        {"scheduler": {"enabled": False}, "devicePlugin": {"enabled": False}},
+        "the chart would install nothing",
+    ),
+    "bad-log-level": ({"logLevel": "loud"}, "/logLevel"),
+    "misspelt-value": ({"scheduler": {"replica": 2}}, "'replica' not allowed"),
+    "no-instance-types": ({"devicePlugin": {"instanceTypes": []}}, "/devicePlugin/instanceTypes"),
+}
+EXTENDER = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"]
+ELECTION = [
+    "Role/k8s-neuron-scheduler-leader-election",
+    "RoleBinding/k8s-neuron-scheduler-leader-election",
+]
+MY_SCHEDULER = [
+    "ClusterRoleBinding/my-scheduler-as-kube-scheduler",
+    "ClusterRoleBinding/my-scheduler-as-volume-scheduler",
+    "ConfigMap/my-scheduler-config",
+    "Deployment/my-scheduler",
+    "Role/my-scheduler-leader-election",
+    "RoleBinding/my-scheduler-extension-apiserver-authentication-reader",
+    "RoleBinding/my-scheduler-leader-election",
+    "ServiceAccount/my-scheduler",
+]
+DEVICE_PLUGIN = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+
+
+def expected_kinds(combo: str) -> list[str]:
+    values = COMBOS[combo]
+    scheduler = values.get("scheduler", {})
+    names: list[str] = []
+    if scheduler.get("enabled", True):
+        names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        if scheduler.get("replicas", 1) > 1:
+            names += ELECTION
+        if scheduler.get("defaultScheduler", {}).get("enabled"):
+            names.append("ConfigMap/k8s-neuron-scheduler-extender")
+        else:
+            names += MY_SCHEDULER
+    if values.get("devicePlugin", {}).get("enabled", True):
+        names += [f"{k}/neuron-device-plugin" for k in DEVICE_PLUGIN]
+    return sorted(names)
+
+
+def extender_entry(docs: list[Doc], combo_values: Doc) -> Doc:
+    if combo_values.get("scheduler", {}).get("defaultScheduler", {}).get("enabled"):
+        snippet = find(docs, "ConfigMap", "k8s-neuron-scheduler-extender")["data"]["extenders.yaml"]
+        (entry,) = yaml.safe_load(snippet)["extenders"]
+    else:
+        (entry,) = scheduler_config(docs)["extenders"]
+    result: Doc = entry
+    return result
+
+
+# --- rendering, no API server ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_lint_and_render(combo: str) -> None:
+    values = COMBOS[combo]
+    lint = helm("lint", "--strict", values=values)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    docs = render(values)
+    assert kinds(docs) == expected_kinds(combo)
+    for doc in docs:
+        namespaced = doc["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+        ns = doc["metadata"].get("namespace")
+        # The one exception: reading kube-system's client-CA ConfigMap.
+        if doc["metadata"]["name"].endswith("extension-apiserver-authentication-reader"):
+            assert ns == "kube-system"
+        else:
+            assert ns == ("kube-system" if namespaced else None), doc["metadata"]
+
+
+@pytest.mark.parametrize("combo", REFUSED)
+def test_refused_combinations(combo: str) -> None:
+    values, message = REFUSED[combo]
+    assert message in refusal(values)
+    lint = helm("lint", "--strict", values=values)
+    assert message in lint.stdout + lint.stderr
+    if message.startswith(("/", "'")):  # schema violations fail lint too
+        assert lint.returncode != 0
+    # else: helm lint runs templates in lint mode, where `fail` is reported, not fatal; install
+    # and template (above) refuse.
+
+
+def test_extender_cluster_role_is_the_rules_file() -> None:
+    """The e2e Stack runs the extender with files/extender-rules.yaml; the chart renders it."""
+    rendered = find(render(), "ClusterRole", "k8s-neuron-scheduler")
+    assert rendered["rules"] == yaml.safe_load(RULES.read_text())
+    verbs = {
+        (r["apiGroups"][0], res): set(r["verbs"])
+        for r in rendered["rules"]
+        for res in r["resources"]
+    }
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert verbs[("", "pods/binding")] == {"create"}
+    assert verbs[("", "nodes")] == {"get", "list", "watch"}
+    assert ("", "nodes/status") not in verbs
+    assert all("*" not in v for v in verbs.values())
+
+
+@pytest.mark.parametrize("combo", ["custom", "custom-tls-full-nodes", "default", "default-tls"])
+def test_extender_entry_matches_the_testbed(combo: str) -> None:
+    """The chart's extender entry is the one the e2e kube-scheduler runs with, apart from the URL
+    and, with TLS, the HTTPS settings."""
+    values = COMBOS[combo]
+    scheduler = values.get("scheduler", {})
+    docs = render(values)
+    entry = extender_entry(docs, values)
+    tls = bool(scheduler.get("tlsSecretName"))
+    scheme = "https" if tls else "http"
+    if scheduler.get("defaultScheduler", {}).get("enabled"):
+        url = f"{scheme}://127.0.0.1:32700"
+    else:
+        url = f"{scheme}://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
+    expected = manifests.scheduler_config(
+        extender_url=url, node_cache_capable=scheduler.get("nodeCacheCapable", True)
+    )["extenders"][0]
+    if tls:
+        assert entry.pop("enableHTTPS") is True
+        tls_config = entry.pop("tlsConfig")
+        assert tls_config["serverName"] == "k8s-neuron-scheduler.kube-system.svc"
+        assert tls_config["caFile"].endswith(".crt")
+    assert entry == expected
+
+
+def test_my_scheduler_configuration() -> None:
+    docs = render()
+    config = scheduler_config(docs)
+    assert config["profiles"] == [{"schedulerName": "my-scheduler"}]
+    assert config["leaderElection"] == {
+        "leaderElect": True,
+        "resourceNamespace": "kube-system",
+        "resourceName": "my-scheduler",
+    }
+    deployment = find(docs, "Deployment", "my-scheduler")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # The upstream image at the cluster's own version.
+    assert container["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    assert "--config=/etc/kubernetes/my-scheduler/my-scheduler-config.yaml" in container["command"]
+    eks = render(kube_version="v1.30.4-eks-a737599")
+    (eks_container,) = find(eks, "Deployment", "my-scheduler")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert eks_container["image"] == "registry.k8s.io/kube-scheduler:v1.30.4"
+
+
+def test_extender_pod_hardening_and_probes() -> None:
+    docs = render({"scheduler": {"replicas": 2, "tlsSecretName": "tls"}, "logLevel": "debug"})
+    spec = find(docs, "Deployment", "k8s-neuron-scheduler")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert set(container["resources"]) == {"requests", "limits"}
+    args = container["args"]
+    assert "--leader-elect" in args and "--lease-name=k8s-neuron-scheduler" in args
+    assert "--log-level=debug" in args
+    assert "--tls-cert=/etc/neuron-scheduler/tls/tls.crt" in args
+    service = find(docs, "Service", "k8s-neuron-scheduler")
+    assert service["spec"]["ports"][0]["port"] == 12345
+    assert "type" not in service["spec"]  # ClusterIP in custom mode
+    single = render()
+    (one,) = find(single, "Deployment", "k8s-neuron-scheduler")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert not any(a.startswith("--leader-elect") for a in one["args"])
+
+
+def test_device_plugin_daemonset() -> None:
+    docs = render({"devicePlugin": {"coresPerDevice": 2}})
+    spec = find(docs, "DaemonSet", "neuron-device-plugin")["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    instance = next(
+        e for e in term["matchExpressions"] if e["key"] == "node.kubernetes.io/instance-type"
+    )
+    assert instance["operator"] == "In"
+    assert {"inf1.6xlarge", "inf2.48xlarge", "trn1.32xlarge", "trn2.48xlarge"} <= set(
+        instance["values"]
+    )
+    assert not any(v.startswith(("m5", "c5")) for v in instance["values"])
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    (container,) = spec["containers"]
+    assert container["args"][0] == "device-plugin"
+    assert "--cores-per-device=2" in container["args"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/host/dev"]["readOnly"] and mounts["/host/sys"]["readOnly"]
+    assert not mounts["/var/lib/kubelet/device-plugins"].get("readOnly")
+    paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert paths["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert container["securityContext"]["privileged"] is False
+
+
+# --- the real API server -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kubebin() -> Path:
+    return find_kubebin(ROOT)
+
+
+@pytest.fixture(scope="class")
+def apply_cp(kubebin: Path) -> Iterator[ControlPlane]:
+    """A control plane of its own: each combination is applied in its own namespace, and the
+    cluster-scoped objects (same names in every combination) are applied over each other."""
+    with ControlPlane(kubebin) as cp:
+        yield cp
+
+
+class TestApply:
+    @pytest.mark.parametrize("combo", COMBOS)
+    def test_every_manifest_applies_strictly(self, apply_cp: ControlPlane, combo: str) -> None:
+        namespace = f"chart-{combo}"
+        apply_cp.client.ensure_namespace(namespace)
+        docs = render(COMBOS[combo], namespace=namespace)
+        out = apply(apply_cp, docs)
+        assert out.count("serverside-applied") == len(docs), out
+        for doc in docs:
+            path = api_path(doc)
+            stored = apply_cp.request("GET", path)
+            assert stored["metadata"]["labels"]["app.kubernetes.io/part-of"] == "neuron-scheduler"
+        if COMBOS[combo].get("scheduler", {}).get("defaultScheduler", {}).get("enabled"):
+            service = apply_cp.request(
+                "GET", f"/api/v1/namespaces/{namespace}/services/k8s-neuron-scheduler"
+            )
+            assert service["spec"]["type"] == "NodePort"
+            assert service["spec"]["ports"][0]["nodePort"] == 32700
+            apply_cp.request(
+                "DELETE", f"/api/v1/namespaces/{namespace}/services/k8s-neuron-scheduler"
+            )
+
+    def test_strict_validation_rejects_an_unknown_field(self, apply_cp: ControlPlane) -> None:
+        """The check above can fail: a field the API does not know is refused, not dropped."""
+        apply_cp.client.ensure_namespace("chart-strict")
+        docs = render(namespace="chart-strict")
+        deployment = copy.deepcopy(find(docs, "Deployment", "k8s-neuron-scheduler"))
+        deployment["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFilesystem"] = True
+        result = apply_cp.kubectl(
+            "apply",
+            "--server-side",
+            "--validate=strict",
+            "-f",
+            "-",
+            input=yaml.safe_dump(deployment),
+            check=False,
+        )
+        assert result.returncode != 0
+        assert (
+            'containers[name="extender"].readOnlyRootFilesystem: field not declared in schema'
+            in result.stderr
+        )
+
+    def test_rbac_grants_what_the_code_calls_and_no_more(self, apply_cp: ControlPlane) -> None:
+        namespace = "chart-rbac"
+        apply_cp.client.ensure_namespace(namespace)
+        apply(apply_cp, render({"scheduler": {"replicas": 2}}, namespace=namespace))
+
+        def can(sa: str, verb: str, resource: str, ns: str = "t", name: str = "") -> bool:
+            resource, _, subresource = resource.partition("/")
+            target = f"{resource}/{name}" if name else resource
+            args = ["auth", "can-i", verb, target, f"--as=system:serviceaccount:{namespace}:{sa}"]
+            args.append(f"--namespace={ns}")
+            if subresource:
+                args.append(f"--subresource={subresource}")
+            result = apply_cp.kubectl(*args, check=False)
+            assert result.stdout.strip() in ("yes", "no"), result.stderr
+            return result.stdout.strip() == "yes"
+
+        extender = "k8s-neuron-scheduler"
+        for verb in ("get", "list", "watch", "patch"):
+            assert can(extender, verb, "pods")
+        assert can(extender, "create", "pods/binding")
+        assert can(extender, "list", "nodes") and can(extender, "create", "events")
+        assert can(extender, "update", "leases", namespace, "k8s-neuron-scheduler")
+        assert not can(extender, "update", "leases", namespace, "someone-else")
+        assert not can(extender, "update", "leases", "t", "k8s-neuron-scheduler")
+        assert not can(extender, "update", "pods") and not can(extender, "delete", "pods")
+        assert not can(extender, "update", "nodes/status") and not can(extender, "patch", "nodes")
+        assert not can(extender, "get", "secrets") and not can(extender, "get", "configmaps")
+
+        plugin = "neuron-device-plugin"
+        for verb in ("get", "list", "patch"):
+            assert can(plugin, verb, "pods")
+        assert can(plugin, "get", "nodes")
+        assert not can(plugin, "update", "nodes/status") and not can(plugin, "list", "nodes")
+        assert not can(plugin, "create", "pods/binding") and not can(plugin, "get", "secrets")
+
+        scheduler = "my-scheduler"
+        assert can(scheduler, "create", "pods/binding") and can(scheduler, "watch", "nodes")
+        assert can(scheduler, "update", "leases", namespace, "my-scheduler")
+        assert not can(scheduler, "update", "leases", namespace, "k8s-neuron-scheduler")
+
+
+def api_path(doc: Doc) -> str:
+    group_version = doc["apiVersion"]
+    base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+    plural = {
+        "ServiceAccount": "serviceaccounts",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "ConfigMap": "configmaps",
+        "Deployment": "deployments",
+        "DaemonSet": "daemonsets",
+        "Service": "services",
+    }[doc["kind"]]
+    ns = doc["metadata"].get("namespace")
+    scope = f"/namespaces/{ns}" if ns else ""
+    return f"{base}{scope}/{plural}/{doc['metadata']['name']}"
+
+
+# --- the rendered scheduler configuration in a real kube-scheduler -----------------------------
+
+
+@pytest.fixture(scope="module")
+def chart_cp(kubebin: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(kubebin) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def installed(chart_cp: ControlPlane) -> list[Doc]:
+    """The chart with its defaults (custom scheduler mode) in kube-system, as on EKS."""
+    docs = render()
+    apply(chart_cp, docs)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def chart_extender(chart_cp: ControlPlane, installed: list[Doc]) -> Iterator[ExtenderProcess]:
+    """The extender with the rendered arguments, authenticated as the rendered ServiceAccount,
+    so the rendered ClusterRole is all it may do."""
+    credentials = chart_cp.service_account("kube-system", "k8s-neuron-scheduler")
+    extender = ExtenderProcess(
+        chart_cp,
+        credentials.kubeconfig_path,
+        name="chart-extender",
+        extra_args=extender_args(installed),
+    )
+    extender.start()
+    yield extender
+    extender.process.stop()
+
+
+def create_pod(
+    cp: ControlPlane, namespace: str, name: str, scheduler: str | None, limits: dict[str, str]
+) -> None:
+    spec: Doc = {
+        "containers": [
+            {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
+        ]
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    cp.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+    )
+
+
+def wait_bound(cp: ControlPlane, namespace: str, name: str, logs: list[Path]) -> Doc:
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        pod: Doc = cp.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if pod["spec"].get("nodeName"):
+            return pod
+        if time.monotonic() > deadline:
+            events = cp.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+            tails = {p.name: p.read_text(errors="replace").splitlines()[-30:] for p in logs}
+            raise AssertionError(
+                f"pod {name} not bound; events: {[e.get('message') for e in events]}\n"
+                + json.dumps(tails, indent=1)
+            )
+        time.sleep(0.1)
+
+
+def neuron_ids(pod: Doc) -> list[int]:
+    return [int(x) for x in pod["metadata"]["annotations"]["AWS_NEURON_IDS"].split(",")]
+
+
+def add_node(cp: ControlPlane, instance_type: str = "inf1.6xlarge") -> str:
+    name = f"{instance_type.replace('.', '-')}-{uuid.uuid4().hex[:6]}"
+    cp.request("POST", "/api/v1/nodes", fake_neuron_node(name, instance_type, 4, 16))
+    return name
+
+
+def test_rendered_my_scheduler_schedules_through_the_extender(
+    chart_cp: ControlPlane, installed: list[Doc], chart_extender: ExtenderProcess
+) -> None:
+    config = scheduler_config(installed)
+    (entry,) = config["extenders"]
+    assert entry["urlPrefix"] == "http://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
+    entry["urlPrefix"] = chart_extender.url  # the Service, as seen from this machine
+    # my-scheduler also runs as its rendered ServiceAccount: the chart's bindings to the
+    # built-in scheduler roles, its Lease Role and the authentication-reader RoleBinding.
+    credentials = chart_cp.service_account("kube-system", "my-scheduler")
+    scheduler = chart_cp.start_scheduler(config=config, kubeconfig=credentials.kubeconfig_path)
+    node = add_node(chart_cp)
+    chart_cp.client.ensure_namespace("workloads")
+    create_pod(
+        chart_cp, "workloads", "nine-cores", "my-scheduler", {"aws.amazon.com/neuroncore": "9"}
+    )
+    logs = [scheduler.log_path, chart_extender.process.log_path]
+    pod = wait_bound(chart_cp, "workloads", "nine-cores", logs)
+    assert pod["spec"]["nodeName"] == node
+    assert neuron_ids(pod) == list(range(9))
+    assert pod["metadata"]["annotations"]["NEURON_ALLOCATED"] == "false"
+    extender_log = chart_extender.process.log_path.read_text()
+    assert "Filtered nodes for POD workloads/nine-cores" in extender_log
+    # Leader election on, under the rendered Role: my-scheduler holds its Lease.
+    lease = chart_cp.request(
+        "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/my-scheduler"
+    )
+    assert lease["spec"]["holderIdentity"]
+    # A pod the extender refuses stays pending with the extender's reason.
+    create_pod(chart_cp, "workloads", "too-many", "my-scheduler", {"aws.amazon.com/neuron": "3"})
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        events = chart_cp.request("GET", "/api/v1/namespaces/workloads/events")["items"]
+        messages = [
+            e.get("message", "")
+            for e in events
+            if e["involvedObject"]["name"] == "too-many" and e["reason"] == "FailedScheduling"
+        ]
+        if any("1 needs 3 devices; only 1 devices free" in m for m in messages):
+            break
+        assert time.monotonic() < deadline, f"no FailedScheduling from the extender: {messages}"
+        time.sleep(0.1)
+    scheduler.stop()
+
+
+def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
+    chart_cp: ControlPlane, chart_extender: ExtenderProcess
+) -> None:
+    """The rendered `extenders:` entry, added to a default-scheduler profile as a self-managed
+    control plane would, schedules a pod that names no scheduler."""
+    docs = render(DEFAULT_MODE)
+    snippet = yaml.safe_load(
+        find(docs, "ConfigMap", "k8s-neuron-scheduler-extender")["data"]["extenders.yaml"]
+    )
+    (entry,) = snippet["extenders"]
+    assert entry["urlPrefix"] == "http://127.0.0.1:32700"
+    entry["urlPrefix"] = chart_extender.url
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler"}],
+        **snippet,
+    }
+    scheduler = chart_cp.start_scheduler(config=config)
+    node = add_node(chart_cp)
+    chart_cp.client.ensure_namespace("plain")
+    # The first test's node has a pod on 3 of its devices, so only the new node fits this one.
+    create_pod(chart_cp, "plain", "four-devices", None, {"aws.amazon.com/neuron": "4"})
+    pod = wait_bound(
+        chart_cp, "plain", "four-devices", [scheduler.log_path, chart_extender.process.log_path]
+    )
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    assert neuron_ids(pod) == [0, 1, 2, 3]
+    assert pod["spec"]["nodeName"] == node
+    scheduler.stop()
