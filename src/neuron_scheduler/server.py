@@ -187,6 +187,22 @@ def start_watches(api: KubeAPI, ledger: Ledger, extender: Extender) -> list[asyn
     ]
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises the SIGTERM it caught as soon as serve() returns, which ends the process
+    before code after serve() runs: what must happen on shutdown goes in shutdown()."""
+
+    def __init__(
+        self, config: uvicorn.Config, on_shutdown: Callable[[], Awaitable[None]] | None
+    ) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        await super().shutdown(sockets)  # in-flight requests (binds) finish first
+        if self.on_shutdown is not None:
+            await self.on_shutdown()  # e.g. release the Lease: a standby takes over at once
+
+
 async def serve(options: ExtenderOptions) -> None:
     catalog = Catalog.load(options.topology_file)
     config = load_config(options.kubeconfig)
@@ -195,7 +211,7 @@ async def serve(options: ExtenderOptions) -> None:
         extender = Extender(ledger, api)
         elector = LeaderElector(api, options.election) if options.election else None
         app = build_app(extender, options.body_limit, elector)
-        server = uvicorn.Server(
+        server = _Server(
             uvicorn.Config(
                 app,
                 host=options.host,
@@ -208,7 +224,8 @@ async def serve(options: ExtenderOptions) -> None:
                 ssl_keyfile=str(options.tls_key) if options.tls_key else None,
                 timeout_graceful_shutdown=5,
                 lifespan="off",
-            )
+            ),
+            on_shutdown=elector.release if elector is not None else None,
         )
         tasks = start_watches(api, ledger, extender)
         if elector is not None:
