@@ -14,6 +14,7 @@ namespace (`unshare --user`) as an ordinary uid; otherwise it runs as the curren
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -191,6 +192,7 @@ class FakeWorkers:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def log(self) -> str:
         return self.process.log_tail(80) if self.process else ""
