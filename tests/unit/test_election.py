@@ -61,7 +61,10 @@ class FakeLeases:
     def _store(self, body: dict[str, Any]) -> bytes:
         assert body["apiVersion"] == "coordination.k8s.io/v1" and body["kind"] == "Lease"
         self.version += 1
-        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
+        self.lease = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": str(self.version)},
+        }
         return msgspec.json.encode(self.lease)
 
     @property
