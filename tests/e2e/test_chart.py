@@ -542,3 +542,32 @@ def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
     assert neuron_ids(pod) == [0, 1, 2, 3]
     assert pod["spec"]["nodeName"] == node
     scheduler.stop()
+
+
+@pytest.mark.parametrize("combo", ["custom-ha", "custom-tls-full-nodes"])
+def test_rendered_arguments_parse_with_the_cli(combo: str) -> None:
+    """Every flag the chart passes exists on the command it runs (parsed, not executed)."""
+    import typer.main
+
+    from neuron_scheduler.cli import app
+
+    command = typer.main.get_command(app)
+    values = {**COMBOS[combo], "devicePlugin": {"coresPerDevice": 2}}
+    docs = render(values)
+    workloads = [
+        find(docs, "Deployment", "k8s-neuron-scheduler"),
+        find(docs, "DaemonSet", "neuron-device-plugin"),
+    ]
+    for workload in workloads:
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        name, *args = container["args"]
+        subcommand = command.commands[name]  # type: ignore[attr-defined]
+        context = subcommand.make_context(name, list(args))
+        assert context.params["log_level"] == "info"
+        if name == "extender":
+            assert context.params["port"] == 12345
+            leader = combo == "custom-ha"
+            assert context.params["leader_elect"] is leader
+        else:
+            assert context.params["cores_per_device"] == 2
+            assert str(context.params["dev_root"]) == "/host/dev"

@@ -1,0 +1,41 @@
+# syntax=docker/dockerfile:1
+# One image for the extender, the device plugin and the UltraServer tools:
+#   docker build -t neuron-scheduler:0.1.0 .
+#   docker run --rm neuron-scheduler:0.1.0 extender --help
+# The chart runs it with `extender ...` or `device-plugin ...` as arguments.
+
+ARG PYTHON_VERSION=3.11
+ARG DEBIAN=bookworm
+
+# --- build: resolve nothing, install exactly uv.lock into a virtualenv -------------------------
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS build
+COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /usr/local/bin/uv
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PYTHON=/usr/local/bin/python3 \
+    UV_PROJECT_ENVIRONMENT=/opt/neuron-scheduler
+WORKDIR /build
+# Dependencies first, in their own layer: source changes do not reinstall them.
+COPY pyproject.toml uv.lock README.md ./
+RUN uv sync --locked --no-dev --no-install-project
+COPY src ./src
+# --no-editable: the package is copied into the virtualenv, so /build is not needed at run time.
+RUN uv sync --locked --no-dev --no-editable
+
+# --- runtime: the virtualenv on a clean slim Python, as a non-root user -----------------------
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
+# 65532 is the uid the chart's securityContext names (the device plugin overrides it with 0: the
+# kubelet's device-plugins directory is root-owned).
+RUN groupadd --system --gid 65532 neuron \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin neuron
+COPY --from=build /opt/neuron-scheduler /opt/neuron-scheduler
+ENV PATH=/opt/neuron-scheduler/bin:${PATH} \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    MPLCONFIGDIR=/tmp/matplotlib
+USER 65532:65532
+EXPOSE 12345
+ENTRYPOINT ["neuron-scheduler"]
+CMD ["--help"]
