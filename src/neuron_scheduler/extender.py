@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from neuron_scheduler import annotations as handoff
 from neuron_scheduler.allocation import (
+    Decision,
     Placement,
     Policy,
     Refusal,
@@ -31,9 +32,9 @@ from neuron_scheduler.allocation import (
 )
 from neuron_scheduler.kubeapi import ApiError, KubeAPI
 from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.objects import Node, NodeList, Pod, assignment, neuron_request, node_topology
+from neuron_scheduler.objects import NodeRefList, Pod, assignment, neuron_request, node_topology
 from neuron_scheduler.requests import NeuronRequest, RequestError
-from neuron_scheduler.topology import Topology, format_ids
+from neuron_scheduler.topology import format_ids
 from neuron_scheduler.ultraserver.placement import UnitPlacement
 
 log = logging.getLogger("neuron_scheduler.extender")
@@ -41,7 +42,7 @@ log = logging.getLogger("neuron_scheduler.extender")
 
 class ExtenderArgs(msgspec.Struct):
     Pod: Pod | None = None
-    Nodes: NodeList | None = None
+    Nodes: NodeRefList | None = None
     NodeNames: list[str] | None = None
 
 
@@ -159,20 +160,31 @@ class Extender:
 
     # --- filter and prioritize ---------------------------------------------------------------
 
-    def _candidates(self, args: ExtenderArgs) -> list[tuple[str, Topology | None]]:
+    @staticmethod
+    def _names(args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:
-            result = []
-            for name in args.NodeNames:
-                entry = self.ledger.nodes.get(name)
-                result.append((name, entry.topology if entry else None))
-            return result
+            return args.NodeNames
         if args.Nodes is not None:
-            return [(node.metadata.name, self._topology(node)) for node in args.Nodes.items]
+            return [node.metadata.name for node in args.Nodes.items]
         raise BadRequest("request has neither NodeNames nor Nodes")
 
-    def _topology(self, node: Node) -> Topology | None:
-        resolved = node_topology(node, self.ledger.catalog)
-        return resolved.topology if resolved else None
+    def _stranger_judge(
+        self, args: ExtenderArgs, request: NeuronRequest
+    ) -> Callable[[str], Decision | str | None]:
+        """Judges nodes the cache does not know: from the request's own copy of the node when
+        kube-scheduler sent one (None: it has no Neuron resources), else a reason to wait."""
+        refs = {ref.metadata.name: ref for ref in args.Nodes.items} if args.Nodes else {}
+
+        def judge(name: str) -> Decision | str | None:
+            ref = refs.get(name)
+            if ref is None:
+                return "node is not in neuron-scheduler's cache yet"
+            resolved = node_topology(ref.node(), self.ledger.catalog)
+            if resolved is None:
+                return None
+            return allocate(resolved.topology, self.ledger.state(name), request, self.policy)
+
+        return judge
 
     @staticmethod
     def _request(args: ExtenderArgs) -> tuple[Pod, NeuronRequest | None]:
@@ -181,8 +193,7 @@ class Extender:
         return args.Pod, neuron_request(args.Pod)
 
     def filter(self, args: ExtenderArgs) -> FilterResult:
-        candidates = self._candidates(args)
-        names = [name for name, _ in candidates]
+        names = self._names(args)
         try:
             pod, request = self._request(args)
         except RequestError as error:
@@ -192,28 +203,38 @@ class Extender:
             return FilterResult([], {}, dict.fromkeys(names, reason))
         if request is None:
             self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
-            return FilterResult(names, {}, {})
-        result = FilterResult([], {}, {})
+            return FilterResult(list(names), {}, {})
+        verdicts = self.ledger.judge(names, request, self.policy)
+        fits = verdicts.fits
+        result = FilterResult([name for name in names if name in fits], {}, {})
         outcomes: defaultdict[str, int] = defaultdict(int)
-        for name, topology in candidates:
-            if topology is None:
-                if name in self.ledger.nodes or args.NodeNames is None:
+        outcomes["fits"] = len(result.passed)
+        if len(result.passed) < len(names):
+            # The slow path, only for nodes that do not fit (or that the cache does not know).
+            late_fits = set()
+            decisions = verdicts.decisions
+            stranger = self._stranger_judge(args, request)
+            for name in names:
+                if name in fits:
+                    continue
+                decision = decisions.get(name) or stranger(name)
+                if isinstance(decision, str):
+                    result.failed[name] = decision
+                    outcomes["not_in_cache"] += 1
+                elif decision is None:
                     result.unresolvable[name] = "node advertises no Neuron resources"
                     outcomes["no_neuron_node"] += 1
+                elif isinstance(decision, Placement):
+                    late_fits.add(name)
+                    outcomes["fits"] += 1
+                elif decision.unresolvable:
+                    result.unresolvable[name] = decision.reason
+                    outcomes["unresolvable"] += 1
                 else:
-                    result.failed[name] = "node is not in neuron-scheduler's cache yet"
-                    outcomes["not_in_cache"] += 1
-                continue
-            decision = allocate(topology, self.ledger.state(name), request, self.policy)
-            if isinstance(decision, Placement):
-                result.passed.append(name)
-                outcomes["fits"] += 1
-            elif decision.unresolvable:
-                result.unresolvable[name] = decision.reason
-                outcomes["unresolvable"] += 1
-            else:
-                result.failed[name] = decision.reason
-                outcomes["no_fit"] += 1
+                    result.failed[name] = decision.reason
+                    outcomes["no_fit"] += 1
+            if late_fits:
+                result.passed = [name for name in names if name in fits or name in late_fits]
         result.passed, narrowed = self.ultraserver.filter(pod, result.passed, time.monotonic())
         if narrowed:  # UltraServer workers: see neuron_scheduler.ultraserver.placement
             result.failed.update(narrowed)
@@ -247,18 +268,19 @@ class Extender:
             log.info("Failed nodes for POD %s: map[%s]%s", pod.key, text, more)
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
-        candidates = self._candidates(args)
+        names = self._names(args)
         try:
             _, request = self._request(args)
         except RequestError:
             request = None
+        if request is None:
+            return [{"Host": name, "Score": 0} for name in names]
+        decisions = self.ledger.judge(names, request, self.policy).decisions
+        stranger = self._stranger_judge(args, request)
         scores = []
-        for name, topology in candidates:
-            score = 0
-            if request is not None and topology is not None:
-                decision = allocate(topology, self.ledger.state(name), request, self.policy)
-                if isinstance(decision, Placement):
-                    score = decision.score
+        for name in names:
+            decision = decisions.get(name) or stranger(name)
+            score = decision.score if isinstance(decision, Placement) else 0
             scores.append({"Host": name, "Score": score})
         return scores
 

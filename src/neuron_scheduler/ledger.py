@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from neuron_scheduler.allocation import NodeState
+from neuron_scheduler.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.annotations import AnnotationError
 from neuron_scheduler.catalog import Catalog
 from neuron_scheduler.objects import (
@@ -24,7 +24,7 @@ from neuron_scheduler.objects import (
     neuron_request,
     node_topology,
 )
-from neuron_scheduler.requests import RequestError, Unit
+from neuron_scheduler.requests import NeuronRequest, RequestError, Unit
 from neuron_scheduler.topology import Topology
 from neuron_scheduler.ultraserver.placement import Occupancy
 
@@ -50,6 +50,29 @@ class Holding:
     ours: bool = False  # ids come from our annotations for this node
 
 
+class Verdicts:
+    """The allocator's decision for one request shape on each node asked about so far.
+
+    filter and prioritize ask about hundreds of nodes per call while a node's state changes only
+    when a pod lands on it or leaves, so decisions are kept until their node changes.
+    """
+
+    __slots__ = ("decisions", "fits")
+
+    def __init__(self) -> None:
+        self.decisions: dict[str, Decision] = {}
+        self.fits: set[str] = set()  # the nodes whose decision is a Placement
+
+    def forget(self, node: str) -> None:
+        if self.decisions.pop(node, None) is not None:
+            self.fits.discard(node)
+
+
+# Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
+# they are not: 5,000 nodes x 64 shapes is ~30 MB at worst.
+MAX_REQUEST_SHAPES = 64
+
+
 class Ledger:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -59,6 +82,7 @@ class Ledger:
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._states: dict[str, NodeState] = {}
+        self._verdicts: dict[tuple[Unit, int, Policy], Verdicts] = {}
         self.ultraservers = Occupancy()  # UltraServer units and MPI job workers, by node
 
     # --- nodes -------------------------------------------------------------------------------
@@ -78,12 +102,12 @@ class Ledger:
         )
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
-            self._states.pop(name, None)
+            self._invalidate(name)
 
     def remove_node(self, name: str) -> None:
         self.ultraservers.remove_node(name)
         if self.nodes.pop(name, None) is not None:
-            self._states.pop(name, None)
+            self._invalidate(name)
 
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
         """A full re-list: apply every node, forget those that are gone."""
@@ -108,7 +132,7 @@ class Ledger:
             if holding is not None:
                 self._holdings[uid] = holding
                 self._by_node.setdefault(holding.node, {})[uid] = holding
-                self._states.pop(holding.node, None)
+                self._invalidate(holding.node)
         reservation = self._reservations.get(uid)
         if reservation is not None and (pod.finished or (holding is not None and holding.ours)):
             # The watch now shows what the bind wrote (or the pod is gone): the reservation has
@@ -140,7 +164,7 @@ class Ledger:
         on_node.pop(uid, None)
         if not on_node:
             self._by_node.pop(holding.node, None)
-        self._states.pop(holding.node, None)
+        self._invalidate(holding.node)
 
     def _holding_of(self, pod: Pod) -> Holding | None:
         node = pod.spec.nodeName
@@ -175,14 +199,42 @@ class Ledger:
     def reserve(self, uid: str, key: str, node: str, cores: int) -> None:
         self._reservations[uid] = Holding(node, cores=cores, ours=True)
         self._pod_keys[uid] = key
-        self._states.pop(node, None)
+        self._invalidate(node)
 
     def release(self, uid: str) -> None:
         reservation = self._reservations.pop(uid, None)
         if reservation is not None:
-            self._states.pop(reservation.node, None)
+            self._invalidate(reservation.node)
+
+    def _invalidate(self, node: str) -> None:
+        """The node's holdings or topology changed: drop what was derived from them."""
+        self._states.pop(node, None)
+        for verdicts in self._verdicts.values():
+            verdicts.forget(node)
 
     # --- reading -----------------------------------------------------------------------------
+
+    def judge(self, names: Iterable[str], request: NeuronRequest, policy: Policy) -> Verdicts:
+        """Decisions for `request` on every named node that is in the cache (others are left
+        out of the result's `decisions`)."""
+        key = (request.unit, request.count, policy)
+        verdicts = self._verdicts.get(key)
+        if verdicts is None:
+            if len(self._verdicts) >= MAX_REQUEST_SHAPES:
+                del self._verdicts[next(iter(self._verdicts))]  # the oldest shape
+            verdicts = self._verdicts[key] = Verdicts()
+        decisions = verdicts.decisions
+        for name in names:
+            if name in decisions:
+                continue
+            entry = self.nodes.get(name)
+            if entry is None:
+                continue
+            decision = allocate(entry.topology, self.state(name), request, policy)
+            decisions[name] = decision
+            if isinstance(decision, Placement):
+                verdicts.fits.add(name)
+        return verdicts
 
     def state(self, node: str) -> NodeState:
         """The node's cores in use: bound pods, in-flight binds, and counts with unknown ids."""

@@ -90,6 +90,34 @@ class NodeList(msgspec.Struct):
     items: list[Node] = []
 
 
+class NodeRefMeta(msgspec.Struct):
+    name: str = ""
+    labels: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class NodeRef(msgspec.Struct):
+    """A node as kube-scheduler sends it to an extender without nodeCacheCapable: the name, and
+    the rest left undecoded. Nodes in our cache are judged from the cache (as bind will be), so
+    labels and capacity are decoded only for the rare node the cache has not seen: a 500-node
+    list decodes in about half the time of full `Node`s, most of it JSON scanning."""
+
+    metadata: NodeRefMeta = msgspec.field(default_factory=NodeRefMeta)
+    status: msgspec.Raw = msgspec.Raw(b"{}")
+
+    def node(self) -> Node:
+        return Node(
+            ObjectMeta(
+                name=self.metadata.name,
+                labels=msgspec.json.decode(self.metadata.labels, type=dict[str, str]),
+            ),
+            msgspec.json.decode(self.status, type=NodeStatus),
+        )
+
+
+class NodeRefList(msgspec.Struct):
+    items: list[NodeRef] = []
+
+
 def quantity(value: str | int, what: str) -> int:
     """An extended-resource quantity; the API server only admits whole numbers for these."""
     if isinstance(value, int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -172,6 +173,11 @@ def start_watches(api: KubeAPI, ledger: Ledger, extender: Extender) -> list[asyn
     async def mark_ready() -> None:
         await nodes.synced.wait()
         await pods.synced.wait()
+        # The first list is most of the heap (every cached pod and node) and lives as long as the
+        # process: frozen, the collector stops rescanning it, which at 50,000 pods was a ~30 ms
+        # pause every few hundred requests, the largest part of filter's p99.
+        gc.collect()
+        gc.freeze()
         extender.ready.set()
         log.info(
             "cache synced: %d Neuron nodes, %d pods holding Neuron resources",

@@ -160,6 +160,23 @@ def test_filter_unknown_node_name_is_a_resolvable_failure(extender: tuple[str, E
     assert result["FailedNodes"] == {"new-node": "node is not in neuron-scheduler's cache yet"}
 
 
+def test_full_node_list_judges_nodes_the_cache_has_not_seen(
+    extender: tuple[str, Extender],
+) -> None:
+    """Without nodeCacheCapable, a node kube-scheduler knows before our watch does is judged
+    from the request's own copy; a node without Neuron resources can never fit."""
+    base, _ = extender
+    nodes = [node_json("fresh-inf2", "inf2.24xlarge"), node_json("cpu-only", "m5.large")]
+    one = post(base, "/filter", full_args(pod_json("one", {DEV: 1}), nodes))
+    assert one["NodeNames"] == ["fresh-inf2"]
+    assert one["FailedAndUnresolvableNodes"] == {"cpu-only": "node advertises no Neuron resources"}
+    seven = post(base, "/filter", full_args(pod_json("seven", {DEV: 7}), nodes))
+    assert seven["NodeNames"] == []
+    assert "fresh-inf2" in seven["FailedAndUnresolvableNodes"]  # inf2.24xlarge has 6 devices
+    scores = post(base, "/prioritize", full_args(pod_json("six", {DEV: 6}), nodes))
+    assert {s["Host"]: s["Score"] for s in scores} == {"fresh-inf2": 10, "cpu-only": 0}
+
+
 def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> None:
     base, _ = extender
     scores = post(base, "/prioritize", cache_args(pod_json("p", {DEV: 4}), ALL))

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from neuron_scheduler.allocation import NodeState
+from neuron_scheduler.allocation import NodeState, Policy, allocate
 from neuron_scheduler.catalog import Catalog
 from neuron_scheduler.ledger import Ledger
+from neuron_scheduler.requests import NeuronRequest
 from tests.kube import node, pod
 
 CORE = "aws.amazon.com/neuroncore"
@@ -147,3 +148,45 @@ def test_node_removed_and_relisted() -> None:
     assert set(ledger.nodes) == {"n1"}
     ledger.apply_node(node("cpu-only", "m5.large"))
     assert "cpu-only" not in ledger.nodes
+
+
+def test_kept_decisions_follow_every_change_to_their_node() -> None:
+    """judge() keeps decisions per node; each way a node's state changes must drop them."""
+    ledger = ledger_with()
+    four_devices = NeuronRequest(DEV, 4)
+
+    def fits() -> set[str]:
+        return set(ledger.judge(["n1", "t1", "unknown"], four_devices, Policy.BEST_FIT).fits)
+
+    assert fits() == {"n1", "t1"}
+    # A bound pod with our annotations.
+    taken = pod("a", {CORE: 1}, node="n1", uid="u1", annotations=ours("n1", "0", "0", "0"))
+    ledger.apply_pod(taken)
+    assert fits() == {"t1"}
+    ledger.remove_pod("u1")
+    assert fits() == {"n1", "t1"}
+    # An in-flight bind, then its release.
+    ledger.reserve("u2", "ns/b", "n1", mask(15))
+    assert fits() == {"t1"}
+    ledger.release("u2")
+    assert fits() == {"n1", "t1"}
+    # A pod placed by another scheduler, counted by size.
+    ledger.apply_pod(pod("c", {DEV: 16}, node="t1", uid="u3"))
+    assert fits() == {"n1"}
+    # The node itself changes: gone, then back.
+    ledger.remove_pod("u3")
+    ledger.replace_nodes([node("t1", "trn1.32xlarge")])
+    assert fits() == {"t1"}
+    ledger.replace_nodes([node("n1", "inf1.6xlarge"), node("t1", "trn1.32xlarge")])
+    assert fits() == {"n1", "t1"}
+    assert "unknown" not in ledger.judge(["unknown"], four_devices, Policy.BEST_FIT).decisions
+
+
+def test_kept_decisions_agree_with_a_fresh_decision() -> None:
+    ledger = ledger_with()
+    ledger.apply_pod(pod("a", {CORE: 3}, node="n1", annotations=ours("n1", "4,5,6", "1", "4,5,6")))
+    for count in (1, 2, 4, 9):
+        request = NeuronRequest(CORE, count)
+        kept = ledger.judge(["n1"], request, Policy.BEST_FIT).decisions["n1"]
+        topology = ledger.nodes["n1"].topology
+        assert kept == allocate(topology, ledger.state("n1"), request, Policy.BEST_FIT)
