@@ -57,15 +57,17 @@ class Verdicts:
     when a pod lands on it or leaves, so decisions are kept until their node changes.
     """
 
-    __slots__ = ("decisions", "fits")
+    __slots__ = ("decisions", "fits", "scores")
 
     def __init__(self) -> None:
         self.decisions: dict[str, Decision] = {}
         self.fits: set[str] = set()  # the nodes whose decision is a Placement
+        self.scores: dict[str, int] = {}  # prioritize's answer: the fit score, 0 when refused
 
     def forget(self, node: str) -> None:
         if self.decisions.pop(node, None) is not None:
             self.fits.discard(node)
+            del self.scores[node]
 
 
 # Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
@@ -234,6 +236,9 @@ class Ledger:
             decisions[name] = decision
             if isinstance(decision, Placement):
                 verdicts.fits.add(name)
+                verdicts.scores[name] = decision.score
+            else:
+                verdicts.scores[name] = 0
         return verdicts
 
     def state(self, node: str) -> NodeState:

@@ -85,7 +85,7 @@ def build_app(
         return endpoint
 
     async def do_filter(args: ExtenderArgs) -> Any:
-        return extender.filter(args).wire()
+        return extender.filter(args).wire(as_nodes=args.Nodes is not None)
 
     async def do_prioritize(args: ExtenderArgs) -> Any:
         return extender.prioritize(args)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from neuron_scheduler.allocation import NodeState, Policy, allocate
+from neuron_scheduler.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.catalog import Catalog
 from neuron_scheduler.ledger import Ledger
 from neuron_scheduler.requests import NeuronRequest
@@ -187,6 +187,8 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
     ledger.apply_pod(pod("a", {CORE: 3}, node="n1", annotations=ours("n1", "4,5,6", "1", "4,5,6")))
     for count in (1, 2, 4, 9):
         request = NeuronRequest(CORE, count)
-        kept = ledger.judge(["n1"], request, Policy.BEST_FIT).decisions["n1"]
+        verdicts = ledger.judge(["n1"], request, Policy.BEST_FIT)
         topology = ledger.nodes["n1"].topology
-        assert kept == allocate(topology, ledger.state("n1"), request, Policy.BEST_FIT)
+        fresh = allocate(topology, ledger.state("n1"), request, Policy.BEST_FIT)
+        assert verdicts.decisions["n1"] == fresh
+        assert verdicts.scores["n1"] == (fresh.score if isinstance(fresh, Placement) else 0)
