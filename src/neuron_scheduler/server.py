@@ -225,6 +225,11 @@ async def serve(options: ExtenderOptions) -> None:
                 loop="none",
                 http="httptools",
                 access_log=False,
+                # kube-scheduler talks to us directly: no proxy headers to trust, and no
+                # Server/Date headers it would read (each costs per-request work).
+                proxy_headers=False,
+                server_header=False,
+                date_header=False,
                 log_level=options.log_level.lower(),
                 ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
                 ssl_keyfile=str(options.tls_key) if options.tls_key else None,
