@@ -220,18 +220,6 @@ def _place_devices(topology: Topology, used: int, count: int, policy: Policy) ->
         return Refusal(_no_device_set_reason(topology, busy, count))
     if policy is Policy.FIRST_FIT or len(candidates) == 1:
         chosen = candidates[0]
-    elif topology.kind is TopologyKind.TORUS:
-        # Same order as the future-capacity rule, cheaper: capacity after = capacity now minus
-        # the wholly free groups the candidate breaks, so compare what each one breaks.
-        free_groups = [
-            [g for g in topology.device_sets(size) if not g & busy]
-            for size in _capacity_sizes(topology)
-            if size > 1
-        ]
-        chosen = max(
-            candidates,
-            key=lambda mask: tuple(-sum(1 for g in groups if g & mask) for groups in free_groups),
-        )
     else:
         # max() keeps the first of equals, so ties go to the lowest start: deterministic.
         chosen = max(candidates, key=lambda mask: _future_capacity(topology, busy | mask))
@@ -299,6 +287,16 @@ def _window_starts(cores: int, count: int) -> int:
     return starts
 
 
+def _run_around(used: int, start: int, total: int) -> tuple[int, int]:
+    """The maximal free run of cores around free core `start`, as [run_start, run_end): from
+    just above the highest used core below it to just below the lowest used core above it."""
+    above = used >> start
+    return (
+        (used & ((1 << start) - 1)).bit_length(),
+        start + (above & -above).bit_length() - 1 if above else total,
+    )
+
+
 def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
     total = topology.total_cores
     windows = _core_windows(topology, count)
@@ -312,29 +310,31 @@ def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> D
     inside_busy = free_starts & _window_starts(topology.core_mask_of_devices(busy), count)
     candidates = free_starts if policy is Policy.FIRST_FIT else inside_busy or free_starts
     shape = windows.shape
+    if policy is Policy.FIRST_FIT:
+        start = (candidates & -candidates).bit_length() - 1
+        run_start, run_end = _run_around(used, start, total)
+        return _core_placement(topology, start, count, shape[start][0], run_end - run_start)
     capacities: dict[int, tuple[int, ...]] = {}  # by touched devices: many windows share one
-    best: tuple[tuple[object, ...], int, int, int] | None = None  # key, start, touched, run
+    best_capacity: tuple[int, ...] = ()  # all equal inside busy devices: none breaks a free one
+    best: tuple[tuple[int, int, bool], int, int, int] | None = None  # key, start, touched, run
     while candidates:
         lowest = candidates & -candidates
         candidates ^= lowest
         start = lowest.bit_length() - 1
         touched, span = shape[start]
-        # The maximal free run around the window: from just above the highest used core below
-        # it to just below the lowest used core above it.
-        run_start = (used & (lowest - 1)).bit_length()
-        above = used >> start
-        run_end = start + (above & -above).bit_length() - 1 if above else total
+        if not inside_busy:
+            # Capacity decides first: a window that keeps less of it cannot win.
+            capacity = capacities.get(touched)
+            if capacity is None:
+                capacity = capacities[touched] = _future_capacity(topology, busy | touched)
+            if best is not None and capacity < best_capacity:
+                continue
+            if best is not None and capacity > best_capacity:
+                best = None
+            best_capacity = capacity
+        run_start, run_end = _run_around(used, start, total)
         run_length = run_end - run_start
-        if policy is Policy.FIRST_FIT:
-            return _core_placement(topology, start, count, touched, run_length)
-        if inside_busy:
-            capacity: tuple[int, ...] = ()  # all equal: none breaks a free device
-        else:
-            capacity = capacities.get(touched) or capacities.setdefault(
-                touched, _future_capacity(topology, busy | touched)
-            )
         key = (
-            capacity,
             -span,
             -run_length,  # best fit: the smallest free run that holds the request
             start == run_start or start == run_end - count,  # keep the rest of the run whole
