@@ -45,9 +45,13 @@ unit: sync
 property: sync
 	$(UV) run pytest tests/property $(PYTEST_ARGS)
 
-bench: sync
+# Not part of `make test` (figures go to BENCHMARKS.md by hand, with the machine they ran on).
+bench: sync $(KUBE_BIN)
 	$(UV) run python bench/allocator.py
 	$(UV) run python bench/simulate.py
+	$(UV) run python bench/extender.py
+	$(UV) run python bench/throughput.py
+	$(UV) run python bench/throughput.py --full-node-list
 
 clean:
 	rm -rf report .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -34,14 +34,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-TYPES = [
-    ("inf2.48xlarge", 12, 24),
-    ("trn1.32xlarge", 16, 32),
-    ("trn2.48xlarge", 16, 64),
-    ("inf1.24xlarge", 16, 64),
-    ("inf2.24xlarge", 6, 12),
-]
-CORE = "aws.amazon.com/neuroncore"
+from fleet import CORE, TYPES, rss_mb
 
 
 def free_port() -> int:
@@ -234,13 +227,6 @@ def write_kubeconfig(path: Path, server: str) -> None:
             }
         )
     )
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def percentile(values: list[float], p: float) -> float:
