@@ -191,7 +191,10 @@ class Extender:
             ref = refs.get(name)
             if ref is None:
                 return "node is not in neuron-scheduler's cache yet"
-            resolved = node_topology(ref.node(), self.ledger.catalog)
+            try:
+                resolved = node_topology(ref.node(), self.ledger.catalog)
+            except (RequestError, msgspec.ValidationError) as error:
+                return Refusal(f"cannot read the node's labels or capacity: {error}", True)
             if resolved is None:
                 return None
             return allocate(resolved.topology, self.ledger.state(name), request, self.policy)

@@ -178,6 +178,13 @@ def test_full_node_list_judges_nodes_the_cache_has_not_seen(
     assert "fresh-inf2" in seven["FailedAndUnresolvableNodes"]  # inf2.24xlarge has 6 devices
     scores = post(base, "/prioritize", full_args(pod_json("six", {DEV: 6}), nodes))
     assert {s["Host"]: s["Score"] for s in scores} == {"fresh-inf2": 10, "cpu-only": 0}
+    # A node object that makes no sense costs that node only, not the whole answer.
+    odd = node_json("odd", "inf2.24xlarge")
+    odd["status"]["capacity"]["aws.amazon.com/neuron"] = "lots"
+    odd["metadata"]["labels"] = ["not", "a", "map"]
+    result = post(base, "/filter", full_args(pod_json("one", {DEV: 1}), [*nodes, odd]))
+    assert result["NodeNames"] == ["fresh-inf2"]
+    assert "cannot read the node" in result["FailedAndUnresolvableNodes"]["odd"]
 
 
 def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> None:
