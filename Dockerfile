@@ -30,6 +30,10 @@ FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
 RUN groupadd --system --gid 65532 neuron \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin neuron
+# ssh: `ultraserver-init` reads each MPI worker's sysfs and writes its /etc/environment over ssh.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openssh-client \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/neuron-scheduler /opt/neuron-scheduler
 ENV PATH=/opt/neuron-scheduler/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -215,6 +215,9 @@ class LeaderElector:
         return await self._write("PUT", self.path, body)
 
     async def _write(self, method: str, path: str, body: Lease) -> bool:
+        # The lease runs from when we asked, not from when the answer came back: a slow answer
+        # must not stretch our leadership past the moment a standby may take over.
+        asked_at = self.clock()
         try:
             answer = await self.api.request(method, path, body=msgspec.to_builtins(body))
         except ApiError as error:
@@ -223,7 +226,7 @@ class LeaderElector:
             raise
         lease = msgspec.json.decode(answer, type=Lease)
         self._observe(lease)
-        self._renewed_at = self.clock()
+        self._renewed_at = asked_at
         return True
 
     async def step(self) -> None:

@@ -240,6 +240,10 @@ def test_extender_pod_hardening_and_probes() -> None:
         "containers"
     ]
     assert not any(a.startswith("--leader-elect") for a in one["args"])
+    # Never two binding extenders side by side, and no rollout waiting on a standby's readiness.
+    for docs_of_mode in (docs, single):
+        deployment = find(docs_of_mode, "Deployment", "k8s-neuron-scheduler")
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_device_plugin_daemonset() -> None:

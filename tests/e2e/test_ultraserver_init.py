@@ -323,3 +323,31 @@ def test_unscheduled_worker_and_plain_node_from_labels(
                 f"{ns}/demo-worker-3 is not scheduled to a node",
             ],
         )
+
+
+def test_ssh_source_names_the_nodes_when_the_api_is_there(
+    tmp_path: Path, labelled: LabelledCluster, control_plane: ControlPlane
+) -> None:
+    nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
+    for pod, node in seed.PODS.items():
+        labelled.pod(pod, nodes[node])
+    specs = [
+        FakeWorker(labelled.host(pod), f"{pod}.fqdn", seed.sysfs(pod, "1,2,4"), environment=KEPT)
+        for pod in seed.PODS
+    ]
+    odd = list(seed.PODS)[3]
+    assert specs[3].sysfs is not None
+    specs[3].sysfs["server_id_4"] = "00000000deadbeef"
+    with workers(specs) as fake:
+        hosts = [labelled.host(p) for p in seed.PODS]
+        args = ("--kubeconfig", str(control_plane.kubeconfig_path))  # --source ssh, the default
+        result = init(fake, tmp_path, hosts, "4", *args)
+        assert_failed(
+            fake,
+            result,
+            [
+                f"worker {labelled.host(odd)} (node {nodes[seed.PODS[odd]]}): "
+                "neuron.amazonaws.com/ultraserver-server-id-4 00000000deadbeef differs from the "
+                f"other 3 workers ({seed.S4}); config 4 needs all 4 in one UltraServer"
+            ],
+        )

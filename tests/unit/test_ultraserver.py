@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -284,6 +286,26 @@ def test_init_cli_rejects_config_3_in_one_line() -> None:
         "error: NEURON_ULTRASERVER_NODE_CONFIG='3' is not a valid UltraServer node config; "
         "valid values are 4, 2 and 1"
     ]
+
+
+def test_init_cli_hostfile_that_is_not_text(tmp_path: Path) -> None:
+    hostfile_path = tmp_path / "hostfile"
+    hostfile_path.write_bytes(b"\xff\xfe demo-worker-0 slots=1\n")
+    result = CliRunner().invoke(
+        app,
+        ["ultraserver-init", "--hostfile", str(hostfile_path), "--out-dir", str(tmp_path)],
+        env={"NEURON_ULTRASERVER_NODE_CONFIG": "4"},
+    )
+    assert result.exit_code != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: the hostfile {hostfile_path} is not UTF-8 text")
+    assert "Traceback" not in result.output
+
+
+def test_full_example_init_container_runs_as_root_for_ssh() -> None:
+    job = affinity.mpijob("demo", 4, 4)
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert launcher["initContainers"][1]["securityContext"]["runAsUser"] == 0
 
 
 # --- placement rule -----------------------------------------------------------------------------

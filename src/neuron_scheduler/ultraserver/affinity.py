@@ -137,6 +137,9 @@ def mpijob(
                         "image": init_image,
                         "command": ["neuron-scheduler", "ultraserver-init"],
                         "env": [{"name": ENV_NODE_CONFIG, "value": str(node_config)}],
+                        # root, like the MPI launcher itself: ssh finds the job's key in
+                        # /root/.ssh, and the image's default user has no home.
+                        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
                         "volumeMounts": [
                             *mounts,
                             {"mountPath": DEFAULT_OUT_DIR, "name": "ultraserver-init"},

@@ -59,7 +59,11 @@ def ultraserver_init(
         str, typer.Option(help="the file on each worker that gets the runtime's variables")
     ] = DEFAULT_ENVIRONMENT_FILE,
     kubeconfig: Annotated[
-        Path | None, typer.Option(help="--source kube: kubeconfig (default: in-cluster)")
+        Path | None,
+        typer.Option(
+            help="kubeconfig (default: in-cluster): --source kube reads node labels with it; "
+            "--source ssh uses it, when there is one, to name each worker's node in errors"
+        ),
     ] = None,
     namespace: Annotated[
         str | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuron_scheduler.ultraserver import environment, hostfile, ssh
@@ -38,11 +38,21 @@ class InitOptions:
 
 
 async def _gather(options: InitOptions, hosts: list[str]) -> list[WorkerInfo]:
-    if options.source is Source.SSH:
-        return await ssh.gather(options.ssh, hosts, options.node_config)
     from neuron_scheduler.kubeapi import ConfigError, KubeAPI, load_config
     from neuron_scheduler.ultraserver import kube
 
+    if options.source is Source.SSH:
+        infos = await ssh.gather(options.ssh, hosts, options.node_config)
+        # A worker does not know its Kubernetes node; the API does, when we may ask it (the
+        # launcher's ServiceAccount, or --kubeconfig): then errors name the node too.
+        try:
+            config = load_config(options.kubeconfig)
+        except ConfigError:
+            return infos
+        namespace = options.namespace or kube.default_namespace()
+        async with KubeAPI(config) as api:
+            nodes = await kube.node_names(api, hosts, namespace)
+        return [replace(i, node=i.node or nodes.get(i.worker)) for i in infos]
     try:
         config = load_config(options.kubeconfig)
     except ConfigError as error:
@@ -80,6 +90,8 @@ async def run(options: InitOptions, log: Callable[[str], None]) -> list[Placed]:
         raise InitError(
             f"cannot read the hostfile {options.hostfile}: {error.strerror or error}"
         ) from error
+    except UnicodeDecodeError as error:
+        raise InitError(f"the hostfile {options.hostfile} is not UTF-8 text: {error}") from error
     try:
         lines = hostfile.parse(text, str(options.hostfile))
     except hostfile.HostfileError as error:

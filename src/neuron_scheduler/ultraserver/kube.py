@@ -68,6 +68,23 @@ def from_labels(host: str, node: Node, config: int) -> WorkerInfo:
     )
 
 
+async def node_names(
+    api: KubeAPI, hosts: Sequence[str], namespace: str, parallel: int = 16
+) -> dict[str, str]:
+    """The node each worker's pod is bound to, for the hosts the API can tell about."""
+
+    async def one(host: str) -> str:
+        pod_namespace, pod_name = pod_of(host, namespace)
+        try:
+            raw = await api.get(f"/api/v1/namespaces/{pod_namespace}/pods/{pod_name}")
+            return msgspec.json.decode(raw, type=Pod).spec.nodeName
+        except (ApiError, aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError):
+            return ""
+
+    found = await bounded(hosts, parallel, one)
+    return {host: node for host, node in zip(hosts, found, strict=True) if node}
+
+
 async def gather(
     api: KubeAPI, hosts: Sequence[str], config: int, namespace: str, parallel: int = 16
 ) -> list[WorkerInfo]:

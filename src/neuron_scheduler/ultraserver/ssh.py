@@ -24,7 +24,9 @@ from neuron_scheduler.ultraserver.config import (
 from neuron_scheduler.ultraserver.environment import DEFAULT_ENVIRONMENT_FILE
 from neuron_scheduler.ultraserver.topology import WorkerInfo
 
-DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=20"
+# accept-new: MPI workers are new pods with new host keys on every job; a changed key for a known
+# name is still refused.
+DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=20 -o StrictHostKeyChecking=accept-new"
 T = TypeVar("T")
 
 
