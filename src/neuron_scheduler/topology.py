@@ -134,12 +134,10 @@ def _core_mask_of_devices(cores_per_device: int, devices: int) -> int:
 
 def mask_ids(mask: int) -> list[int]:
     ids = []
-    index = 0
-    while mask:
-        if mask & 1:
-            ids.append(index)
-        mask >>= 1
-        index += 1
+    while mask:  # one step per set bit, lowest first
+        lowest = mask & -mask
+        ids.append(lowest.bit_length() - 1)
+        mask ^= lowest
     return ids
 
 
