@@ -7,6 +7,7 @@ Used by the end-to-end tests and by `neuron-scheduler cluster`.
 
 from __future__ import annotations
 
+import ssl
 import sys
 import time
 import urllib.error
@@ -35,11 +36,16 @@ class ExtenderProcess:
         *,
         name: str = "extender",
         extra_args: Sequence[str] = (),
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
-        """extra_args go to the `extender` command (e.g. --leader-elect); name names the log."""
+        """extra_args go to the `extender` command (e.g. --leader-elect); name names the log;
+        tls: (CA, certificate, key) to serve HTTPS with, the CA to check it."""
         self.cp = cp
         self.port = port or free_ports(1)[0]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._ssl = ssl.create_default_context(cafile=str(tls[0])) if tls else None
+        if tls:
+            extra_args = [*extra_args, "--tls-cert", str(tls[1]), "--tls-key", str(tls[2])]
         self.process = ManagedProcess(
             "extender",
             [
@@ -74,7 +80,9 @@ class ExtenderProcess:
         if not self.process.alive():
             raise RuntimeError(f"extender exited:\n{self.process.log_tail()}")
         try:
-            with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
+            with urllib.request.urlopen(
+                self.url + "/readyz", timeout=2, context=self._ssl
+            ) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
@@ -83,7 +91,9 @@ class ExtenderProcess:
         self.process.stop(kill=True)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+        with urllib.request.urlopen(
+            self.url + "/metrics", timeout=5, context=self._ssl
+        ) as response:
             return str(response.read().decode())
 
     def metric(self, name: str) -> float:
@@ -138,6 +148,9 @@ class Stack:
             },
         )
         self.extender_token = credentials.token
+        self.extender_kubeconfig = (
+            credentials.kubeconfig_path
+        )  # least privilege, for more extenders
         self.extender = ExtenderProcess(cp, credentials.kubeconfig_path, extender_port)
         self.extender.start()
         self.scheduler: Scheduler | None = None
