@@ -1,0 +1,108 @@
+"""The ledger's kept decisions never go stale: after any sequence of pod, reservation and node
+changes, what `judge` answers equals a fresh decision on the node's current state."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from neuron_scheduler.allocation import Placement, Policy, allocate
+from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.ledger import Ledger
+from neuron_scheduler.requests import NEURON, NEURONCORE, NeuronRequest
+from tests.kube import node, pod
+
+NODES = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "inf1": "inf1.6xlarge"}
+REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
+    NeuronRequest(NEURONCORE, n) for n in (1, 2, 3, 8)
+]
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = Ledger(Catalog.builtin())
+        self.ledger.replace_nodes([node(name, kind) for name, kind in NODES.items()])
+        self.next_uid = 0
+        self.bound: list[str] = []
+        self.reserved: list[str] = []
+
+    def _place(self, name: str, request: NeuronRequest) -> Placement | None:
+        entry = self.ledger.nodes.get(name)
+        if entry is None:
+            return None
+        decision = allocate(entry.topology, self.ledger.state(name), request, Policy.BEST_FIT)
+        return decision if isinstance(decision, Placement) else None
+
+    @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
+    def ask(self, name: str, request: NeuronRequest) -> None:
+        # Fills the kept decisions that later changes must drop.
+        self.ledger.judge(list(NODES), request, Policy.BEST_FIT)
+
+    @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
+    def bind(self, name: str, request: NeuronRequest) -> None:
+        placement = self._place(name, request)
+        if placement is None:
+            return
+        self.next_uid += 1
+        uid = f"u{self.next_uid}"
+        ids = ",".join(map(str, placement.cores))
+        annotations = {"AWS_NEURON_IDS": ids, "NEURON_RESOURCE_TYPE": NEURONCORE}
+        limits = {NEURONCORE: len(placement.cores)}
+        self.ledger.apply_pod(pod(uid, limits, node=name, uid=uid, annotations=annotations))
+        self.bound.append(uid)
+
+    @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
+    def reserve(self, name: str, request: NeuronRequest) -> None:
+        placement = self._place(name, request)
+        if placement is None:
+            return
+        self.next_uid += 1
+        uid = f"r{self.next_uid}"
+        self.ledger.reserve(uid, f"ns/{uid}", name, placement.core_mask)
+        self.reserved.append(uid)
+
+    @rule(name=st.sampled_from(sorted(NODES)), count=st.integers(1, 4))
+    def foreign(self, name: str, count: int) -> None:
+        """A pod placed by another scheduler: counted by size, ids unknown."""
+        self.next_uid += 1
+        uid = f"f{self.next_uid}"
+        self.ledger.apply_pod(pod(uid, {NEURON: count}, node=name, uid=uid))
+        self.bound.append(uid)
+
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        if self.bound:
+            uid = self.bound.pop(data.draw(st.integers(0, len(self.bound) - 1)))
+            self.ledger.remove_pod(uid)
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        if self.reserved:
+            uid = self.reserved.pop(data.draw(st.integers(0, len(self.reserved) - 1)))
+            self.ledger.release(uid)
+
+    @rule(name=st.sampled_from(sorted(NODES)), present=st.booleans())
+    def node_comes_and_goes(self, name: str, present: bool) -> None:
+        kept = [node(n, k) for n, k in NODES.items() if n != name or present]
+        self.ledger.replace_nodes(kept)
+
+    @invariant()
+    def kept_decisions_are_fresh(self) -> None:
+        for request in REQUESTS:
+            verdicts = self.ledger.judge(list(NODES), request, Policy.BEST_FIT)
+            for name in NODES:
+                entry = self.ledger.nodes.get(name)
+                if entry is None:
+                    assert name not in verdicts.decisions
+                    continue
+                fresh = allocate(entry.topology, self.ledger.state(name), request, Policy.BEST_FIT)
+                assert verdicts.decisions[name] == fresh, (name, request)
+                assert (name in verdicts.fits) == isinstance(fresh, Placement)
+                score = fresh.score if isinstance(fresh, Placement) else 0
+                assert verdicts.scores[name] == score
+
+
+TestLedgerVerdicts = LedgerMachine.TestCase
+TestLedgerVerdicts.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
