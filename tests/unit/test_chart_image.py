@@ -1,12 +1,18 @@
 """The Dockerfile, checked without a Docker engine: what it copies exists and is not excluded by
 .dockerignore, it installs from the lockfile, runs as the uid the chart names, and its entrypoint
-is the project's console script. (Building the image itself is not tested here.)"""
+is the project's console script, and its build stage's install steps, replayed without an
+engine, give a working tool. (The image itself is not built here: no Docker engine.)"""
 
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -106,3 +112,65 @@ def test_chart_version_follows_the_project() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     # The image tag defaults to appVersion, which is the version the image is built from.
     assert chart["appVersion"] == project["version"]
+
+
+def test_the_build_stage_installs_a_working_tool(tmp_path: Path) -> None:
+    """The build stage's own RUN lines, replayed here without an engine: the files it copies,
+    its uv environment, then the build directory removed (the runtime stage never sees it)."""
+    steps = instructions()
+    build = tmp_path / "build"
+    build.mkdir()
+    for kw, args in steps:
+        if kw == "COPY" and not args.startswith("--from="):
+            for source in shlex.split(args)[:-1]:
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, build / source)
+                else:
+                    shutil.copy2(ROOT / source, build / source)
+    environment = dict(os.environ)
+    for kw, args in steps:
+        if kw == "ENV" and "UV_PROJECT_ENVIRONMENT" in args:
+            for word in shlex.split(args):
+                name, _, value = word.partition("=")
+                environment[name] = value
+    venv = tmp_path / "venv"
+    environment.update(
+        UV_PROJECT_ENVIRONMENT=str(venv),  # /opt/neuron-scheduler in the image
+        UV_PYTHON=sys.executable,  # the image's /usr/local/bin/python3
+    )
+    environment.pop("VIRTUAL_ENV", None)  # the test runner's own environment is not the target
+    uv = shutil.which("uv") or str(Path.home() / ".local/bin/uv")
+    runs = [args for kw, args in steps if kw == "RUN" and "uv sync" in args]
+    for run in runs:
+        result = subprocess.run(
+            run.replace("uv ", f"{uv} ", 1),
+            shell=True,
+            cwd=build,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, f"{run}\n{result.stderr}"
+    shutil.rmtree(build)
+    tool = venv / "bin" / "neuron-scheduler"
+    explain = subprocess.run(
+        [
+            *(str(tool), "explain", "--instance-type", "inf1.6xlarge"),
+            *("--resource", "neuroncore", "--count", "9", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert explain.returncode == 0, explain.stderr
+    assert json.loads(explain.stdout)["cores"] == list(range(9))
+    for command in ("extender", "device-plugin", "ultraserver-init"):
+        shown = subprocess.run(
+            [str(tool), command, "--help"], capture_output=True, text=True, check=False
+        )
+        assert shown.returncode == 0, shown.stderr
+    # --no-dev: the test and lint tools stay out of the image.
+    assert not list(venv.glob("lib/python*/site-packages/pytest"))
+    assert not list(venv.glob("lib/python*/site-packages/mypy"))
