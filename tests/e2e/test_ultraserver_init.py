@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, KubeError, fake_neuron_node
+from neuron_scheduler.testbed import ControlPlane, fake_neuron_node
 from neuron_scheduler.ultraserver import environment
 from tests import ultraserver_seed as seed
+from tests.e2e.harness import remove_pods_and_nodes
 from tests.e2e.ultraserver_sshd import ENVIRONMENT, SYSFS, FakeWorker, FakeWorkers
 
 pytestmark = pytest.mark.e2e
@@ -241,17 +242,7 @@ class LabelledCluster:
         return seed.host(pod, self.namespace)
 
     def cleanup(self) -> None:
-        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
-        for item in listed["items"]:
-            with contextlib.suppress(KubeError):
-                self.cp.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{self.namespace}/pods/{item['metadata']['name']}"
-                    "?gracePeriodSeconds=0",
-                )
-        for node in self.nodes:
-            with contextlib.suppress(KubeError):
-                self.cp.request("DELETE", f"/api/v1/nodes/{node}")
+        remove_pods_and_nodes(self.cp, self.namespace, self.nodes)
 
 
 @pytest.fixture

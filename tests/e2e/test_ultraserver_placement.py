@@ -8,7 +8,6 @@ free pair next to the first. Once with the `ultraserver-affinity` output on plai
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import uuid
@@ -18,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from neuron_scheduler.testbed import ControlPlane, KubeError, Scheduler, fake_neuron_node
-from tests.e2e.harness import Scenario, dump, wait_for
+from neuron_scheduler.testbed import ControlPlane, Scheduler, fake_neuron_node
+from tests.e2e.harness import Scenario, dump, remove_pods_and_nodes, wait_for
 
 pytestmark = pytest.mark.e2e
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -114,17 +113,7 @@ class Fleet:
         assert units["j2"][0].isdisjoint(units["j1"][0])
 
     def cleanup(self) -> None:
-        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
-        for item in listed["items"]:
-            with contextlib.suppress(KubeError):
-                self.cp.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{self.namespace}/pods/{item['metadata']['name']}"
-                    "?gracePeriodSeconds=0",
-                )
-        for node in self.nodes:
-            with contextlib.suppress(KubeError):
-                self.cp.request("DELETE", f"/api/v1/nodes/{node}")
+        remove_pods_and_nodes(self.cp, self.namespace, self.nodes)
 
 
 def affinity_cli(job: str, workers: int, config: int) -> dict[str, Any]:
