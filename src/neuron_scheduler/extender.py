@@ -356,6 +356,13 @@ class Extender:
             # Held from here on, so concurrent filters and binds on this node see it taken
             # while the API calls below are in flight (outside the lock).
             self.ledger.reserve(pod.metadata.uid, key, args.Node, decision.core_mask)
+            # An MPI worker counts on its node from here too: kube-scheduler asks about the next
+            # worker of the job before this binding is visible in the watch.
+            self.ledger.ultraservers.apply_pod(
+                msgspec.structs.replace(
+                    pod, spec=msgspec.structs.replace(pod.spec, nodeName=args.Node)
+                )
+            )
             values = handoff.encode(
                 args.Node, request, decision, pod.container_names, time.time_ns()
             )
@@ -423,6 +430,7 @@ class Extender:
     async def _rollback(self, pod: Pod, error: Exception) -> None:
         assert self.api is not None
         self.ledger.release(pod.metadata.uid)
+        self.ledger.ultraservers.remove_pod(pod.metadata.uid)  # not bound after all
         self.metrics.rollbacks.inc()
         self.metrics.binds.labels("failure").inc()
         log.warning("bind of %s failed (%s); rolled back its reservation", pod.key, error)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from neuron_scheduler.catalog import Catalog
 from neuron_scheduler.cli import app
+from neuron_scheduler.extender import Extender, ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.kubeapi import ApiError
+from neuron_scheduler.ledger import Ledger
 from neuron_scheduler.objects import Node, ObjectMeta, Pod, PodSpec
 from neuron_scheduler.ultraserver import affinity, environment, hostfile
 from neuron_scheduler.ultraserver.config import (
@@ -22,6 +28,9 @@ from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement, dec
 from neuron_scheduler.ultraserver.ssh import gather_script, parse_gathered
 from neuron_scheduler.ultraserver.topology import TopologyError, WorkerInfo, order, summary
 from tests import ultraserver_seed as seed
+from tests.kube import node_json, pod_json
+
+DEVICE = "aws.amazon.com/neuron"
 
 
 def seed_workers(config: int, modes: str = "1_2_4") -> list[WorkerInfo]:
@@ -423,3 +432,68 @@ def test_placement_ignores_other_pods_and_bad_config() -> None:
     assert not occupancy.workers and not occupancy.on_node
     occupancy.remove_node("a0")
     assert "a0" not in occupancy.nodes_of((4, "a000000000000000"))
+
+
+class SlowBindAPI:
+    """What bind calls on the API; the binding itself waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, Pod] = {}
+        self.binding = asyncio.Event()  # set while a binding is in flight
+        self.proceed = asyncio.Event()
+        self.fail = False
+
+    async def get(self, path: str) -> bytes:
+        return msgspec.json.encode(self.pods[path.rsplit("/", 1)[1]])
+
+    async def patch_pod_annotations(self, *_: object) -> None:
+        return None
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self.binding.set()
+        await self.proceed.wait()
+        if self.fail:
+            raise ApiError("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", 500, b"")
+
+    async def create_event(self, *_: object, **__: object) -> None:
+        return None
+
+
+def neuron_worker(job: str, index: int) -> Pod:
+    """A worker that asks for one device, so several would fit on one node by devices alone."""
+    bare = worker(job, index, config=4)
+    with_request = msgspec.convert(pod_json(bare.metadata.name, {DEVICE: 1}), Pod)
+    return msgspec.structs.replace(with_request, metadata=bare.metadata)
+
+
+async def test_a_worker_being_bound_already_counts_on_its_node() -> None:
+    ledger = Ledger(Catalog.builtin())
+    for i in range(4):
+        ultra = node_json(f"a{i}", "trn2.48xlarge")
+        ultra["metadata"]["labels"].update(
+            {
+                PREFIX + "mode": "1_2_4",
+                PREFIX + "server-id-4": "a000000000000000",
+                PREFIX + "node-id-4": str(i),
+            }
+        )
+        ledger.apply_node(msgspec.convert(ultra, Node))
+    api = SlowBindAPI()
+    extender = Extender(ledger, api)  # type: ignore[arg-type]
+    extender.ready.set()
+    nodes = ["a0", "a1", "a2", "a3"]
+    first, second = neuron_worker("j", 0), neuron_worker("j", 1)
+    api.pods = {first.metadata.name: first, second.metadata.name: second}
+    target = extender.filter(ExtenderArgs(Pod=first, NodeNames=nodes)).passed[0]
+    args = ExtenderBindingArgs(first.metadata.name, "ns", first.metadata.uid, target)
+    binding = asyncio.create_task(extender.bind(args))
+    await api.binding.wait()
+    # The first worker's binding is in flight, invisible to the watch: its node is taken.
+    result = extender.filter(ExtenderArgs(Pod=second, NodeNames=nodes))
+    assert target not in result.passed
+    assert result.failed[target] == "already runs a worker of job ns/j"
+    # The binding fails and is rolled back: the node is open to the job again.
+    api.fail = True
+    api.proceed.set()
+    assert "failed" in await binding
+    assert target in extender.filter(ExtenderArgs(Pod=second, NodeNames=nodes)).passed
