@@ -21,15 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fleet import CORE, NEURON, TYPES, rss_mb
+from fleet import CORE, NEURON, TYPES, cpu_seconds, rss_mb
 from neuron_scheduler.testbed import ControlPlane, Stack, fake_neuron_node, find_kubebin
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pod(
