@@ -216,15 +216,21 @@ class Ledger:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def judge(self, names: Iterable[str], request: NeuronRequest, policy: Policy) -> Verdicts:
-        """Decisions for `request` on every named node that is in the cache (others are left
-        out of the result's `decisions`)."""
+    def verdicts(self, request: NeuronRequest, policy: Policy) -> Verdicts:
+        """What is kept for this request shape: every decision in it is current, though it may
+        not cover every node yet (`judge` fills it in)."""
         key = (request.unit, request.count, policy)
         verdicts = self._verdicts.get(key)
         if verdicts is None:
             if len(self._verdicts) >= MAX_REQUEST_SHAPES:
                 del self._verdicts[next(iter(self._verdicts))]  # the oldest shape
             verdicts = self._verdicts[key] = Verdicts()
+        return verdicts
+
+    def judge(self, names: Iterable[str], request: NeuronRequest, policy: Policy) -> Verdicts:
+        """Decisions for `request` on every named node that is in the cache (others are left
+        out of the result's `decisions`)."""
+        verdicts = self.verdicts(request, policy)
         decisions = verdicts.decisions
         for name in names:
             if name in decisions:
