@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import aiohttp
@@ -32,7 +33,17 @@ from neuron_scheduler.allocation import (
 )
 from neuron_scheduler.kubeapi import ApiError, KubeAPI
 from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.objects import NodeRefList, Pod, assignment, neuron_request, node_topology
+from neuron_scheduler.objects import (
+    Node,
+    NodeName,
+    NodeRef,
+    NodeRefList,
+    Pod,
+    assignment,
+    neuron_request,
+    node_topology,
+    sent_nodes,
+)
 from neuron_scheduler.requests import NeuronRequest, RequestError
 from neuron_scheduler.topology import format_ids
 from neuron_scheduler.ultraserver.placement import UnitPlacement
@@ -46,8 +57,11 @@ class ExtenderArgs(msgspec.Struct):
     NodeNames: list[str] | None = None
 
 
-class HostPriority(msgspec.Struct):
-    """One node's score in prioritize's answer (a Struct: 500 of them encode faster than dicts)."""
+class HostPriority(msgspec.Struct, gc=False):
+    """One node's score in prioritize's answer (a Struct: 500 of them encode faster than dicts).
+
+    Not tracked by the garbage collector (a name and an int cannot form a cycle): 500 tracked
+    objects per answer set off a young collection almost every request."""
 
     Host: str
     Score: int
@@ -82,7 +96,7 @@ class FilterResult:
         a null Nodes would then mean that no node fits). NodeNames is always explicit."""
         return {
             "Nodes": (
-                {"metadata": {}, "items": [{"metadata": {"name": n}} for n in self.passed]}
+                {"metadata": {}, "items": list(map(NodeRef, map(NodeName, self.passed)))}
                 if as_nodes
                 else None
             ),
@@ -173,27 +187,35 @@ class Extender:
     # --- filter and prioritize ---------------------------------------------------------------
 
     @staticmethod
-    def _names(args: ExtenderArgs) -> list[str]:
+    def _names(args: ExtenderArgs, body: bytes | None) -> list[str]:
         if args.NodeNames is not None:
             return args.NodeNames
         if args.Nodes is not None:
+            if body is None:  # a caller's mistake, not the client's: nodes would go unread
+                raise TypeError("a request with a NodeList needs its JSON body as well")
             return [node.metadata.name for node in args.Nodes.items]
         raise BadRequest("request has neither NodeNames nor Nodes")
 
     def _stranger_judge(
-        self, args: ExtenderArgs, request: NeuronRequest
+        self, args: ExtenderArgs, request: NeuronRequest, body: bytes | None
     ) -> Callable[[str], Decision | str | None]:
         """Judges nodes the cache does not know: from the request's own copy of the node when
-        kube-scheduler sent one (None: it has no Neuron resources), else a reason to wait."""
-        refs = {ref.metadata.name: ref for ref in args.Nodes.items} if args.Nodes else {}
+        kube-scheduler sent one (None: it has no Neuron resources), else a reason to wait.
+        `body` is the request's JSON, read again in full only when such a node turns up."""
+        nodes: dict[str, Node | str] | None = None
 
         def judge(name: str) -> Decision | str | None:
-            ref = refs.get(name)
-            if ref is None:
+            nonlocal nodes
+            if nodes is None:
+                nodes = sent_nodes(body) if args.Nodes is not None and body else {}
+            node = nodes.get(name)
+            if node is None:
                 return "node is not in neuron-scheduler's cache yet"
+            if isinstance(node, str):
+                return Refusal(node, True)
             try:
-                resolved = node_topology(ref.node(), self.ledger.catalog)
-            except (RequestError, msgspec.ValidationError) as error:
+                resolved = node_topology(node, self.ledger.catalog)
+            except RequestError as error:
                 return Refusal(f"cannot read the node's labels or capacity: {error}", True)
             if resolved is None:
                 return None
@@ -207,8 +229,10 @@ class Extender:
             raise BadRequest("request has no Pod")
         return args.Pod, neuron_request(args.Pod)
 
-    def filter(self, args: ExtenderArgs) -> FilterResult:
-        names = self._names(args)
+    def filter(self, args: ExtenderArgs, body: bytes | None = None) -> FilterResult:
+        """`body`: the request's JSON, needed when it sends a NodeList (`args.Nodes` holds only
+        names; a node the cache has not seen is read from the body)."""
+        names = self._names(args, body)
         try:
             pod, request = self._request(args)
         except RequestError as error:
@@ -219,16 +243,23 @@ class Extender:
         if request is None:
             self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
             return FilterResult(list(names), {}, {})
-        verdicts = self.ledger.judge(names, request, self.policy)
+        verdicts = self.ledger.verdicts(request, self.policy)
         fits = verdicts.fits
-        result = FilterResult([name for name in names if name in fits], {}, {})
         outcomes: defaultdict[str, int] = defaultdict(int)
-        outcomes["fits"] = len(result.passed)
+        if fits.issuperset(names):
+            # Every node is known to fit: the usual answer, from one set check that runs in C
+            # (500 names in ~15 us; deciding node by node in Python took four times that).
+            result = FilterResult(list(names), {}, {})
+            outcomes["fits"] = len(names)
+        else:
+            self.ledger.judge(names, request, self.policy)
+            result = FilterResult([name for name in names if name in fits], {}, {})
+            outcomes["fits"] = len(result.passed)
         if len(result.passed) < len(names):
             # The slow path, only for nodes that do not fit (or that the cache does not know).
             late_fits = set()
             decisions = verdicts.decisions
-            stranger = self._stranger_judge(args, request)
+            stranger = self._stranger_judge(args, request, body)
             for name in names:
                 if name in fits:
                     continue
@@ -282,20 +313,25 @@ class Extender:
             more = f" ... and {len(failed) - 10} more" if len(failed) > 10 else ""
             log.info("Failed nodes for POD %s: map[%s]%s", pod.key, text, more)
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        names = self._names(args)
+    def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
+        names = self._names(args, body)
         try:
             _, request = self._request(args)
         except RequestError:
             request = None
         if request is None:
-            return [HostPriority(name, 0) for name in names]
-        scores = self.ledger.judge(names, request, self.policy).scores
+            return list(map(HostPriority, names, repeat(0)))
+        scores = self.ledger.verdicts(request, self.policy).scores
+        try:  # usually every node has a kept score (filter just asked about the same nodes)
+            return list(map(HostPriority, names, map(scores.__getitem__, names)))
+        except KeyError:
+            pass
+        self.ledger.judge(names, request, self.policy)
         try:
-            return [HostPriority(name, scores[name]) for name in names]
+            return list(map(HostPriority, names, map(scores.__getitem__, names)))
         except KeyError:  # a node the cache has not seen
             pass
-        stranger = self._stranger_judge(args, request)
+        stranger = self._stranger_judge(args, request, body)
         answer = []
         for name in names:
             score = scores.get(name)

