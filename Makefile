@@ -9,8 +9,9 @@ PYTEST_ARGS ?=
 $(UV):
 	python3 -m pip install --user --quiet uv
 
+# --all-extras: the tests and `make demo` draw pictures (matplotlib, the `sim` extra).
 sync: $(UV)
-	$(UV) sync --locked --quiet
+	$(UV) sync --locked --all-extras --quiet
 
 # Before the rules that name their variables: prerequisites are expanded as they are read.
 include tools/kube.mk
@@ -25,6 +26,7 @@ demo: sync
 lint: sync
 	$(UV) run ruff check src tests bench
 	$(UV) run ruff format --check src tests bench
+	$(UV) run lint-imports
 
 typecheck: sync
 	$(UV) run mypy --strict src
@@ -33,8 +35,9 @@ test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 	$(UV) run pytest $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
+# The testbed is test infrastructure (tests/testbed), not part of the installed package.
 cluster: sync $(KUBE_BIN)
-	$(UV) run neuron-scheduler cluster
+	$(UV) run python -m tests.testbed.cluster
 
 e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)

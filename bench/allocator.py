@@ -16,10 +16,10 @@ import random
 import statistics
 import time
 
-from neuron_scheduler.allocation import NodeState, Policy, _decide, allocate
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NEURONCORE, NeuronRequest, Unit
-from neuron_scheduler.topology import Topology
+from neuron_scheduler.core.allocation import NodeState, Policy, _decide, allocate
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology
 
 
 def random_state(rng: random.Random, topology: Topology) -> NodeState:

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from tests.testbed.process import free_port
 
 from fleet import CORE, TYPES, cpu_seconds, cpu_ticks, rss_mb
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_object(i: int) -> dict[str, Any]:

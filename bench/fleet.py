@@ -1,20 +1,33 @@
-"""What the extender and throughput benchmarks share: the node types of their fake fleet."""
+"""What the benchmarks share: the node types of their fake fleet, process figures, and the
+checkout on sys.path (the testbed and the object builders live in tests/)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.builders import neuron_capacity  # noqa: E402
+
+from neuron_scheduler.core.resources import NEURON  # noqa: E402
+from neuron_scheduler.core.resources import NEURONCORE as CORE  # noqa: E402
 
 # (instance type, devices, cores) as real nodes advertise them; node i has type i % len(TYPES).
 TYPES = [
-    ("inf2.48xlarge", 12, 24),
-    ("trn1.32xlarge", 16, 32),
-    ("trn2.48xlarge", 16, 64),
-    ("inf1.24xlarge", 16, 64),
-    ("inf2.24xlarge", 6, 12),
+    (name, *neuron_capacity(name))
+    for name in (
+        "inf2.48xlarge",
+        "trn1.32xlarge",
+        "trn2.48xlarge",
+        "inf1.24xlarge",
+        "inf2.24xlarge",
+    )
 ]
-CORE = "aws.amazon.com/neuroncore"
-NEURON = "aws.amazon.com/neuron"
+__all__ = ["CORE", "NEURON", "ROOT", "TYPES", "cpu_seconds", "cpu_ticks", "rss_mb"]
 
 
 def rss_mb(pid: int) -> float:

@@ -11,9 +11,9 @@ import platform
 import resource
 import time
 
-from neuron_scheduler.allocation import Policy
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.simulation import NodeSpec, Simulation, generate_workload
+from neuron_scheduler.core.allocation import Policy
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.sim.simulation import NodeSpec, Simulation, generate_workload
 
 MIX = [
     ("inf1.6xlarge", 0.10),

@@ -18,13 +18,12 @@ import platform
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from fleet import CORE, NEURON, TYPES, cpu_seconds, rss_mb
-from neuron_scheduler.testbed import ControlPlane, Stack, fake_neuron_node, find_kubebin
+from tests.builders import node_json
+from tests.testbed import ControlPlane, Stack, find_kubebin
 
-ROOT = Path(__file__).resolve().parents[1]
+from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, rss_mb
 
 
 def pod(
@@ -59,12 +58,10 @@ def populate(cp: ControlPlane, group: str, nodes: int, pods: int, scheduler: str
                 lambda i: cp.request(
                     "POST",
                     "/api/v1/nodes",
-                    fake_neuron_node(
+                    node_json(
                         f"{group}-{i:04d}",
                         TYPES[i % len(TYPES)][0],
-                        TYPES[i % len(TYPES)][1],
-                        TYPES[i % len(TYPES)][2],
-                        extra_labels={"bench-group": group},
+                        labels={"bench-group": group},
                     ),
                 ),
                 range(nodes),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.core.catalog import Catalog
 
 
 @pytest.fixture(scope="session")

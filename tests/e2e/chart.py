@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from neuron_scheduler.testbed import ControlPlane
+from tests.testbed import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuron-scheduler"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, Stack, find_kubebin
 from tests.e2e.harness import ROOT, Scenario
+from tests.testbed import ControlPlane, Stack, find_kubebin
 
 pytestmark = pytest.mark.e2e
 

@@ -10,23 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from neuron_scheduler.testbed import ControlPlane, KubeError, Stack, fake_neuron_node
+from neuron_scheduler.core.allocation import torus_count_warning
+from tests.builders import node_json, pod_json
+from tests.testbed import ControlPlane, KubeError, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
-NEURON = "aws.amazon.com/neuron"
-NEURONCORE = "aws.amazon.com/neuroncore"
-CAPACITY = {
-    "inf1.6xlarge": (4, 16),
-    "inf1.24xlarge": (16, 64),
-    "inf2.24xlarge": (6, 12),
-    "inf2.48xlarge": (12, 24),
-    "trn1.32xlarge": (16, 32),
-    "trn2.48xlarge": (16, 64),
-}
-WARNING_7 = (
-    "Instance type trn1.32xlarge does not support requests for device: 7. "
-    "Please request a different number of devices."
-)
+WARNING_7 = torus_count_warning("trn1.32xlarge", 7)
 
 T = TypeVar("T")
 
@@ -54,11 +43,8 @@ class Scenario:
         self.nodes: list[str] = []
 
     def add_node(self, instance_type: str, name: str | None = None) -> str:
-        devices, cores = CAPACITY[instance_type]
         name = name or f"{instance_type.replace('.', '-')}-{self.id}-{len(self.nodes)}"
-        body = fake_neuron_node(
-            name, instance_type, devices, cores, extra_labels={"neuron-test": self.id}
-        )
+        body = node_json(name, instance_type, labels={"neuron-test": self.id})
         self.cp.request("POST", "/api/v1/nodes", body)
         self.nodes.append(name)
         return name
@@ -70,28 +56,18 @@ class Scenario:
         annotations: dict[str, str] | None = None,
         scheduler: str = "my-scheduler",
     ) -> dict[str, Any]:
-        containers = limits if isinstance(limits, list) else [limits]
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": self.namespace,
-                "annotations": annotations or {},
-            },
-            "spec": {
-                "schedulerName": scheduler,
-                "nodeSelector": {"neuron-test": self.id},
-                "containers": [
-                    {
-                        "name": f"c{i}",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"limits": {k: str(v) for k, v in c.items()}},
-                    }
-                    for i, c in enumerate(containers)
-                ],
-            },
-        }
+        body = pod_json(
+            name,
+            limits,
+            namespace=self.namespace,
+            annotations=annotations,
+            scheduler=scheduler,
+            node_selector={"neuron-test": self.id},
+        )
+        for server_side in ("uid", "labels"):
+            del body["metadata"][server_side]
+        del body["status"]
+        return body
 
     def create_pod(
         self, name: str, limits: dict[str, int] | list[dict[str, int]], **kwargs: Any

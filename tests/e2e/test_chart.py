@@ -17,13 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuron_scheduler.testbed import (
-    ControlPlane,
-    ExtenderProcess,
-    fake_neuron_node,
-    find_kubebin,
-    manifests,
-)
+from tests.builders import node_json
 from tests.e2e.chart import (
     RULES,
     Doc,
@@ -35,6 +29,12 @@ from tests.e2e.chart import (
     refusal,
     render,
     scheduler_config,
+)
+from tests.testbed import (
+    ControlPlane,
+    ExtenderProcess,
+    find_kubebin,
+    manifests,
 )
 
 pytestmark = pytest.mark.e2e
@@ -466,7 +466,7 @@ def neuron_ids(pod: Doc) -> list[int]:
 
 def add_node(cp: ControlPlane, instance_type: str = "inf1.6xlarge") -> str:
     name = f"{instance_type.replace('.', '-')}-{uuid.uuid4().hex[:6]}"
-    cp.request("POST", "/api/v1/nodes", fake_neuron_node(name, instance_type, 4, 16))
+    cp.request("POST", "/api/v1/nodes", node_json(name, instance_type))
     return name
 
 

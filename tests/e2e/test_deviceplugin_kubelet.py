@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, ManagedProcess, Stack, fake_neuron_node
+from tests.builders import node_json
+from tests.testbed import ControlPlane, ManagedProcess, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -203,7 +204,8 @@ class Node:
         self.namespace = f"ns-{uuid.uuid4().hex[:8]}"
         cp.client.ensure_namespace(self.namespace)
         cp.client.create(
-            "/api/v1/nodes", fake_neuron_node(self.name, instance_type, devices, devices * cores)
+            "/api/v1/nodes",
+            node_json(self.name, instance_type, devices=devices, cores=devices * cores),
         )
         self.workdir = workdir
         self.dev, self.sys = fake_tree(workdir / "tree", devices, cores)

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, ExtenderProcess
 from tests.e2e.chart import apply, extender_args, render
+from tests.testbed import ControlPlane, ExtenderProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-from neuron_scheduler.allocation import NodeState, Placement, allocate
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NeuronRequest
-from neuron_scheduler.topology import ids_mask
-from tests.e2e.harness import CAPACITY, NEURON, NEURONCORE, Scenario, ids, wait_for
+from neuron_scheduler.core.allocation import NodeState, Placement, allocate
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import ids_mask
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
+from tests.builders import neuron_capacity
+from tests.e2e.harness import Scenario, ids, wait_for
 
 
 def post_bind(url: str, body: dict[str, str]) -> str:
@@ -70,7 +71,7 @@ def unplaced_that_fit(scenario: Scenario, nodes: dict[str, str]) -> list[str]:
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         request = NeuronRequest(next(iter(limits)), int(next(iter(limits.values()))))
         for node, instance_type in nodes.items():
-            topology = catalog.resolve(instance_type, *CAPACITY[instance_type]).topology
+            topology = catalog.resolve(instance_type, *neuron_capacity(instance_type)).topology
             if isinstance(allocate(topology, NodeState(used.get(node, 0)), request), Placement):
                 fitting.append(pod["metadata"]["name"])
                 break
@@ -183,7 +184,7 @@ def test_sigkill_in_the_middle_of_a_stream(scenario: Scenario) -> None:
     time.sleep(1)
     extender.start()
     creator.join()
-    capacity = sum(CAPACITY[t][1] for t in nodes.values())
+    capacity = sum(neuron_capacity(t)[1] for t in nodes.values())
     demand = sum(1 + i % 3 for i in range(40))
     assert demand <= capacity
     scenario.wait_all_bound(240)
@@ -191,7 +192,7 @@ def test_sigkill_in_the_middle_of_a_stream(scenario: Scenario) -> None:
     # The restarted extender's view, rebuilt from annotations, matches the pods exactly.
     catalog = Catalog.builtin()
     for node, instance_type in nodes.items():
-        topology = catalog.resolve(instance_type, *CAPACITY[instance_type]).topology
+        topology = catalog.resolve(instance_type, *neuron_capacity(instance_type)).topology
         busy = {core // topology.cores_per_device for core in used.get(node, set())}
         wait_for(
             lambda node=node, busy=busy, total=topology.devices: (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from tests.e2e.harness import NEURON, NEURONCORE, WARNING_7, Scenario, ids, wait_for
+from neuron_scheduler.core.resources import NEURON, NEURONCORE
+from tests.e2e.harness import WARNING_7, Scenario, ids, wait_for
 
 
 def test_seed_nine_cores_on_empty_inf1(scenario: Scenario) -> None:

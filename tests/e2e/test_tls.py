@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, Stack
-from neuron_scheduler.testbed.manifests import scheduler_config
-from neuron_scheduler.testbed.stack import ExtenderProcess
-from tests.e2e.harness import NEURONCORE, Scenario, ids
+from neuron_scheduler.core.resources import NEURONCORE
+from tests.e2e.harness import Scenario, ids
+from tests.testbed import ControlPlane, Stack
+from tests.testbed.manifests import scheduler_config
+from tests.testbed.stack import ExtenderProcess
 
 pytestmark = pytest.mark.e2e
 

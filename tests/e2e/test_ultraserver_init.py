@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ControlPlane, fake_neuron_node
-from neuron_scheduler.ultraserver import environment
+from neuron_scheduler.ultraserver.launcher import environment
 from tests import ultraserver_seed as seed
+from tests.builders import node_json
 from tests.e2e.harness import remove_pods_and_nodes
 from tests.e2e.ultraserver_sshd import ENVIRONMENT, SYSFS, FakeWorker, FakeWorkers
+from tests.testbed import ControlPlane
 
 pytestmark = pytest.mark.e2e
 KEPT = 'PATH="/usr/local/bin:/usr/bin:/bin"\nNEURON_GLOBAL_TOPOID=99\nLANG=C.UTF-8\n'
@@ -222,7 +223,7 @@ class LabelledCluster:
 
     def node(self, name: str, labels: dict[str, str]) -> str:
         name = f"{name.split('.')[0]}-{self.id}"
-        body = fake_neuron_node(name, "trn2u.48xlarge", 16, 64, extra_labels=labels)
+        body = node_json(name, "trn2u.48xlarge", labels=labels)
         self.cp.request("POST", "/api/v1/nodes", body)
         self.nodes.append(name)
         return name

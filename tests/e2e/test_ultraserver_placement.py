@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from neuron_scheduler.testbed import ControlPlane, Scheduler, fake_neuron_node
+from tests.builders import node_json
 from tests.e2e.harness import Scenario, dump, remove_pods_and_nodes, wait_for
+from tests.testbed import ControlPlane, Scheduler
 
 pytestmark = pytest.mark.e2e
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -43,7 +44,7 @@ class Fleet:
                     S2: f"{unit}{i // 2}{tag}".ljust(16, "x"),
                     PREFIX + "node-id-2": str(i % 2),
                 }
-                body = fake_neuron_node(name, "trn2u.48xlarge", 16, 64, extra_labels=labels)
+                body = node_json(name, "trn2u.48xlarge", labels=labels)
                 cp.request("POST", "/api/v1/nodes", body)
                 self.nodes[name] = labels
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.testbed import ManagedProcess, free_ports
 from tests.e2e.harness import ROOT
+from tests.testbed import ManagedProcess, free_ports
 
 SYSFS = "sys/class/neuron_device"
 ENVIRONMENT = "etc/environment"

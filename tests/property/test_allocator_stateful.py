@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from neuron_scheduler.allocation import (
+from neuron_scheduler.core.allocation import (
     NodeState,
     Placement,
     Policy,
@@ -16,9 +16,9 @@ from neuron_scheduler.allocation import (
     is_valid_core_set,
     is_valid_device_set,
 )
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
-from neuron_scheduler.topology import Topology, TopologyKind
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology, TopologyKind
 
 CATALOG = Catalog.builtin()
 # Every built-in type, Trn2 at both Logical NeuronCore settings, and a switch node.

@@ -7,16 +7,16 @@ from itertools import combinations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from neuron_scheduler.allocation import (
+from neuron_scheduler.core.allocation import (
     NodeState,
     Placement,
     allocate,
     is_valid_device_set,
     largest_free_run,
 )
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NeuronRequest
-from neuron_scheduler.topology import ids_mask
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import ids_mask
+from neuron_scheduler.core.resources import NEURON, NeuronRequest
 
 CATALOG = Catalog.builtin()
 TYPES = ["inf1.6xlarge", "inf1.24xlarge", "inf2.24xlarge", "inf2.48xlarge", "trn1.32xlarge"]

@@ -7,11 +7,11 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from neuron_scheduler.allocation import Placement, Policy, allocate
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.requests import NEURON, NEURONCORE, NeuronRequest
-from tests.kube import node, pod
+from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
+from neuron_scheduler.extender.ledger import Ledger
+from tests.builders import node, pod
 
 NODES = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "inf1": "inf1.6xlarge"}
 REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
@@ -26,7 +26,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.replace_nodes([node(name, kind) for name, kind in NODES.items()])
         self.next_uid = 0
         self.bound: list[str] = []
-        self.reserved: list[str] = []
+        self.reserved: list[tuple[str, str]] = []
 
     def _place(self, name: str, request: NeuronRequest) -> Placement | None:
         entry = self.ledger.nodes.get(name)
@@ -38,7 +38,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
     def ask(self, name: str, request: NeuronRequest) -> None:
         # Fills the kept decisions that later changes must drop.
-        self.ledger.judge(list(NODES), request, Policy.BEST_FIT)
+        self.ledger.fill_verdicts(list(NODES), request, Policy.BEST_FIT)
 
     @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
     def bind(self, name: str, request: NeuronRequest) -> None:
@@ -60,8 +60,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         self.next_uid += 1
         uid = f"r{self.next_uid}"
-        self.ledger.reserve(uid, f"ns/{uid}", name, placement.core_mask)
-        self.reserved.append(uid)
+        self.ledger.reserve(pod(uid, {NEURONCORE: 1}, uid=uid), name, placement)
+        self.reserved.append((uid, name))
 
     @rule(name=st.sampled_from(sorted(NODES)), count=st.integers(1, 4))
     def foreign(self, name: str, count: int) -> None:
@@ -80,8 +80,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         if self.reserved:
-            uid = self.reserved.pop(data.draw(st.integers(0, len(self.reserved) - 1)))
-            self.ledger.release(uid)
+            uid, name = self.reserved.pop(data.draw(st.integers(0, len(self.reserved) - 1)))
+            self.ledger.unreserve(pod(uid, {NEURONCORE: 1}, uid=uid), name)
 
     @rule(name=st.sampled_from(sorted(NODES)), present=st.booleans())
     def node_comes_and_goes(self, name: str, present: bool) -> None:
@@ -91,7 +91,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def kept_decisions_are_fresh(self) -> None:
         for request in REQUESTS:
-            verdicts = self.ledger.judge(list(NODES), request, Policy.BEST_FIT)
+            verdicts = self.ledger.fill_verdicts(list(NODES), request, Policy.BEST_FIT)
             for name in NODES:
                 entry = self.ledger.nodes.get(name)
                 if entry is None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from neuron_scheduler.allocation import (
+from neuron_scheduler.core.allocation import (
     NodeState,
     Placement,
     Policy,
@@ -16,9 +16,10 @@ from neuron_scheduler.allocation import (
     is_valid_core_set,
     is_valid_device_set,
 )
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest
-from neuron_scheduler.topology import Topology, ids_mask
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import ids_mask
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest
+from neuron_scheduler.core.topology import Topology
 
 TORUS_ROWS = [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
 TORUS_HALVES = [tuple(range(8)), tuple(range(8, 16))]

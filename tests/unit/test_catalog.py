@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.catalog import Catalog, CatalogError
-from neuron_scheduler.topology import TopologyKind
+from neuron_scheduler.core.catalog import Catalog, CatalogError
+from neuron_scheduler.core.topology import TopologyKind
 
 EXPECTED = {
     "inf1.xlarge": (1, 4, TopologyKind.SINGLE),

@@ -10,15 +10,15 @@ import aiohttp
 import msgspec
 import pytest
 
+from neuron_scheduler.core.resources import NEURONCORE, Unit
 from neuron_scheduler.deviceplugin.assigning import AllocationError, Assigner, ContainerRequest
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
 from neuron_scheduler.deviceplugin.inventory import DeviceHealth
 from neuron_scheduler.deviceplugin.matching import ALLOCATED_CONTAINERS
 from neuron_scheduler.deviceplugin.service import Context, NeuronDevicePlugin
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2
-from neuron_scheduler.kubeapi import ApiError
-from neuron_scheduler.objects import Node, Pod
-from neuron_scheduler.requests import NEURONCORE, Unit
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import Node, Pod
 
 NODE = "n1"
 
@@ -59,7 +59,7 @@ class MemoryPods:
             raise self.patch_failures.pop(0)
         current = self.pods[pod.metadata.name]
         if resource_version and pod.metadata.resourceVersion != current.metadata.resourceVersion:
-            raise ApiError("PATCH", "/pods", 409, b'{"reason": "Conflict"}')
+            raise api_error("PATCH", "/pods", 409, b'{"reason": "Conflict"}')
         merged = {**current.metadata.annotations}
         for key, value in values.items():
             if value is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.deviceplugin.devicewatch import DeviceWatch
 from neuron_scheduler.deviceplugin.hardware import SysfsHardware
-from neuron_scheduler.requests import Unit
 
 
 def tree(root: Path, devices: int, cores: int) -> SysfsHardware:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.deviceplugin.hardware import (
     DeviceReading,
     Scan,
@@ -17,7 +18,6 @@ from neuron_scheduler.deviceplugin.inventory import (
     cores_per_device,
     device_health,
 )
-from neuron_scheduler.requests import Unit
 
 
 def tree(root: Path, devices: int, cores: int) -> SysfsHardware:

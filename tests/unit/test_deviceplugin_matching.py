@@ -7,22 +7,22 @@ from typing import Any
 
 import msgspec
 
-from neuron_scheduler.catalog import Catalog
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, Unit
+from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.assigning import container_response
 from neuron_scheduler.deviceplugin.matching import (
     ALLOCATED_CONTAINERS,
     Matched,
     NodeView,
-    Refused,
+    Rejected,
     Unclaimed,
     decide_allocation,
+    kubelet_ids,
     node_view,
-    parse_ids,
     preferred_ids,
 )
-from neuron_scheduler.objects import Pod
-from neuron_scheduler.requests import NEURON, NEURONCORE, Unit
-from neuron_scheduler.topology import Topology
+from neuron_scheduler.kube.objects import Pod
 
 NODE = "n1"
 INF2 = Catalog.builtin().resolve("inf2.48xlarge", 12, 24).topology
@@ -118,20 +118,20 @@ def test_ids_of_another_pod_are_refused_even_across_resources() -> None:
     v = view(pod("ours", NEURONCORE, {"main": 2}, "2,3", slices={"main": "2,3"}))
     for unit, ids in ((Unit.CORE, [3, 4]), (Unit.DEVICE, [1])):
         decision = decide(v, unit, ids)
-        assert isinstance(decision, Refused)
+        assert isinstance(decision, Rejected)
         assert "ns/ours" in decision.message and "my-scheduler" in decision.message
 
 
 def test_ids_that_break_the_topology_rule_are_refused() -> None:
     decision = decide(view(), Unit.DEVICE, [1, 2], TRN1)
-    assert isinstance(decision, Refused)
+    assert isinstance(decision, Rejected)
     assert "trn1.32xlarge" in decision.message and "my-scheduler" in decision.message
-    assert isinstance(decide(view(), Unit.CORE, [0, 3]), Refused)
+    assert isinstance(decide(view(), Unit.CORE, [0, 3]), Rejected)
 
 
 def test_valid_ids_nobody_holds_are_accepted_unclaimed() -> None:
     assert isinstance(decide(view(), Unit.DEVICE, [4, 5, 6, 7], TRN1), Unclaimed)
-    assert isinstance(decide(view(), Unit.CORE, [11, 0]), Refused)  # cores do not wrap
+    assert isinstance(decide(view(), Unit.CORE, [11, 0]), Rejected)  # cores do not wrap
     assert isinstance(decide(view(), Unit.DEVICE, [11, 0]), Unclaimed)  # inf2 devices do
 
 
@@ -190,7 +190,7 @@ def test_app_containers_reusing_init_ids_belong_to_the_pod_being_admitted() -> N
     assert isinstance(decision, Matched)
     assert decision.slot.container == "a" and decision.slot.pod == "ns/warm"
     stranger = pod("other", NEURONCORE, {"m": 2}, "14,15", slices={"m": "14,15"})
-    assert isinstance(decide(view(p, stranger), Unit.CORE, [13, 14]), Refused)
+    assert isinstance(decide(view(p, stranger), Unit.CORE, [13, 14]), Rejected)
 
 
 def test_progress_of_a_multi_container_pod() -> None:
@@ -234,10 +234,10 @@ def test_preference_without_a_matching_pod_avoids_everyone_and_obeys_topology() 
 
 
 def test_parse_ids() -> None:
-    assert parse_ids(["3", "1"]) == (3, 1)
-    assert parse_ids(["a"]) is None
-    assert parse_ids(["1", "1"]) is None
-    assert parse_ids(["-1"]) is None
+    assert kubelet_ids(["3", "1"]) == (3, 1)
+    assert kubelet_ids(["a"]) is None
+    assert kubelet_ids(["1", "1"]) is None
+    assert kubelet_ids(["-1"]) is None
 
 
 def test_container_response_for_cores_and_devices() -> None:

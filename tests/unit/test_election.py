@@ -9,12 +9,13 @@ import msgspec
 import pytest
 from starlette.types import ASGIApp, Message
 
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.election import ElectionConfig, LeaderElector
-from neuron_scheduler.extender import Extender
-from neuron_scheduler.kubeapi import ApiError
-from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.server import build_app
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.extender.http import build_app
+from neuron_scheduler.extender.wiring import wire
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import KubeConfig
+from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
+from neuron_scheduler.kube.errors import api_error
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"
 
@@ -43,19 +44,19 @@ class FakeLeases:
         if method == "GET":
             assert path == PATH
             if self.lease is None:
-                raise ApiError(method, path, 404, b'{"reason": "NotFound"}')
+                raise api_error(method, path, 404, b'{"reason": "NotFound"}')
             snapshot = msgspec.json.encode(self.lease)
             await asyncio.sleep(0)  # let concurrent candidates read the same version
             return snapshot
         if method == "POST":
             assert path == PATH.rsplit("/", 1)[0]
             if self.lease is not None:
-                raise ApiError(method, path, 409, b'{"reason": "AlreadyExists"}')
+                raise api_error(method, path, 409, b'{"reason": "AlreadyExists"}')
             return self._store(body)
         assert method == "PUT" and path == PATH
         assert self.lease is not None
         if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise ApiError(method, path, 409, b'{"reason": "Conflict"}')
+            raise api_error(method, path, 409, b'{"reason": "Conflict"}')
         return self._store(body)
 
     def _store(self, body: dict[str, Any]) -> bytes:
@@ -211,8 +212,8 @@ async def test_non_leader_is_not_ready_and_refuses_bind(catalog: Catalog) -> Non
     a, b = elector(api, clock, "a"), elector(api, clock, "b")
     await a.step()
     await b.step()
-    extender = Extender(Ledger(catalog), None)
-    extender.ready.set()
+    extender = wire(KubeAPI(KubeConfig("http://127.0.0.1:9")), catalog)
+    extender.synced.set()
     # PodUID missing: the extender's own bind answers 400, so reaching it is visible.
     bind = {"PodName": "p", "PodNamespace": "ns", "Node": "n"}
 
@@ -230,5 +231,5 @@ async def test_non_leader_is_not_ready_and_refuses_bind(catalog: Catalog) -> Non
     assert status == 400 and b"bind needs PodName" in text
 
     # Without a synced cache even the leader is not ready.
-    extender.ready.clear()
+    extender.synced.clear()
     assert (await call(leader, "GET", "/readyz"))[0] == 503

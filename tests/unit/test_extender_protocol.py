@@ -19,29 +19,26 @@ from typing import Any
 import pytest
 import uvicorn
 
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.extender import Extender
-from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.server import build_app
-from tests.kube import node, node_json, pod, pod_json
+from neuron_scheduler.core.allocation import torus_count_warning
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON as DEV
+from neuron_scheduler.core.resources import NEURONCORE as CORE
+from neuron_scheduler.extender.http import build_app
+from neuron_scheduler.extender.wiring import Extender, wire
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import KubeConfig
+from tests.builders import node, node_json, pod, pod_json
+from tests.testbed.process import free_port
 
-CORE = "aws.amazon.com/neuroncore"
-DEV = "aws.amazon.com/neuron"
-WARNING_7 = (
-    "Instance type trn1.32xlarge does not support requests for device: 7. "
-    "Please request a different number of devices."
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+WARNING_7 = torus_count_warning("trn1.32xlarge", 7)
+# Filter and prioritize never call the API; bind's 400s come before any call.
+NO_API = KubeAPI(KubeConfig("http://127.0.0.1:9"))
 
 
 @pytest.fixture(scope="module")
 def extender() -> Iterator[tuple[str, Extender]]:
-    ledger = Ledger(Catalog.builtin())
+    ext = wire(NO_API, Catalog.builtin())
+    ledger = ext.ledger
     ledger.replace_nodes(
         [
             node("inf1-a", "inf1.6xlarge"),
@@ -59,7 +56,6 @@ def extender() -> Iterator[tuple[str, Extender]]:
             annotations={"AWS_NEURON_IDS": "1,3,5,7,9,11", "NEURON_RESOURCE_TYPE": DEV},
         )
     )
-    ext = Extender(ledger, None)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -269,7 +265,7 @@ def test_a_bug_answers_500_and_the_server_keeps_serving(
     def broken(*_: Any) -> Any:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(ext, "prioritize", broken)
+    monkeypatch.setattr(ext.judge, "prioritize", broken)
     result = post(base, "/prioritize", cache_args(pod_json("p", {CORE: 1}), ALL), expect=500)
     assert result["Error"] == "internal error: ZeroDivisionError: division by zero"
     monkeypatch.undo()
@@ -291,7 +287,7 @@ def test_health_ready_and_metrics(extender: tuple[str, Extender]) -> None:
     with pytest.raises(urllib.error.HTTPError) as raised:
         urllib.request.urlopen(base + "/readyz")
     assert raised.value.code == 503
-    ext.ready.set()
+    ext.synced.set()
     with urllib.request.urlopen(base + "/readyz") as response:
         assert response.status == 200
     with urllib.request.urlopen(base + "/metrics") as response:

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from neuron_scheduler.allocation import NodeState, Placement, Policy, allocate
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.requests import NeuronRequest
-from tests.kube import node, pod
-
-CORE = "aws.amazon.com/neuroncore"
-DEV = "aws.amazon.com/neuron"
+from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import mask_ids
+from neuron_scheduler.core.resources import NEURON as DEV
+from neuron_scheduler.core.resources import NEURONCORE as CORE
+from neuron_scheduler.core.resources import NeuronRequest
+from neuron_scheduler.extender.ledger import Ledger
+from tests.builders import node, pod
 
 
 def ours(node_name: str, cores: str, devs: str, ids: str, resource: str = CORE) -> dict[str, str]:
@@ -23,6 +23,12 @@ def ours(node_name: str, cores: str, devs: str, ids: str, resource: str = CORE) 
 
 def mask(*ids: int) -> int:
     return sum(1 << i for i in ids)
+
+
+def reserve(ledger: Ledger, uid: str, node_name: str, cores: int) -> None:
+    """An in-flight bind of pod `uid` holding these cores on the node."""
+    ids = tuple(mask_ids(cores))
+    ledger.reserve(pod(uid, {CORE: len(ids)}, uid=uid), node_name, Placement((), ids, 10))
 
 
 def ledger_with(*objects: object) -> Ledger:
@@ -104,7 +110,7 @@ def test_unreadable_annotations_count_by_size() -> None:
 
 def test_reservation_holds_until_the_watch_shows_the_binding() -> None:
     ledger = ledger_with()
-    ledger.reserve("u9", "default/a", "n1", mask(0, 1, 2))
+    reserve(ledger, "u9", "n1", mask(0, 1, 2))
     assert ledger.state("n1").used_cores == mask(0, 1, 2)
     # A stale event from before the bind (still unbound) must not drop the reservation.
     ledger.apply_pod(pod("a", {CORE: 3}, uid="u9"))
@@ -151,12 +157,14 @@ def test_node_removed_and_relisted() -> None:
 
 
 def test_kept_decisions_follow_every_change_to_their_node() -> None:
-    """judge() keeps decisions per node; each way a node's state changes must drop them."""
+    """fill_verdicts() keeps decisions per node; each way a node's state changes must drop them."""
     ledger = ledger_with()
     four_devices = NeuronRequest(DEV, 4)
 
     def fits() -> set[str]:
-        return set(ledger.judge(["n1", "t1", "unknown"], four_devices, Policy.BEST_FIT).fits)
+        return set(
+            ledger.fill_verdicts(["n1", "t1", "unknown"], four_devices, Policy.BEST_FIT).fits
+        )
 
     assert fits() == {"n1", "t1"}
     # A bound pod with our annotations.
@@ -166,9 +174,11 @@ def test_kept_decisions_follow_every_change_to_their_node() -> None:
     ledger.remove_pod("u1")
     assert fits() == {"n1", "t1"}
     # An in-flight bind, then its release.
-    ledger.reserve("u2", "ns/b", "n1", mask(15))
+    reserve(ledger, "u2", "n1", mask(15))
     assert fits() == {"t1"}
-    ledger.release("u2")
+    ledger.unreserve(pod("b", {CORE: 1}, uid="u2"), "t1")  # a hold elsewhere: not this one
+    assert fits() == {"t1"}
+    ledger.unreserve(pod("b", {CORE: 1}, uid="u2"), "n1")
     assert fits() == {"n1", "t1"}
     # A pod placed by another scheduler, counted by size.
     ledger.apply_pod(pod("c", {DEV: 16}, node="t1", uid="u3"))
@@ -179,7 +189,9 @@ def test_kept_decisions_follow_every_change_to_their_node() -> None:
     assert fits() == {"t1"}
     ledger.replace_nodes([node("n1", "inf1.6xlarge"), node("t1", "trn1.32xlarge")])
     assert fits() == {"n1", "t1"}
-    assert "unknown" not in ledger.judge(["unknown"], four_devices, Policy.BEST_FIT).decisions
+    assert (
+        "unknown" not in ledger.fill_verdicts(["unknown"], four_devices, Policy.BEST_FIT).decisions
+    )
 
 
 def test_kept_decisions_agree_with_a_fresh_decision() -> None:
@@ -187,7 +199,7 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
     ledger.apply_pod(pod("a", {CORE: 3}, node="n1", annotations=ours("n1", "4,5,6", "1", "4,5,6")))
     for count in (1, 2, 4, 9):
         request = NeuronRequest(CORE, count)
-        verdicts = ledger.judge(["n1"], request, Policy.BEST_FIT)
+        verdicts = ledger.fill_verdicts(["n1"], request, Policy.BEST_FIT)
         topology = ledger.nodes["n1"].topology
         fresh = allocate(topology, ledger.state("n1"), request, Policy.BEST_FIT)
         assert verdicts.decisions["n1"] == fresh

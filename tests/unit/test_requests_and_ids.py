@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_scheduler.requests import (
+from neuron_scheduler.core.ids import format_ids, parse_id_ranges
+from neuron_scheduler.core.resources import (
     NEURON,
     NEURONCORE,
     NEURONDEVICE,
@@ -12,7 +13,6 @@ from neuron_scheduler.requests import (
     pod_request,
     resource_name,
 )
-from neuron_scheduler.topology import format_ids, parse_ids
 
 
 def test_pod_request_sums_containers_in_order() -> None:
@@ -59,10 +59,10 @@ def test_resource_names() -> None:
 )
 def test_format_and_parse_ids(ids: list[int], text: str) -> None:
     assert format_ids(ids) == text
-    assert parse_ids(text) == ids
+    assert parse_id_ranges(text) == ids
 
 
 @pytest.mark.parametrize("text", ["a", "1-", "3-1", "-1", "1,,2"])
 def test_parse_ids_rejects_garbage(text: str) -> None:
     with pytest.raises(ValueError):
-        parse_ids(text)
+        parse_id_ranges(text)

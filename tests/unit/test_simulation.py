@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from neuron_scheduler.allocation import Policy, is_valid_core_set, is_valid_device_set
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.requests import NEURON, NeuronRequest, Unit
-from neuron_scheduler.simulation import (
+from neuron_scheduler.core.allocation import Policy, is_valid_core_set, is_valid_device_set
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
+from neuron_scheduler.sim.simulation import (
     NodeSpec,
     PodEvent,
     Simulation,

@@ -10,27 +10,27 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from neuron_scheduler.catalog import Catalog
 from neuron_scheduler.cli import app
-from neuron_scheduler.extender import Extender, ExtenderArgs, ExtenderBindingArgs
-from neuron_scheduler.kubeapi import ApiError
-from neuron_scheduler.ledger import Ledger
-from neuron_scheduler.objects import Node, ObjectMeta, Pod, PodSpec
-from neuron_scheduler.ultraserver import affinity, environment, hostfile
-from neuron_scheduler.ultraserver.config import (
-    ConfigError,
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON as DEVICE
+from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.wiring import wire
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import Node, ObjectMeta, Pod, PodSpec
+from neuron_scheduler.ultraserver import affinity
+from neuron_scheduler.ultraserver.labels import (
+    NodeConfigError,
     parse_modes,
     parse_node_config,
     runtime_mode,
 )
-from neuron_scheduler.ultraserver.kube import from_labels, pod_of
+from neuron_scheduler.ultraserver.launcher import environment, hostfile
+from neuron_scheduler.ultraserver.launcher.nodes import from_labels, pod_of
+from neuron_scheduler.ultraserver.launcher.ranking import UnitError, WorkerInfo, order, summary
+from neuron_scheduler.ultraserver.launcher.ssh import gather_script, parse_gathered
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement, decide
-from neuron_scheduler.ultraserver.ssh import gather_script, parse_gathered
-from neuron_scheduler.ultraserver.topology import TopologyError, WorkerInfo, order, summary
 from tests import ultraserver_seed as seed
-from tests.kube import node_json, pod_json
-
-DEVICE = "aws.amazon.com/neuron"
+from tests.builders import node_json, pod_json
 
 
 def seed_workers(config: int, modes: str = "1_2_4") -> list[WorkerInfo]:
@@ -54,10 +54,10 @@ def test_node_config_values() -> None:
     assert parse_node_config(None) == 4
     assert parse_node_config("") == 4
     assert [parse_node_config(v) for v in ("4", "2", "1", ' "2" ')] == [4, 2, 1, 2]
-    with pytest.raises(ConfigError, match="valid values are 4, 2 and 1") as error:
+    with pytest.raises(NodeConfigError, match="valid values are 4, 2 and 1") as error:
         parse_node_config("3")
     assert "NEURON_ULTRASERVER_NODE_CONFIG='3'" in str(error.value)
-    with pytest.raises(ConfigError):
+    with pytest.raises(NodeConfigError):
         parse_node_config("four")
 
 
@@ -120,7 +120,7 @@ def test_mixed_server_ids_name_the_odd_worker() -> None:
     workers = seed_workers(4)
     odd = workers[3]
     workers[3] = WorkerInfo(odd.worker, odd.fqdn, odd.node, odd.modes, "0123456789abcdef", 3)
-    with pytest.raises(TopologyError) as error:
+    with pytest.raises(UnitError) as error:
         order(workers, 4)
     assert error.value.problems == [
         f"worker {odd.worker} (node {odd.node}): neuron.amazonaws.com/ultraserver-server-id-4 "
@@ -134,7 +134,7 @@ def test_six_workers_with_config_4() -> None:
     extra = [
         WorkerInfo(f"w{i}", f"w{i}", f"n{i}", frozenset({1, 2, 4}), "ab" * 8, i) for i in (4, 5)
     ]
-    with pytest.raises(TopologyError, match="6 workers do not split into UltraServer units of 4"):
+    with pytest.raises(UnitError, match="6 workers do not split into UltraServer units of 4"):
         order(workers + extra, 4)
 
 
@@ -142,17 +142,17 @@ def test_unset_server_id_duplicate_node_id_and_unscheduled() -> None:
     workers = seed_workers(2)
     w = workers[0]
     workers[0] = WorkerInfo(w.worker, w.fqdn, w.node, w.modes)  # all-zero default id
-    with pytest.raises(TopologyError) as error:
+    with pytest.raises(UnitError) as error:
         order(workers, 2)
     assert any("is unset (0000000000000000)" in p for p in error.value.problems)
     workers = seed_workers(4)
     w = workers[0]
     workers[0] = WorkerInfo(w.worker, w.fqdn, w.node, w.modes, w.server_id, 0)
-    with pytest.raises(TopologyError, match=r"node-id-4 0 in UltraServer \w+ is reported by 2"):
+    with pytest.raises(UnitError, match=r"node-id-4 0 in UltraServer \w+ is reported by 2"):
         order(workers, 4)
     workers = seed_workers(4)
     workers[2] = WorkerInfo("demo-worker-3", "x", None, None, problem="pod d/x is not scheduled")
-    with pytest.raises(TopologyError) as error:
+    with pytest.raises(UnitError) as error:
         order(workers, 4)
     assert error.value.problems == ["worker demo-worker-3 (node unknown): pod d/x is not scheduled"]
 
@@ -248,9 +248,9 @@ def test_affinity_multi_unit_is_preferred_and_config_1_has_no_pod_affinity() -> 
     assert "podAffinity" not in single["affinity"]
     anti = single["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
-    with pytest.raises(ConfigError, match="6 does not split"):
+    with pytest.raises(NodeConfigError, match="6 does not split"):
         affinity.worker_placement("demo", 6, 4)
-    with pytest.raises(ConfigError, match="DNS label"):
+    with pytest.raises(NodeConfigError, match="DNS label"):
         affinity.worker_placement("Demo_Job", 4, 4)
 
 
@@ -428,7 +428,7 @@ def test_placement_ignores_other_pods_and_bad_config() -> None:
     occupancy.apply_pod(Pod(metadata=worker("j1", 0).metadata))  # unbound again
     assert not occupancy.workers
     occupancy.apply_pod(worker("j1", 1, "a1"))
-    occupancy.retain([])
+    occupancy.replace_pods([])
     assert not occupancy.workers and not occupancy.on_node
     occupancy.remove_node("a0")
     assert "a0" not in occupancy.nodes_of((4, "a000000000000000"))
@@ -443,17 +443,17 @@ class SlowBindAPI:
         self.proceed = asyncio.Event()
         self.fail = False
 
-    async def get(self, path: str) -> bytes:
-        return msgspec.json.encode(self.pods[path.rsplit("/", 1)[1]])
+    async def get_pod(self, namespace: str, name: str) -> Pod:
+        return self.pods[name]
 
-    async def patch_pod_annotations(self, *_: object) -> None:
+    async def patch_annotations(self, *_: object, **__: object) -> None:
         return None
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         self.binding.set()
         await self.proceed.wait()
         if self.fail:
-            raise ApiError("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", 500, b"")
+            raise api_error("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", 500, b"")
 
     async def create_event(self, *_: object, **__: object) -> None:
         return None
@@ -467,7 +467,9 @@ def neuron_worker(job: str, index: int) -> Pod:
 
 
 async def test_a_worker_being_bound_already_counts_on_its_node() -> None:
-    ledger = Ledger(Catalog.builtin())
+    api = SlowBindAPI()
+    extender = wire(api, Catalog.builtin())  # type: ignore[arg-type]
+    extender.synced.set()
     for i in range(4):
         ultra = node_json(f"a{i}", "trn2.48xlarge")
         ultra["metadata"]["labels"].update(
@@ -477,23 +479,21 @@ async def test_a_worker_being_bound_already_counts_on_its_node() -> None:
                 PREFIX + "node-id-4": str(i),
             }
         )
-        ledger.apply_node(msgspec.convert(ultra, Node))
-    api = SlowBindAPI()
-    extender = Extender(ledger, api)  # type: ignore[arg-type]
-    extender.ready.set()
+        for view in extender.views:
+            view.apply_node(msgspec.convert(ultra, Node))
     nodes = ["a0", "a1", "a2", "a3"]
     first, second = neuron_worker("j", 0), neuron_worker("j", 1)
     api.pods = {first.metadata.name: first, second.metadata.name: second}
-    target = extender.filter(ExtenderArgs(Pod=first, NodeNames=nodes)).passed[0]
+    target = extender.judge.filter(ExtenderArgs(Pod=first, NodeNames=nodes)).passed[0]
     args = ExtenderBindingArgs(first.metadata.name, "ns", first.metadata.uid, target)
-    binding = asyncio.create_task(extender.bind(args))
+    binding = asyncio.create_task(extender.binder.bind(args))
     await api.binding.wait()
     # The first worker's binding is in flight, invisible to the watch: its node is taken.
-    result = extender.filter(ExtenderArgs(Pod=second, NodeNames=nodes))
+    result = extender.judge.filter(ExtenderArgs(Pod=second, NodeNames=nodes))
     assert target not in result.passed
     assert result.failed[target] == "already runs a worker of job ns/j"
     # The binding fails and is rolled back: the node is open to the job again.
     api.fail = True
     api.proceed.set()
     assert "failed" in await binding
-    assert target in extender.filter(ExtenderArgs(Pod=second, NodeNames=nodes)).passed
+    assert target in extender.judge.filter(ExtenderArgs(Pod=second, NodeNames=nodes)).passed

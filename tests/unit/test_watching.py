@@ -10,8 +10,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from neuron_scheduler.kubeapi import KubeAPI, KubeConfig
-from neuron_scheduler.watching import Backoff, Watch
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import KubeConfig
+from neuron_scheduler.kube.watching import Watch
 
 
 class Item(msgspec.Struct):
@@ -189,14 +190,3 @@ async def test_silent_watch_is_abandoned_and_resumed() -> None:
         assert len(fake.watch_calls) >= 2
     finally:
         await stop()
-
-
-async def test_backoff_grows_and_caps() -> None:
-    backoff = Backoff(first=0.001, cap=0.004)
-    delays = []
-    for _ in range(4):
-        delays.append(backoff.delay)
-        await backoff.wait()
-    assert delays == [0.001, 0.002, 0.004, 0.004]
-    backoff.reset()
-    assert backoff.delay == 0.001

@@ -11,36 +11,32 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiohttp
-
-from neuron_scheduler import annotations as keys
-from neuron_scheduler.catalog import Catalog
-from neuron_scheduler.deviceplugin.backoff import Backoff
+from neuron_scheduler.core import handoff as keys
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
+from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
 from neuron_scheduler.deviceplugin.matching import (
     ALLOCATED_CONTAINERS,
-    Holding,
+    AnnotatedPod,
     Matched,
     NodeView,
-    Refused,
+    Rejected,
     Unclaimed,
     decide_allocation,
+    kubelet_ids,
     node_view,
-    parse_ids,
     preferred_ids,
 )
 from neuron_scheduler.deviceplugin.pods import NodePods
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2
-from neuron_scheduler.kubeapi import ApiError
-from neuron_scheduler.objects import Pod
-from neuron_scheduler.requests import Unit
-from neuron_scheduler.topology import Topology, format_ids
+from neuron_scheduler.kube.backoff import Backoff
+from neuron_scheduler.kube.errors import API_ERRORS, Conflict
+from neuron_scheduler.kube.objects import Pod
 
 log = logging.getLogger(__name__)
 
-# What a failed API call looks like from here: the server answered with an error, or could not be
-# reached at all.
-API_ERRORS = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
 VISIBLE_CORES = "NEURON_RT_VISIBLE_CORES"
 VISIBLE_DEVICES = "AWS_NEURON_VISIBLE_DEVICES"
 
@@ -61,14 +57,14 @@ def container_response(
 ) -> api_pb2.ContainerAllocateResponse:
     """The device files and environment for one container's ids."""
     if unit is Unit.CORE:
-        cores = sorted(ids)
-        devices = sorted({c // cores_per_device for c in cores})
+        cores: Sequence[int] = sorted(ids)
+        devices: Sequence[int] = devices_of_cores(cores, cores_per_device)
     else:
         devices = sorted(ids)
-        cores = [d * cores_per_device + i for d in devices for i in range(cores_per_device)]
-    envs = {VISIBLE_CORES: ",".join(map(str, cores))}
+        cores = cores_of_devices(devices, cores_per_device)
+    envs = {VISIBLE_CORES: comma_ids(cores)}
     if unit is Unit.DEVICE:
-        envs[VISIBLE_DEVICES] = ",".join(map(str, devices))
+        envs[VISIBLE_DEVICES] = comma_ids(devices)
     # Host paths are kubelet's view, always /dev: --dev-root only says where this process sees it.
     specs = [
         api_pb2.DeviceSpec(
@@ -172,8 +168,8 @@ class Assigner:
         answers: list[list[str]] = []
         taken: list[tuple[str, str]] = list(self._handed_out)
         for request in requests:
-            available = parse_ids(request.available)
-            must = parse_ids(request.must_include)
+            available = kubelet_ids(request.available)
+            must = kubelet_ids(request.must_include)
             if available is None or must is None:
                 log.warning("GetPreferredAllocation with ids that are not ours: %s", request)
                 answers.append(list(request.must_include))
@@ -221,9 +217,9 @@ class Assigner:
             by_uid = {p.metadata.uid: p for p in pods}
             topology = await self.topology()
             responses: list[api_pb2.ContainerAllocateResponse] = []
-            marks: list[Holding] = []
+            marks: list[AnnotatedPod] = []
             for raw in requests:
-                ids = parse_ids(raw)
+                ids = kubelet_ids(raw)
                 if ids is None or not ids:
                     raise AllocationError(
                         f"kubelet asked {resource} for ids {list(raw)!r}, which this plugin "
@@ -237,7 +233,7 @@ class Assigner:
                     topology,
                     frozenset(self._handed_out),
                 )
-                if isinstance(decision, Refused):
+                if isinstance(decision, Rejected):
                     log.warning("Allocate refused: %s", decision.message)
                     raise AllocationError(decision.message)
                 response = container_response(unit, ids, self.state.cores_per_device)
@@ -272,7 +268,7 @@ class Assigner:
         done |= {name for pod_uid, name in self._handed_out if pod_uid == uid}
         return done
 
-    def _patch(self, pod: Pod, holding: Holding) -> dict[str, str | None]:
+    def _patch(self, pod: Pod, holding: AnnotatedPod) -> dict[str, str | None]:
         names = holding.slot_names
         if len(names) <= 1:
             return {keys.ALLOCATED: "true"}
@@ -282,7 +278,7 @@ class Assigner:
             values[keys.ALLOCATED] = "true"
         return values
 
-    async def _mark(self, pod: Pod, holding: Holding) -> None:
+    async def _mark(self, pod: Pod, holding: AnnotatedPod) -> None:
         """NEURON_ALLOCATED=true once all the pod's Neuron containers have their ids; retried in
         the background when the API is unreachable (the hand-out itself has already happened)."""
         try:
@@ -295,15 +291,13 @@ class Assigner:
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)
 
-    async def _mark_once(self, pod: Pod, holding: Holding) -> None:
+    async def _mark_once(self, pod: Pod, holding: AnnotatedPod) -> None:
         multi = len(holding.slot_names) > 1
         for _ in range(5):
             values = self._patch(pod, holding)
             try:
                 await self.pods.patch_annotations(pod, values, resource_version=multi)
-            except ApiError as error:
-                if error.status != 409:
-                    raise
+            except Conflict:
                 fresh = await self.pods.get_pod(pod.metadata.namespace, pod.metadata.name)
                 if fresh is None or fresh.metadata.uid != holding.uid:
                     log.info("%s is gone; nothing to mark", holding.pod)
@@ -315,7 +309,7 @@ class Assigner:
             return
         log.warning("gave up marking %s allocated after repeated conflicts", holding.pod)
 
-    async def _mark_later(self, pod: Pod, holding: Holding) -> None:
+    async def _mark_later(self, pod: Pod, holding: AnnotatedPod) -> None:
         backoff = Backoff(initial=1.0, maximum=30.0)
         while True:
             await asyncio.sleep(backoff.failed())

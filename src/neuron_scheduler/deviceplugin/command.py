@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from neuron_scheduler.commandline import UsageError, check_log_level, setup_logging, user_errors
 from neuron_scheduler.deviceplugin import DEFAULT_LOGICAL_NC_CONFIG, DEFAULT_PLUGIN_DIR
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def device_plugin(
@@ -54,38 +47,31 @@ def device_plugin(
     """Serve the kubelet device plugin API for aws.amazon.com/neuroncore, neuron and neurondevice,
     handing each container exactly the ids the scheduler annotated on its pod."""
     from neuron_scheduler.deviceplugin.plugin import PluginConfig, run
-    from neuron_scheduler.kubeapi import ConfigError
+    from neuron_scheduler.kube.config import ConfigError
 
-    if not node_name:
-        raise _fail("--node-name (or NODE_NAME) is required")
-    if log_level.lower() not in LOG_LEVELS:
-        raise _fail(f"--log-level {log_level!r}: use {', '.join(LOG_LEVELS)}")
-    if cores_per_device is not None and cores_per_device < 1:
-        raise _fail(f"--cores-per-device {cores_per_device}: must be at least 1")
-    if health_interval <= 0:
-        raise _fail(f"--health-interval {health_interval}: must be positive")
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise _fail(f"--kubeconfig {kubeconfig}: no such file")
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # grpc's debug output is one line per call on every stream; ours says what matters.
-    logging.getLogger("grpc").setLevel(max(logging.INFO, logging.getLogger().level))
-    config = PluginConfig(
-        node_name=node_name,
-        plugin_dir=plugin_dir,
-        dev_root=dev_root,
-        sys_root=sys_root,
-        kubeconfig=kubeconfig,
-        logical_nc_config=logical_nc_config,
-        cores_per_device=cores_per_device,
-        health_interval=health_interval,
-    )
-    try:
-        run(config)
-    except ConfigError as error:
-        raise _fail(str(error)) from error
+    with user_errors(ConfigError):
+        if not node_name:
+            raise UsageError("--node-name (or NODE_NAME) is required")
+        log_level = check_log_level(log_level)
+        if cores_per_device is not None and cores_per_device < 1:
+            raise UsageError(f"--cores-per-device {cores_per_device}: must be at least 1")
+        if health_interval <= 0:
+            raise UsageError(f"--health-interval {health_interval}: must be positive")
+        if kubeconfig is not None and not kubeconfig.is_file():
+            raise UsageError(f"--kubeconfig {kubeconfig}: no such file")
+        setup_logging(log_level)
+        run(
+            PluginConfig(
+                node_name=node_name,
+                plugin_dir=plugin_dir,
+                dev_root=dev_root,
+                sys_root=sys_root,
+                kubeconfig=kubeconfig,
+                logical_nc_config=logical_nc_config,
+                cores_per_device=cores_per_device,
+                health_interval=health_interval,
+            )
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from neuron_scheduler.deviceplugin.backoff import Backoff
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.deviceplugin.hardware import Hardware, Scan, read_logical_nc_config
 from neuron_scheduler.deviceplugin.inventory import (
     DeviceHealth,
@@ -17,7 +17,7 @@ from neuron_scheduler.deviceplugin.inventory import (
     cores_per_device,
     device_health,
 )
-from neuron_scheduler.requests import Unit
+from neuron_scheduler.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.deviceplugin.hardware import Scan
-from neuron_scheduler.requests import Unit
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

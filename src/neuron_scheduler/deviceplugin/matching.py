@@ -13,16 +13,16 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from neuron_scheduler import annotations as keys
-from neuron_scheduler.allocation import (
+from neuron_scheduler.core import handoff as keys
+from neuron_scheduler.core.allocation import (
     NodeState,
     Placement,
     allocate,
     is_valid_core_set,
     is_valid_device_set,
 )
-from neuron_scheduler.objects import Container, Pod, assignment, neuron_request, quantity
-from neuron_scheduler.requests import (
+from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask, mask_ids
+from neuron_scheduler.core.resources import (
     NEURON,
     NEURONCORE,
     RESOURCE_UNITS,
@@ -30,7 +30,9 @@ from neuron_scheduler.requests import (
     RequestError,
     Unit,
 )
-from neuron_scheduler.topology import Topology, format_ids
+from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.kube.objects import Container, Pod
+from neuron_scheduler.kube.reading import assignment, neuron_request, quantity
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
+class AnnotatedPod:
     """What the scheduler gave one live pod on this node."""
 
     pod: str
@@ -75,14 +77,14 @@ class Holding:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    holdings: tuple[Holding, ...]
+    holdings: tuple[AnnotatedPod, ...]
     unreadable: tuple[str, ...] = ()  # "pod: why", pods whose annotations cannot be used
 
 
 @dataclass(frozen=True, slots=True)
 class Matched:
     slot: Slot
-    holding: Holding
+    holding: AnnotatedPod
     again: bool  # the slot was handed out before: kubelet is retrying for the same pod
 
 
@@ -94,24 +96,21 @@ class Unclaimed:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class Rejected:
     message: str
 
 
-Decision = Matched | Unclaimed | Refused
+Match = Matched | Unclaimed | Rejected
 
 
 def cores_of(unit: Unit, ids: Iterable[int], cores_per_device: int) -> int:
-    mask = 0
-    for i in ids:
-        if unit is Unit.CORE:
-            mask |= 1 << i
-        else:
-            mask |= ((1 << cores_per_device) - 1) << (i * cores_per_device)
-    return mask
+    """The cores (mask) that ids in `unit` stand for."""
+    if unit is Unit.CORE:
+        return ids_mask(ids)
+    return core_mask_of_devices(ids_mask(ids), cores_per_device)
 
 
-def parse_ids(values: Sequence[str]) -> tuple[int, ...] | None:
+def kubelet_ids(values: Sequence[str]) -> tuple[int, ...] | None:
     """kubelet's string ids as ints; None if any is not one of ours."""
     try:
         ids = tuple(int(v) for v in values)
@@ -187,7 +186,7 @@ def _alloc_time(pod: Pod) -> int:
 
 def node_view(pods: Iterable[Pod], node: str, cores_per_device: int) -> NodeView:
     """The scheduler's assignments on this node, from the pods bound to it."""
-    holdings: list[Holding] = []
+    holdings: list[AnnotatedPod] = []
     unreadable: list[str] = []
     for pod in pods:
         if pod.spec.nodeName != node or pod.finished:
@@ -206,7 +205,7 @@ def node_view(pods: Iterable[Pod], node: str, cores_per_device: int) -> NodeView
         done = frozenset(name for name in raw.split(",") if name)
         unit = RESOURCE_UNITS[found.resource]
         holdings.append(
-            Holding(
+            AnnotatedPod(
                 pod.key,
                 pod.metadata.uid,
                 unit,
@@ -238,7 +237,7 @@ def decide_allocation(
     cores_per_device: int,
     topology: Topology,
     handed_out: frozenset[tuple[str, str]] = frozenset(),
-) -> Decision:
+) -> Match:
     """Whose container kubelet's `ids` are for.
 
     handed_out: (pod uid, container) pairs this process gave ids to but whose annotation may not
@@ -253,7 +252,7 @@ def decide_allocation(
         if set(slot.ids) == wanted
     ]
 
-    def fresh(item: tuple[Slot, Holding]) -> bool:
+    def fresh(item: tuple[Slot, AnnotatedPod]) -> bool:
         slot, holding = item
         return (
             holding.pending and not slot.allocated and (slot.uid, slot.container) not in handed_out
@@ -281,10 +280,10 @@ def decide_allocation(
     clashes = [h for h in view.holdings if h.core_mask & mask]
     if clashes:
         owners = "; ".join(
-            f"{h.pod} holds {_ids_text(Unit.CORE, _mask_ids(h.core_mask & mask))}"
+            f"{h.pod} holds {_ids_text(Unit.CORE, mask_ids(h.core_mask & mask))}"
             for h in clashes[:3]
         )
-        return Refused(
+        return Rejected(
             f"kubelet offered {_ids_text(unit, ids)}, which match no pod's assignment on this "
             f"node and overlap cores the neuron scheduler gave to other pods ({owners}). "
             f"{SCHEDULER_HINT}"
@@ -295,7 +294,7 @@ def decide_allocation(
             if unit is Unit.CORE
             else "an allowed set of connected devices"
         )
-        return Refused(
+        return Rejected(
             f"kubelet offered {_ids_text(unit, ids)}, which are not {shape} on "
             f"{topology.instance_type} ({topology.kind.value} of {topology.devices} devices x "
             f"{topology.cores_per_device} cores), and no pod on this node was assigned them. "
@@ -328,10 +327,6 @@ def _in_progress(
             slot = min(left, key=lambda s: (len(s.ids) != len(wanted), s.order))
             found.append(Matched(slot, holding, again=False))
     return found[0] if len(found) == 1 else None
-
-
-def _mask_ids(mask: int) -> list[int]:
-    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 def preferred_ids(

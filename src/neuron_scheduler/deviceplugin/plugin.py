@@ -9,15 +9,17 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.deviceplugin import DEFAULT_LOGICAL_NC_CONFIG, DEFAULT_PLUGIN_DIR
-from neuron_scheduler.deviceplugin.assigning import API_ERRORS, Assigner
+from neuron_scheduler.deviceplugin.assigning import Assigner
 from neuron_scheduler.deviceplugin.devicewatch import DeviceWatch
 from neuron_scheduler.deviceplugin.hardware import Hardware, SysfsHardware
 from neuron_scheduler.deviceplugin.pods import ApiNodePods
 from neuron_scheduler.deviceplugin.registration import Endpoint, Registrar
 from neuron_scheduler.deviceplugin.service import NeuronDevicePlugin
-from neuron_scheduler.kubeapi import KubeAPI, load_config
-from neuron_scheduler.requests import NEURON, NEURONCORE, NEURONDEVICE
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import load_config
+from neuron_scheduler.kube.errors import API_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ class PluginConfig:
 async def serve(
     config: PluginConfig, stop: asyncio.Event, hardware: Hardware | None = None
 ) -> None:
-    """Run until `stop` is set. Raises kubeapi.ConfigError at once when there is no way to reach
+    """Run until `stop` is set. Raises kube.config.ConfigError at once when there is no way to reach
     the API server at all; every other trouble is logged and retried."""
     api = KubeAPI(load_config(config.kubeconfig))
     assigner: Assigner | None = None

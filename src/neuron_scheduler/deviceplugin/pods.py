@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import msgspec
-
-from neuron_scheduler.kubeapi import ApiError, KubeAPI
-from neuron_scheduler.objects import Node, Pod
-
-
-class PodList(msgspec.Struct):
-    items: list[Pod] = []
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.errors import NotFound
+from neuron_scheduler.kube.objects import Node, Pod
 
 
 class NodePods(Protocol):
@@ -35,41 +30,29 @@ class ApiNodePods:
         self.node = node
 
     async def list_pods(self) -> list[Pod]:
-        payload = await self.api.request(
-            "GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={self.node}"}
-        )
-        return msgspec.json.decode(payload, type=PodList).items
+        return await self.api.list_pods(f"spec.nodeName={self.node}")
 
     async def get_pod(self, namespace: str, name: str) -> Pod | None:
         try:
-            payload = await self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        return msgspec.json.decode(payload, type=Pod)
+            return await self.api.get_pod(namespace, name)
+        except NotFound:
+            return None
 
     async def get_node(self) -> Node | None:
         try:
-            payload = await self.api.request("GET", f"/api/v1/nodes/{self.node}")
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        return msgspec.json.decode(payload, type=Node)
+            return await self.api.get_node(self.node)
+        except NotFound:
+            return None
 
     async def patch_annotations(
         self, pod: Pod, values: dict[str, str | None], *, resource_version: bool
     ) -> None:
-        # A merge patch names only our keys, so other components' annotations survive. The uid
-        # keeps a pod recreated under the same name untouched; the resourceVersion, when asked
-        # for, turns a read-modify-write race into a 409 the caller retries.
-        metadata: dict[str, object] = {"uid": pod.metadata.uid, "annotations": values}
-        if resource_version:
-            metadata["resourceVersion"] = pod.metadata.resourceVersion
-        await self.api.request(
-            "PATCH",
-            f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}",
-            body={"metadata": metadata},
-            content_type="application/merge-patch+json",
+        # With the resourceVersion, a read-modify-write race becomes a Conflict the caller retries.
+        meta = pod.metadata
+        await self.api.patch_annotations(
+            meta.namespace,
+            meta.name,
+            meta.uid,
+            values,
+            resource_version=meta.resourceVersion if resource_version else None,
         )

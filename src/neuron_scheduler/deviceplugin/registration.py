@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 
-from neuron_scheduler.deviceplugin.backoff import Backoff
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from neuron_scheduler.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import grpc
 
+from neuron_scheduler.core.resources import RESOURCE_UNITS
 from neuron_scheduler.deviceplugin.assigning import AllocationError, Assigner, ContainerRequest
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
 from neuron_scheduler.deviceplugin.inventory import HEALTHY, UNHEALTHY
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from neuron_scheduler.requests import RESOURCE_UNITS
 
 log = logging.getLogger(__name__)
 

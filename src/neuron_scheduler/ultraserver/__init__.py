@@ -1,5 +1,10 @@
-"""Trn2 UltraServer MPI jobs: the launcher's init step, worker affinity, and unit placement.
+"""Trn2 UltraServer MPI jobs: two deployables that share the UltraServer label names.
 
-Pure modules (no I/O): `config`, `topology`, `hostfile`, `environment`, `affinity`, `placement`.
-I/O: `ssh` (sysfs and /etc/environment on the workers), `kube` (node labels), `init` (the step).
+- `placement`: a plugin the extender is given (a cluster view, a node filter and a reserver) that
+  keeps each MPI job's workers in whole UltraServer units. Pure.
+- `launcher/`: the MPIJob launcher's init step (`ultraserver-init`): gathers the workers' facts
+  (sysfs over ssh, or node labels), ranks them, writes their environment and a new hostfile.
+- `affinity`: the Worker template's nodeSelector and (anti-)affinity (`ultraserver-affinity`). Pure.
+- `labels`: node configs, label and sysfs names, runtime modes. Pure.
+- `command`: the two CLI commands.
 """

@@ -6,17 +6,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from neuron_scheduler.ultraserver.config import (
+from neuron_scheduler.ultraserver.labels import (
     ENV_NODE_CONFIG,
     INSTANCE_TYPE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
     NODE_CONFIG_KEY,
     WORKER_ROLE,
-    ConfigError,
+    NodeConfigError,
     topology_key,
 )
-from neuron_scheduler.ultraserver.hostfile import DEFAULT_OUT_DIR
+from neuron_scheduler.ultraserver.launcher.hostfile import DEFAULT_OUT_DIR
 
 DEFAULT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/ultraserver:mpijob"
 DEFAULT_INIT_IMAGE = "ghcr.io/neuron-scheduler/neuron-scheduler:0.1.0"
@@ -26,14 +26,14 @@ _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 def check(job_name: str, workers: int, node_config: int) -> None:
     if len(job_name) > 63 or not _LABEL_VALUE.match(job_name) or not _DNS_NAME.match(job_name):
-        raise ConfigError(
+        raise NodeConfigError(
             f"--job-name {job_name!r}: an MPIJob name must be a DNS label (lower case letters, "
             "digits and '-', at most 63 characters)"
         )
     if workers < 1:
-        raise ConfigError(f"--workers {workers}: at least 1")
+        raise NodeConfigError(f"--workers {workers}: at least 1")
     if workers % node_config:
-        raise ConfigError(
+        raise NodeConfigError(
             f"--workers {workers} does not split into UltraServer units of {node_config} "
             f"(--node-config {node_config} needs a multiple of {node_config} workers)"
         )

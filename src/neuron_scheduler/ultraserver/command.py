@@ -11,22 +11,17 @@ from typing import Annotated
 import typer
 import yaml
 
-from neuron_scheduler.ultraserver.config import (
+from neuron_scheduler.commandline import fail, user_errors
+from neuron_scheduler.ultraserver.labels import (
     ENV_NODE_CONFIG,
     SYSFS_DIR,
-    ConfigError,
+    NodeConfigError,
     parse_node_config,
 )
-from neuron_scheduler.ultraserver.environment import DEFAULT_ENVIRONMENT_FILE
-from neuron_scheduler.ultraserver.hostfile import DEFAULT_HOSTFILE, DEFAULT_OUT_DIR
-from neuron_scheduler.ultraserver.init import InitError, InitOptions, Source
-from neuron_scheduler.ultraserver.ssh import DEFAULT_SSH, SshOptions
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    for line in message.splitlines() or [message]:
-        typer.echo(f"error: {line}", err=True)
-    return typer.Exit(code)
+from neuron_scheduler.ultraserver.launcher.environment import DEFAULT_ENVIRONMENT_FILE
+from neuron_scheduler.ultraserver.launcher.hostfile import DEFAULT_HOSTFILE, DEFAULT_OUT_DIR
+from neuron_scheduler.ultraserver.launcher.init import InitError, InitOptions, Source
+from neuron_scheduler.ultraserver.launcher.ssh import DEFAULT_SSH, SshOptions
 
 
 def _log(line: str) -> None:
@@ -72,13 +67,11 @@ def ultraserver_init(
 ) -> None:
     """The MPIJob launcher's init step for Trn2 UltraServers: validate the workers' placement,
     write NEURON_GLOBAL_TOPOID & co. into each worker's /etc/environment, write new_hostfile."""
-    try:
+    with user_errors(NodeConfigError, ValueError):
         config = parse_node_config(node_config)
         command = tuple(shlex.split(ssh))
-    except (ConfigError, ValueError) as error:
-        raise _fail(str(error), 2) from None
     if not command:
-        raise _fail("--ssh is empty", 2)
+        fail("--ssh is empty")
     options = InitOptions(
         node_config=config,
         hostfile=hostfile,
@@ -88,12 +81,10 @@ def ultraserver_init(
         kubeconfig=kubeconfig,
         namespace=namespace,
     )
-    from neuron_scheduler.ultraserver.init import run
+    from neuron_scheduler.ultraserver.launcher.init import run
 
-    try:
+    with user_errors(InitError, code=1):
         asyncio.run(run(options, _log))
-    except InitError as error:
-        raise _fail(str(error), 1) from None
 
 
 def ultraserver_affinity(
@@ -110,15 +101,13 @@ def ultraserver_affinity(
     """Print the Worker template's nodeSelector and affinity for an UltraServer MPIJob."""
     from neuron_scheduler.ultraserver.affinity import mpijob, worker_placement
 
-    try:
+    with user_errors(NodeConfigError):
         config = parse_node_config(node_config, "--node-config")
         document = (
             mpijob(job_name, workers, config, namespace=namespace)
             if full_example
             else worker_placement(job_name, workers, config)
         )
-    except ConfigError as error:
-        raise _fail(str(error), 2) from None
     sys.stdout.write(yaml.safe_dump(document, sort_keys=False, width=100))
 
 

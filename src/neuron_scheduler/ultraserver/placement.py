@@ -24,8 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from neuron_scheduler.objects import Node, Pod
-from neuron_scheduler.ultraserver.config import (
+import msgspec
+
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_CONFIG,
     DEFAULT_SERVER_ID,
     JOB_NAME_LABEL,
@@ -33,7 +36,7 @@ from neuron_scheduler.ultraserver.config import (
     MODE_LABEL,
     NODE_CONFIG_KEY,
     WORKER_ROLE,
-    ConfigError,
+    NodeConfigError,
     parse_node_config,
     server_id_label,
 )
@@ -52,7 +55,7 @@ def worker_job(pod: Pod) -> JobKey | None:
 
 
 def pod_node_config(pod: Pod) -> int:
-    """The worker's node config; ConfigError names the annotation or label when it is bad."""
+    """The worker's node config; NodeConfigError names the annotation or label when it is bad."""
     annotations, labels = pod.metadata.annotations, pod.metadata.labels
     if NODE_CONFIG_KEY in annotations:
         return parse_node_config(annotations[NODE_CONFIG_KEY], f"annotation {NODE_CONFIG_KEY}")
@@ -61,7 +64,7 @@ def pod_node_config(pod: Pod) -> int:
     return DEFAULT_NODE_CONFIG
 
 
-def describe(job: JobKey) -> str:
+def job_text(job: JobKey) -> str:
     return f"{job[0]}/{job[1]}"
 
 
@@ -80,7 +83,9 @@ class Claim:
 
 @dataclass
 class Occupancy:
-    """UltraServer nodes by unit and job workers by node, kept from the extender's watches."""
+    """UltraServer nodes by unit and job workers by node: a view the extender's watches feed, and
+    a reserver bind tells about a worker it is placing (kube-scheduler asks about the job's next
+    worker before this binding is visible in the watch)."""
 
     servers: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> config -> id
     members: dict[UnitKey, set[str]] = field(default_factory=dict)
@@ -125,7 +130,7 @@ class Occupancy:
             return
         try:
             config = pod_node_config(pod)
-        except ConfigError:
+        except NodeConfigError:
             config = DEFAULT_NODE_CONFIG
         worker = Worker(node, job, config)
         if self.workers.get(uid) == worker:
@@ -143,11 +148,36 @@ class Occupancy:
         if not here:
             self.on_node.pop(worker.node, None)
 
-    def retain(self, uids: Iterable[str]) -> None:
-        """After a full re-list: forget workers whose pods are gone."""
-        keep = set(uids)
-        for uid in [u for u in self.workers if u not in keep]:
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        seen = set()
+        for node in nodes:
+            seen.add(node.metadata.name)
+            self.apply_node(node)
+        for name in [n for n in self.servers if n not in seen]:
+            self.remove_node(name)
+
+    def replace_pods(self, pods: Iterable[Pod]) -> None:
+        """A full re-list: apply every pod, forget workers whose pods are gone."""
+        seen = set()
+        for pod in pods:
+            seen.add(pod.metadata.uid)
+            self.apply_pod(pod)
+        for uid in [u for u in self.workers if u not in seen]:
             self.remove_pod(uid)
+
+    # --- binds in flight ---------------------------------------------------------------------
+
+    def reserve(self, pod: Pod, node: str, placement: Placement) -> None:
+        """The worker counts on `node` from now on, as if the watch had shown it bound there."""
+        self.apply_pod(
+            msgspec.structs.replace(pod, spec=msgspec.structs.replace(pod.spec, nodeName=node))
+        )
+
+    def unreserve(self, pod: Pod, node: str) -> None:
+        """The bind to `node` did not happen: the pod is not a worker there."""
+        worker = self.workers.get(pod.metadata.uid)
+        if worker is not None and worker.node == node:
+            self.remove_pod(pod.metadata.uid)
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -164,7 +194,9 @@ class Occupancy:
 
 
 @dataclass
-class Decision:
+class UnitChoice:
+    """Which candidate nodes a worker may take, and the unit its job opens (if any)."""
+
     passed: list[str]
     failed: dict[str, str]
     claim: UnitKey | None = None
@@ -177,7 +209,7 @@ def _label(unit: UnitKey) -> str:
 
 def decide(
     occupancy: Occupancy, job: JobKey, config: int, candidates: list[str], now: float
-) -> Decision:
+) -> UnitChoice:
     """Which candidate nodes a worker of `job` may take; claim: the unit the job opens."""
     claims = {k: c for k, c in occupancy.claims.items() if c.until > now}
     own_claim = claims.get((job, config))
@@ -194,7 +226,7 @@ def decide(
         counts.setdefault(own_claim.unit, 0)
     open_units = {u for u, n in counts.items() if n < config} if config > 1 else set()
 
-    decision = Decision([], {})
+    decision = UnitChoice([], {})
     eligible: dict[str, UnitKey] = {}
     for name in candidates:
         if name not in occupancy.servers:
@@ -213,13 +245,13 @@ def decide(
             decision.failed[name] = f"UltraServer {_label(unit)} {blocker}"
             continue
         if name in own_nodes:
-            decision.failed[name] = f"already runs a worker of job {describe(job)}"
+            decision.failed[name] = f"already runs a worker of job {job_text(job)}"
             continue
         if open_units:
             if unit not in open_units:
                 first = min(open_units, key=lambda u: (-counts[u], u))
                 decision.failed[name] = (
-                    f"job {describe(job)} fills UltraServer {_label(first)} first "
+                    f"job {job_text(job)} fills UltraServer {_label(first)} first "
                     f"({counts[first]} of {config} workers there)"
                 )
                 continue
@@ -227,7 +259,7 @@ def decide(
             continue
         if config > 1 and counts.get(unit, 0) >= config:
             decision.failed[name] = (
-                f"UltraServer {_label(unit)} already holds {config} workers of job {describe(job)}"
+                f"UltraServer {_label(unit)} already holds {config} workers of job {job_text(job)}"
             )
             continue
         eligible[name] = unit
@@ -243,7 +275,7 @@ def decide(
                 decision.passed.append(name)
             else:
                 decision.failed[name] = (
-                    f"job {describe(job)} starts on UltraServer {_label(chosen)} "
+                    f"job {job_text(job)} starts on UltraServer {_label(chosen)} "
                     "(complete free units first, then by server id)"
                 )
         decision.claim = chosen
@@ -269,15 +301,17 @@ def _blocker(
     for name in sorted(near):
         for worker in occupancy.on_node.get(name, {}).values():
             if worker.job != job and occupancy.footprint(worker) & area:
-                return f"holds workers of job {describe(worker.job)}"
+                return f"holds workers of job {job_text(worker.job)}"
     for other, unit in other_claims:
         if occupancy.nodes_of(unit) & area:
-            return f"is being filled by job {describe(other)}"
+            return f"is being filled by job {job_text(other)}"
     return None
 
 
 class UnitPlacement:
-    """The extender's side: the rule plus the claims it makes."""
+    """The extender's node filter: the rule plus the claims it makes."""
+
+    outcome = "ultraserver_unit"  # the filter-outcome metric label for the nodes it fails
 
     def __init__(self, occupancy: Occupancy, claim_seconds: float = CLAIM_SECONDS) -> None:
         self.occupancy = occupancy
@@ -290,7 +324,7 @@ class UnitPlacement:
             return passed, {}
         try:
             config = pod_node_config(pod)
-        except ConfigError as error:
+        except NodeConfigError as error:
             return [n for n in passed if n not in self.occupancy.servers], {
                 n: str(error) for n in passed if n in self.occupancy.servers
             }

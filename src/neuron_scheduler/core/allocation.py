@@ -1,0 +1,443 @@
+"""The allocator: which devices and cores a Neuron request gets on one node, or why it cannot.
+
+Shared by the extender (filter, prioritize, bind), the simulator and the tests. Pure: the node's
+state goes in, a decision comes out; callers apply it.
+
+Node state is the set of cores in use (a device is busy for device requests as soon as any of its
+cores is in use; a device request takes all of its cores), plus a count of cores held by pods whose
+ids we do not know (placed without us): those must stay free somewhere, so a placement must leave at
+least that many cores free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from typing import NamedTuple
+
+from neuron_scheduler.core.ids import (
+    cores_of_devices,
+    devices_touched,
+    format_ids,
+    ids_mask,
+    mask_ids,
+)
+from neuron_scheduler.core.resources import NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology, TopologyKind, free_runs
+
+
+class Policy(StrEnum):
+    BEST_FIT = "best-fit"
+    FIRST_FIT = "first-fit"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    used_cores: int = 0  # mask of global core ids in use
+    unattributed_cores: int = 0  # cores held by pods whose ids we do not know
+
+    def with_used(self, cores: int) -> NodeState:
+        return NodeState(self.used_cores | cores, self.unattributed_cores)
+
+    def without(self, cores: int) -> NodeState:
+        return NodeState(self.used_cores & ~cores, self.unattributed_cores)
+
+
+# Decisions are immutable values shared through caches. NamedTuples rather than frozen
+# dataclasses: building one was a tenth of a whole decision's time.
+class Placement(NamedTuple):
+    devices: tuple[int, ...]  # in topology order (a wrapped ring run starts at its first device)
+    cores: tuple[int, ...]  # global core ids, in the order of `devices`
+    score: int  # 0-10: how tightly the request fills the free block it was cut from
+
+    @property
+    def core_mask(self) -> int:
+        return ids_mask(self.cores)
+
+
+class Refusal(NamedTuple):
+    reason: str
+    # True when no amount of freeing on this node would help (bad count, more than the node has):
+    # kube-scheduler must not preempt pods for it.
+    unresolvable: bool = False
+
+
+Decision = Placement | Refusal
+
+
+def torus_count_warning(instance_type: str, count: int) -> str:
+    # Exact upstream text: users grep their events for it.
+    return (
+        f"Instance type {instance_type} does not support requests for device: {count}. "
+        "Please request a different number of devices."
+    )
+
+
+def allocate(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy = Policy.BEST_FIT,
+) -> Decision:
+    """Decide a placement. Deterministic: same inputs, same answer."""
+    return _decide(
+        topology, state.used_cores, state.unattributed_cores, request.unit, request.count, policy
+    )
+
+
+def check_request(topology: Topology, request: NeuronRequest) -> Refusal | None:
+    """Refusal when the request can never fit this node, whatever is running on it."""
+    return _static_refusal(topology, request.unit, request.count)
+
+
+def _static_refusal(topology: Topology, unit: Unit, count: int) -> Refusal | None:
+    if count < 1:
+        return Refusal(f"requests {count} {unit.value}s; at least 1 is needed", True)
+    if unit is Unit.DEVICE:
+        allowed = topology.allowed_device_counts
+        if allowed is not None and count not in allowed:
+            return Refusal(torus_count_warning(topology.instance_type, count), True)
+        if count > topology.devices:
+            return Refusal(
+                f"requests {count} devices; {topology.instance_type} has {topology.devices}", True
+            )
+    elif count > topology.total_cores:
+        return Refusal(
+            f"requests {count} cores; {topology.instance_type} has {topology.total_cores} "
+            f"({topology.devices} devices x {topology.cores_per_device} cores)",
+            True,
+        )
+    return None
+
+
+# The decision is a pure function of a few small values, and a fleet has many nodes of the same
+# type in the same state, so caching it is both safe and effective.
+@lru_cache(maxsize=1 << 16)
+def _decide(
+    topology: Topology, used: int, unattributed: int, unit: Unit, count: int, policy: Policy
+) -> Decision:
+    refusal = _static_refusal(topology, unit, count)
+    if refusal is not None:
+        return refusal
+    free_cores = topology.total_cores - used.bit_count()
+    needed = count * (topology.cores_per_device if unit is Unit.DEVICE else 1)
+    if free_cores - unattributed < needed:
+        held = (
+            f" ({unattributed} held by pods placed without neuron-scheduler)"
+            if unattributed
+            else ""
+        )
+        available = max(free_cores - unattributed, 0) // (needed // count)
+        return Refusal(f"needs {count} {unit.value}s; only {available} {unit.value}s free{held}")
+    if unit is Unit.DEVICE:
+        return _place_devices(topology, used, count, policy)
+    return _place_cores(topology, used, count, policy)
+
+
+def busy_devices(topology: Topology, used_cores: int) -> int:
+    """Mask of devices with at least one core in use."""
+    return devices_touched(used_cores, topology.cores_per_device, topology.devices)
+
+
+@lru_cache(maxsize=256)
+def _capacity_sizes(topology: Topology) -> tuple[int, ...]:
+    """Request sizes whose future satisfiability best-fit protects, largest first."""
+    allowed = topology.allowed_device_counts
+    if allowed is not None:
+        return tuple(sorted(allowed, reverse=True))
+    return tuple(range(topology.devices, 0, -1))
+
+
+@lru_cache(maxsize=1 << 16)
+def _future_capacity(topology: Topology, busy: int) -> tuple[int, ...]:
+    """What a node with these busy devices can still serve; larger compares as better.
+
+    Comparing these tuples is the best-fit rule: a placement that keeps a larger request
+    satisfiable wins; among equals, the one that keeps more of them.
+    - ring/chain: free run lengths, longest first (a run of L serves every request up to L);
+    - torus: for each allowed size, largest first, how many allowed sets are wholly free;
+    - switch: any set is connected, so only the number of free devices matters.
+    """
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
+        return (topology.devices - busy.bit_count(),)
+    if kind is TopologyKind.TORUS:
+        free = topology.devices - busy.bit_count()
+        return tuple(
+            free if size == 1 else [mask & busy for mask in topology.device_sets(size)].count(0)
+            for size in _capacity_sizes(topology)
+        )
+    return tuple(sorted((length for _, length in free_runs(topology, busy)), reverse=True))
+
+
+def _block_size(topology: Topology, busy: int, chosen: int) -> int:
+    """Devices in the largest wholly free block that contains `chosen` (before placement)."""
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
+        return topology.devices - busy.bit_count()
+    if kind is TopologyKind.TORUS:
+        for size in _capacity_sizes(topology):
+            for mask in topology.device_sets(size):
+                if mask & chosen == chosen and not mask & busy:
+                    return size
+        return chosen.bit_count()
+    first = (chosen & -chosen).bit_length() - 1
+    for start, length in free_runs(topology, busy):
+        if (first - start) % topology.devices < length:
+            return length
+    return chosen.bit_count()
+
+
+@lru_cache(maxsize=4096)
+def fit_score(requested: int, block: int) -> int:
+    """0-10; 10 when the request fills its free block exactly, so big free blocks stay free."""
+    return max(1, min(10, round(10 * requested / max(block, 1))))
+
+
+def _ordered(topology: Topology, mask: int) -> tuple[int, ...]:
+    """Device ids of a set in topology order: a ring run that wraps starts at its first device."""
+    ids = mask_ids(mask)
+    if topology.kind is TopologyKind.RING and len(ids) < topology.devices:
+        for i in range(len(ids)):
+            if ids[i - 1] != (ids[i] - 1) % topology.devices:
+                return tuple(ids[i:] + ids[:i])
+    return tuple(ids)
+
+
+def _place_devices(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
+    busy = busy_devices(topology, used)
+    if topology.kind is TopologyKind.SWITCH:
+        free = [d for d in range(topology.devices) if not busy >> d & 1]
+        candidates = [sum(1 << d for d in free[:count])] if len(free) >= count else []
+    else:
+        candidates = [mask for mask in topology.device_sets(count) if not mask & busy]
+    if not candidates:
+        return Refusal(_no_device_set_reason(topology, busy, count))
+    if policy is Policy.FIRST_FIT or len(candidates) == 1:
+        chosen = candidates[0]
+    else:
+        # max() keeps the first of equals, so ties go to the lowest start: deterministic.
+        chosen = max(candidates, key=lambda mask: _future_capacity(topology, busy | mask))
+    devices = _ordered(topology, chosen)
+    return Placement(
+        devices,
+        cores_of_devices(devices, topology.cores_per_device),
+        fit_score(count, _block_size(topology, busy, chosen)),
+    )
+
+
+@lru_cache(maxsize=1 << 16)
+def largest_free_core_run(total: int, used: int) -> int:
+    return max((length for _, length in _free_core_runs(total, used)), default=0)
+
+
+def _free_core_runs(total: int, used: int) -> list[tuple[int, int]]:
+    """Maximal runs of free core ids as (start, length); core ids never wrap around."""
+    runs: list[tuple[int, int]] = []
+    free = ~used & ((1 << total) - 1)
+    while free:  # one step per run
+        start = (free & -free).bit_length() - 1
+        rest = free >> start
+        length = (rest ^ (rest + 1)).bit_length() - 1  # the run of ones at the bottom of `rest`
+        runs.append((start, length))
+        free &= ~(((1 << length) - 1) << start)
+    return runs
+
+
+class _CoreWindows:
+    """The static half of a core decision for one topology and count: which window starts
+    (a window is `count` consecutive core ids) touch an allowed span of devices, and what each
+    touches. Bit s of a mask stands for the window starting at core s."""
+
+    __slots__ = ("allowed", "by_span", "shape")
+
+    def __init__(self, topology: Topology, count: int) -> None:
+        per_device = topology.cores_per_device
+        self.allowed = 0
+        self.shape: list[tuple[int, int]] = []  # by start: (touched devices, span)
+        by_span: dict[int, int] = {}
+        for start in range(topology.total_cores - count + 1):
+            first_device = start // per_device
+            span = (start + count - 1) // per_device - first_device + 1
+            touched = ((1 << span) - 1) << first_device
+            self.shape.append((touched, span))
+            if _span_allowed(topology, touched):
+                self.allowed |= 1 << start
+                by_span[span] = by_span.get(span, 0) | 1 << start
+        # (span, allowed starts of that span), smallest span first.
+        self.by_span = sorted(by_span.items())
+
+
+@lru_cache(maxsize=1024)
+def _core_windows(topology: Topology, count: int) -> _CoreWindows:
+    return _CoreWindows(topology, count)
+
+
+def _window_starts(cores: int, count: int) -> int:
+    """Mask of the starts s for which cores s .. s+count-1 are all in `cores`."""
+    starts, width = cores, 1
+    while width * 2 <= count:  # doubling: bit s set iff cores s .. s+width-1 are all set
+        starts &= starts >> width
+        width *= 2
+    if width < count:
+        starts &= starts >> (count - width)
+    return starts
+
+
+def _run_around(used: int, start: int, total: int) -> tuple[int, int]:
+    """The maximal free run of cores around free core `start`, as [run_start, run_end): from
+    just above the highest used core below it to just below the lowest used core above it."""
+    above = used >> start
+    return (
+        (used & ((1 << start) - 1)).bit_length(),
+        start + (above & -above).bit_length() - 1 if above else total,
+    )
+
+
+def _place_cores(topology: Topology, used: int, count: int, policy: Policy) -> Decision:
+    total = topology.total_cores
+    windows = _core_windows(topology, count)
+    free_starts = _window_starts(~used & ((1 << total) - 1), count) & windows.allowed
+    if not free_starts:
+        return Refusal(_no_core_run_reason(topology, used, count))
+    busy = busy_devices(topology, used)
+    # A placement inside devices that are already partly used breaks no free device, so it keeps
+    # the most future capacity (touching a free device always lowers it): when there is one,
+    # only those compete, on the other keys.
+    inside_busy = free_starts & _window_starts(topology.core_mask_of_devices(busy), count)
+    candidates = free_starts if policy is Policy.FIRST_FIT else inside_busy or free_starts
+    shape = windows.shape
+    if policy is Policy.FIRST_FIT:
+        start = (candidates & -candidates).bit_length() - 1
+        run_start, run_end = _run_around(used, start, total)
+        return _core_placement(topology, start, count, shape[start][0], run_end - run_start)
+    # Smaller spans first (span is a key, so among equals the order is still by start). A window
+    # whose devices contain a smaller candidate's devices loses to it: it breaks at least as much
+    # capacity and spans more. `smaller`: (span, first devices of that span's candidates).
+    smaller: list[tuple[int, int]] = []
+    contenders: list[tuple[int, int, int]] = []  # (start, touched, span), by span then start
+    for span, span_starts in windows.by_span:
+        group = candidates & span_starts
+        firsts = 0
+        while group:
+            lowest = group & -group
+            group ^= lowest
+            start = lowest.bit_length() - 1
+            touched = shape[start][0]
+            first = touched & -touched
+            firsts |= first
+            for other_span, other_firsts in smaller:
+                if other_firsts & ((first << (span - other_span + 1)) - first):
+                    break
+            else:
+                contenders.append((start, touched, span))
+        if firsts:
+            smaller.append((span, firsts))
+    if not inside_busy and len(contenders) > 1:
+        # Capacity decides first (inside partly used devices it is the same for all): keep the
+        # windows that leave the most, then compare the rest of the key on those alone.
+        capacities: dict[int, tuple[int, ...]] = {}  # by touched devices: windows share them
+        for _, touched, _ in contenders:
+            if touched not in capacities:
+                capacities[touched] = _future_capacity(topology, busy | touched)
+        most = max(capacities.values())
+        contenders = [c for c in contenders if capacities[c[1]] == most]
+    best: tuple[tuple[int, int, bool], int, int, int] | None = None  # key, start, touched, run
+    for start, touched, span in contenders:
+        run_start, run_end = _run_around(used, start, total)
+        run_length = run_end - run_start
+        key = (
+            -span,
+            -run_length,  # best fit: the smallest free run that holds the request
+            start == run_start or start == run_end - count,  # keep the rest of the run whole
+        )
+        # Strictly greater, by ascending start: ties keep the lowest start (deterministic).
+        if best is None or key > best[0]:
+            best = (key, start, touched, run_length)
+    assert best is not None  # candidates was not empty
+    _, start, touched, run_length = best
+    return _core_placement(topology, start, count, touched, run_length)
+
+
+@lru_cache(maxsize=1 << 14)
+def _span_allowed(topology: Topology, touched: int) -> bool:
+    return topology.span_allowed(touched)
+
+
+def _core_placement(
+    topology: Topology, start: int, count: int, touched: int, run_length: int
+) -> Placement:
+    return Placement(
+        tuple(mask_ids(touched)), tuple(range(start, start + count)), fit_score(count, run_length)
+    )
+
+
+def largest_free_run(topology: Topology, busy: int) -> int:
+    """The most devices a single request could still get on this node."""
+    kind = topology.kind
+    if kind is TopologyKind.SWITCH:
+        return topology.devices - busy.bit_count()
+    if kind is TopologyKind.TORUS:
+        for size in _capacity_sizes(topology):
+            if any(not mask & busy for mask in topology.device_sets(size)):
+                return size
+        return 0
+    return min(
+        max((length for _, length in free_runs(topology, busy)), default=0), topology.devices
+    )
+
+
+@lru_cache(maxsize=256)
+def _torus_shape_text(topology: Topology, count: int) -> str:
+    sets = ", ".join(format_ids(mask_ids(m)) for m in topology.device_sets(count))
+    shape = "one whole row" if count == 4 else f"one aligned group of {count}"
+    return f"{shape} ({sets})"
+
+
+def _no_device_set_reason(topology: Topology, busy: int, count: int) -> str:
+    free = [d for d in range(topology.devices) if not busy >> d & 1]
+    free_text = f"(free devices: {format_ids(free)})"
+    if topology.kind is TopologyKind.TORUS and 1 < count < topology.devices:
+        shape = _torus_shape_text(topology, count)
+        return f"needs {count} devices as {shape}; none is wholly free {free_text}"
+    largest = largest_free_run(topology, busy)
+    return f"needs {count} contiguous devices; largest free contiguous run is {largest} {free_text}"
+
+
+def _no_core_run_reason(topology: Topology, used: int, count: int) -> str:
+    runs = _free_core_runs(topology.total_cores, used)
+    longest = max((length for _, length in runs), default=0)
+    free = mask_ids(~used & ((1 << topology.total_cores) - 1))
+    where = " within one allowed device group" if topology.kind is TopologyKind.TORUS else ""
+    return (
+        f"needs {count} contiguous cores{where}; largest free contiguous core run is {longest} "
+        f"(free cores: {format_ids(free)})"
+    )
+
+
+def is_valid_device_set(topology: Topology, devices: tuple[int, ...] | list[int]) -> bool:
+    """Whether a set of devices obeys the topology's rule (for checking ids chosen elsewhere)."""
+    mask = 0
+    for d in devices:
+        if d < 0 or d >= topology.devices:
+            return False
+        mask |= 1 << d
+    if mask.bit_count() != len(devices) or not devices:
+        return False
+    if topology.kind is TopologyKind.SWITCH:
+        return True
+    return mask in topology.device_sets(len(devices))
+
+
+def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) -> bool:
+    """Whether core ids are contiguous and touch an allowed span of devices."""
+    ordered = sorted(cores)
+    if not ordered or ordered[0] < 0 or ordered[-1] >= topology.total_cores:
+        return False
+    if ordered != list(range(ordered[0], ordered[0] + len(ordered))):
+        return False
+    touched = 0
+    for core in ordered:
+        touched |= 1 << (core // topology.cores_per_device)
+    return topology.span_allowed(touched)

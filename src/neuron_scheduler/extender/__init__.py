@@ -1,0 +1,11 @@
+"""The scheduler extender kube-scheduler calls: `filter`, `prioritize`, `bind`.
+
+- `wire`: the extender protocol's structs (k8s.io/kube-scheduler/extender/v1).
+- `ledger`: who holds which cores on which node, rebuilt from pods; decisions kept per request
+  shape. No I/O.
+- `plugins`: the extension points (a cluster view, a node filter, a reserver).
+- `judging`: filter and prioritize (`Judge`). No I/O.
+- `binding`: bind (`Binder`): decide again under the node's lock, annotate, bind, roll back.
+- `wiring`: which views, filters and reservers the judge and binder get.
+- `metrics`, `http` (the verbs as small ASGI endpoints), `serve` (the process), `command` (CLI).
+"""

@@ -1,0 +1,96 @@
+"""The `extender` command. `register(app)` adds it to a typer app (the project CLI does).
+
+Options are checked here, before anything starts, so a mistake is one line naming the option.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from neuron_scheduler.commandline import UsageError, check_log_level, user_errors
+from neuron_scheduler.core.catalog import Catalog, CatalogError
+
+TopologyFile = Annotated[
+    Path | None,
+    typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
+]
+
+
+def extender(
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account)")
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="port kube-scheduler calls")] = 12345,
+    tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="key for --tls-cert")] = None,
+    topology_file: TopologyFile = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    body_limit: Annotated[int, typer.Option(help="largest request body in bytes")] = 64 << 20,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(help="take a Lease; only the leader is ready and binds (for >1 replica)"),
+    ] = False,
+    lease_name: Annotated[str, typer.Option(help="the Lease's name")] = "k8s-neuron-scheduler",
+    lease_namespace: Annotated[
+        str | None, typer.Option(help="Lease namespace (default: this pod's, or kube-system)")
+    ] = None,
+    lease_identity: Annotated[
+        str | None, typer.Option(help="this replica's name in the Lease (default: $POD_NAME)")
+    ] = None,
+    lease_duration: Annotated[
+        float, typer.Option(help="seconds a standby waits before taking over a silent leader")
+    ] = 15.0,
+    renew_deadline: Annotated[
+        float, typer.Option(help="seconds the leader keeps leading without a renewal")
+    ] = 10.0,
+    retry_period: Annotated[float, typer.Option(help="seconds between Lease rounds")] = 2.0,
+) -> None:
+    """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
+    from neuron_scheduler.extender.serve import ExtenderOptions, run
+    from neuron_scheduler.kube.config import ConfigError, own_namespace
+    from neuron_scheduler.kube.election import ElectionConfig, default_identity
+
+    with user_errors(CatalogError, ConfigError):
+        if (tls_cert is None) != (tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together")
+        for path in (tls_cert, tls_key):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{path}: no such file")
+        log_level = check_log_level(log_level)
+        if not 0 < port < 65536:
+            raise UsageError(f"--port {port} is not a TCP port")
+        Catalog.load(topology_file)  # fail now, with the file's name, not inside the server
+        election = None
+        if leader_elect:
+            try:
+                election = ElectionConfig(
+                    lease_name,
+                    lease_namespace or own_namespace("kube-system"),
+                    lease_identity or default_identity(),
+                    lease_duration,
+                    renew_deadline,
+                    retry_period,
+                )
+            except ValueError as error:
+                raise UsageError(str(error)) from error
+        run(
+            ExtenderOptions(
+                kubeconfig=kubeconfig,
+                host=host,
+                port=port,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                topology_file=topology_file,
+                log_level=log_level,
+                body_limit=body_limit,
+                election=election,
+            )
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("extender")(extender)

@@ -1,0 +1,194 @@
+"""filter and prioritize: which nodes can take a pod's Neuron request, and how well. No I/O.
+
+Decisions come from the ledger (kept per request shape until their node changes); nodes the cache
+has not seen are judged from kube-scheduler's own copy when it sent one. Node filters (the
+UltraServer unit rule) narrow what passed the device check.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from itertools import repeat
+
+from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
+from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.plugins import NodeFilter
+from neuron_scheduler.extender.wire import (
+    BadRequest,
+    ExtenderArgs,
+    FilterResult,
+    HostPriority,
+    node_names,
+    sent_nodes,
+)
+from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.reading import neuron_request, node_topology
+
+log = logging.getLogger("neuron_scheduler.extender")
+
+NOT_CACHED = "node is not in neuron-scheduler's cache yet"
+NOT_NEURON = "node advertises no Neuron resources"
+
+
+class Judge:
+    def __init__(
+        self,
+        ledger: Ledger,
+        metrics: Metrics,
+        policy: Policy = Policy.BEST_FIT,
+        filters: Sequence[NodeFilter] = (),
+    ) -> None:
+        self.ledger = ledger
+        self.metrics = metrics
+        self.policy = policy
+        self.filters = tuple(filters)
+
+    def _strangers(
+        self, args: ExtenderArgs, request: NeuronRequest, body: bytes | None
+    ) -> Callable[[str], tuple[Decision, str]]:
+        """Judges nodes the cache does not know: from the request's own copy of the node when
+        kube-scheduler sent one, else a refusal to try again later. Each answer comes with its
+        metric outcome when it is not the decision's own. `body` is the request's JSON, read
+        again in full only when such a node turns up."""
+        nodes: dict[str, Node | str] | None = None
+
+        def judge(name: str) -> tuple[Decision, str]:
+            nonlocal nodes
+            if nodes is None:
+                nodes = sent_nodes(body) if args.Nodes is not None and body else {}
+            node = nodes.get(name)
+            if node is None:
+                return Refusal(NOT_CACHED), "not_in_cache"
+            if isinstance(node, str):
+                return Refusal(node, True), ""
+            try:
+                resolved = node_topology(node, self.ledger.catalog)
+            except RequestError as error:
+                return Refusal(f"cannot read the node's labels or capacity: {error}", True), ""
+            if resolved is None:
+                return Refusal(NOT_NEURON, True), "no_neuron_node"
+            decision = allocate(resolved.topology, self.ledger.state(name), request, self.policy)
+            return decision, ""
+
+        return judge
+
+    @staticmethod
+    def _request(args: ExtenderArgs) -> tuple[Pod, NeuronRequest | None]:
+        if args.Pod is None:
+            raise BadRequest("request has no Pod")
+        return args.Pod, neuron_request(args.Pod)
+
+    def filter(self, args: ExtenderArgs, body: bytes | None = None) -> FilterResult:
+        """`body`: the request's JSON, needed when it sends a NodeList (`args.Nodes` holds only
+        names; a node the cache has not seen is read from the body)."""
+        names = node_names(args, body)
+        try:
+            pod, request = self._request(args)
+        except RequestError as error:
+            self.metrics.filter_outcomes.labels("invalid_request").inc(len(names))
+            reason = str(error)
+            log.info("POD %s cannot be placed: %s", args.Pod.key if args.Pod else "?", reason)
+            return FilterResult([], {}, dict.fromkeys(names, reason))
+        if request is None:
+            self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
+            return FilterResult(list(names), {}, {})
+        verdicts = self.ledger.verdicts(request, self.policy)
+        fits = verdicts.fits
+        outcomes: defaultdict[str, int] = defaultdict(int)
+        if fits.issuperset(names):
+            # Every node is known to fit: the usual answer, from one set check that runs in C
+            # (deciding node by node in Python took several times as long).
+            result = FilterResult(list(names), {}, {})
+            outcomes["fits"] = len(names)
+        else:
+            self.ledger.fill_verdicts(names, request, self.policy)
+            result = FilterResult([name for name in names if name in fits], {}, {})
+            outcomes["fits"] = len(result.passed)
+        if len(result.passed) < len(names):
+            # The slow path, only for nodes that do not fit (or that the cache does not know).
+            late_fits = set()
+            decisions = verdicts.decisions
+            strangers = self._strangers(args, request, body)
+            for name in names:
+                if name in fits:
+                    continue
+                kept = decisions.get(name)
+                decision, outcome = (kept, "") if kept is not None else strangers(name)
+                if isinstance(decision, Placement):
+                    late_fits.add(name)
+                    outcome = outcome or "fits"
+                elif decision.unresolvable:
+                    result.unresolvable[name] = decision.reason
+                    outcome = outcome or "unresolvable"
+                else:
+                    result.failed[name] = decision.reason
+                    outcome = outcome or "no_fit"
+                outcomes[outcome] += 1
+            if late_fits:
+                result.passed = [name for name in names if name in fits or name in late_fits]
+        now = time.monotonic()
+        for node_filter in self.filters:
+            result.passed, narrowed = node_filter.filter(pod, result.passed, now)
+            if narrowed:
+                result.failed.update(narrowed)
+                outcomes["fits"] -= len(narrowed)
+                outcomes[node_filter.outcome] += len(narrowed)
+        for outcome, count in outcomes.items():
+            self.metrics.filter_outcomes.labels(outcome).inc(count)
+        self._log_filter(pod, request, result)
+        return result
+
+    @staticmethod
+    def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        for name in result.passed[:5]:
+            log.info("POD %s fits in Node:%s", pod.key, name)
+        shown = result.passed[:20]
+        more = f" ... and {len(result.passed) - 20} more" if len(result.passed) > 20 else ""
+        log.info(
+            "Filtered nodes for POD %s (%s): [%s]%s",
+            pod.key,
+            request.describe(),
+            " ".join(shown),
+            more,
+        )
+        failed = {**result.failed, **result.unresolvable}
+        if failed:
+            items = list(failed.items())[:10]
+            text = " ".join(f"{name}:{reason}" for name, reason in items)
+            more = f" ... and {len(failed) - 10} more" if len(failed) > 10 else ""
+            log.info("Failed nodes for POD %s: map[%s]%s", pod.key, text, more)
+
+    def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
+        names = node_names(args, body)
+        try:
+            _, request = self._request(args)
+        except RequestError:
+            request = None
+        if request is None:
+            return list(map(HostPriority, names, repeat(0)))
+        scores = self.ledger.verdicts(request, self.policy).scores
+        try:  # usually every node has a kept score (filter just asked about the same nodes)
+            return list(map(HostPriority, names, map(scores.__getitem__, names)))
+        except KeyError:
+            pass
+        self.ledger.fill_verdicts(names, request, self.policy)
+        try:
+            return list(map(HostPriority, names, map(scores.__getitem__, names)))
+        except KeyError:  # a node the cache has not seen
+            pass
+        strangers = self._strangers(args, request, body)
+        answer = []
+        for name in names:
+            score = scores.get(name)
+            if score is None:
+                decision, _ = strangers(name)
+                score = decision.score if isinstance(decision, Placement) else 0
+            answer.append(HostPriority(name, score))
+        return answer

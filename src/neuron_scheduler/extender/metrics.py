@@ -1,0 +1,77 @@
+"""The extender's Prometheus metrics. Per-node gauges are computed at scrape time from the ledger,
+not kept up to date on every change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from neuron_scheduler.core.allocation import busy_devices, largest_free_run
+from neuron_scheduler.extender.ledger import Ledger
+
+
+class Metrics:
+    def __init__(self, ledger: Ledger) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "neuron_scheduler_request_seconds",
+            "Time to answer kube-scheduler, by verb",
+            ["verb"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.filter_outcomes = Counter(
+            "neuron_scheduler_filter_nodes",
+            "Nodes judged by filter, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "neuron_scheduler_binds",
+            "Bind requests, by result",
+            ["result"],
+            registry=self.registry,
+        )
+        self.rollbacks = Counter(
+            "neuron_scheduler_rollbacks",
+            "Binds whose reservation and annotations were rolled back after an API error",
+            registry=self.registry,
+        )
+        self.bind_work = Histogram(
+            "neuron_scheduler_bind_work_seconds",
+            "Bind's own work under the node lock, excluding API round trips",
+            registry=self.registry,
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01),
+        )
+        self.registry.register(_NodeCollector(ledger))
+
+
+class _NodeCollector(Collector):
+    """Per-node free devices and largest free block, computed at scrape time (not per change)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        free = GaugeMetricFamily(
+            "neuron_scheduler_node_free_devices", "Devices with no core in use", labels=["node"]
+        )
+        block = GaugeMetricFamily(
+            "neuron_scheduler_node_largest_free_block",
+            "Most devices one request could still get on the node",
+            labels=["node"],
+        )
+        pods = GaugeMetricFamily(
+            "neuron_scheduler_cached_pods", "Pods holding Neuron resources in the cache"
+        )
+        for name, entry in list(self.ledger.nodes.items()):
+            busy = busy_devices(entry.topology, self.ledger.state(name).used_cores)
+            free.add_metric([name], entry.topology.devices - busy.bit_count())
+            block.add_metric([name], largest_free_run(entry.topology, busy))
+        pods.add_metric([], self.ledger.pod_count)
+        yield free
+        yield block
+        yield pods

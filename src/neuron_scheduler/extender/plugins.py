@@ -1,0 +1,51 @@
+"""The points where the extender is extended, shaped like kube-scheduler's informer handlers and
+framework plugins. The ledger is one of each; the UltraServer unit rule is another
+(`neuron_scheduler.ultraserver.placement`). `serve` wires them; nothing here imports a plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.kube.objects import Node, Pod
+
+
+class ClusterView(Protocol):
+    """Fed by the node and pod watches (a full list replaces, then changes one by one)."""
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> None: ...
+
+    def apply_node(self, node: Node) -> None: ...
+
+    def remove_node(self, name: str) -> None: ...
+
+    def replace_pods(self, pods: Iterable[Pod]) -> None: ...
+
+    def apply_pod(self, pod: Pod) -> None: ...
+
+    def remove_pod(self, uid: str) -> None: ...
+
+
+class NodeFilter(Protocol):
+    """Narrows the nodes that passed the device check (filter runs it after the allocator)."""
+
+    # The label of the filter-outcome metric for the nodes it fails.
+    @property
+    def outcome(self) -> str: ...
+
+    def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
+        """(nodes still passing, newly failed node -> reason)."""
+        ...
+
+
+class Reserver(Protocol):
+    """Told when bind holds a placement for a pod (before the API calls that make it real) and
+    when that hold is given up, so concurrent filters and binds see it taken. As in
+    kube-scheduler's Reserve/Unreserve, `unreserve` names the node: it gives up the hold on that
+    node only, never one another attempt made elsewhere."""
+
+    def reserve(self, pod: Pod, node: str, placement: Placement) -> None: ...
+
+    def unreserve(self, pod: Pod, node: str) -> None: ...

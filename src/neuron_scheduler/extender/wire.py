@@ -1,0 +1,122 @@
+"""kube-scheduler's extender wire types (k8s.io/kube-scheduler/extender/v1).
+
+The Go types have no json tags, so the JSON keys are the Go field names: `Pod`, `Nodes`,
+`NodeNames`, `FailedNodes`, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from neuron_scheduler.kube.objects import Node, Pod
+
+
+class BadRequest(ValueError):
+    """A request kube-scheduler would never send; answered with HTTP 400."""
+
+
+class NodeName(msgspec.Struct, gc=False):
+    name: str = ""
+
+
+class NodeRef(msgspec.Struct, gc=False):
+    """A node as kube-scheduler sends it to an extender without nodeCacheCapable, read for its
+    name only: nodes in our cache are judged from the cache (as bind will be), and the rare node
+    the cache has not seen is read again in full (`sent_nodes`); skipping the rest of each object
+    is most of what makes a full NodeList cheap to decode (BENCHMARKS.md). Not tracked by the
+    garbage collector (a name cannot form a cycle): hundreds of tracked objects a request would
+    set off a young collection nearly every time."""
+
+    metadata: NodeName = msgspec.field(default_factory=NodeName)
+
+
+class NodeRefList(msgspec.Struct):
+    items: list[NodeRef] = []
+
+
+class ExtenderArgs(msgspec.Struct):
+    """filter and prioritize: `NodeNames` with nodeCacheCapable, else `Nodes`."""
+
+    Pod: Pod | None = None
+    Nodes: NodeRefList | None = None
+    NodeNames: list[str] | None = None
+
+
+class HostPriority(msgspec.Struct, gc=False):
+    """One node's score in prioritize's answer (a Struct: hundreds encode faster than dicts; not
+    tracked by the garbage collector, for the same reason as NodeRef)."""
+
+    Host: str
+    Score: int
+
+
+class ExtenderBindingArgs(msgspec.Struct):
+    PodName: str = ""
+    PodNamespace: str = ""
+    PodUID: str = ""
+    Node: str = ""
+
+
+@dataclass(slots=True)
+class FilterResult:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+    def wire(self, as_nodes: bool) -> dict[str, Any]:
+        """The answer in the form the request came in: kube-scheduler with nodeCacheCapable
+        sends NodeNames and reads NodeNames back; without it, sends Nodes and reads Nodes (and
+        a null Nodes would then mean that no node fits). NodeNames is always explicit."""
+        return {
+            "Nodes": (
+                {"metadata": {}, "items": list(map(NodeRef, map(NodeName, self.passed)))}
+                if as_nodes
+                else None
+            ),
+            "NodeNames": self.passed,
+            "FailedNodes": self.failed,
+            "FailedAndUnresolvableNodes": self.unresolvable,
+            "Error": "",
+        }
+
+
+class _RawNodeList(msgspec.Struct):
+    items: list[msgspec.Raw] = []
+
+
+class _NodesOnly(msgspec.Struct):
+    Nodes: _RawNodeList | None = None
+
+
+def node_names(args: ExtenderArgs, body: bytes | None) -> list[str]:
+    """The nodes a filter or prioritize request asks about."""
+    if args.NodeNames is not None:
+        return args.NodeNames
+    if args.Nodes is not None:
+        if body is None:  # a caller's mistake, not the client's: nodes would go unread
+            raise TypeError("a request with a NodeList needs its JSON body as well")
+        return [node.metadata.name for node in args.Nodes.items]
+    raise BadRequest("request has neither NodeNames nor Nodes")
+
+
+def sent_nodes(body: bytes) -> dict[str, Node | str]:
+    """The whole node objects of an extender request (JSON), by name; a node whose labels or
+    capacity cannot be read maps to the reason, so it fails alone."""
+    try:
+        listed = msgspec.json.decode(body, type=_NodesOnly).Nodes
+    except msgspec.DecodeError:  # ValidationError included; the caller has read it already
+        return {}
+    nodes: dict[str, Node | str] = {}
+    for raw in listed.items if listed else []:
+        try:
+            name = msgspec.json.decode(raw, type=NodeRef).metadata.name
+        except msgspec.DecodeError:
+            continue
+        try:
+            nodes[name] = msgspec.json.decode(raw, type=Node)
+        except msgspec.DecodeError as error:
+            nodes[name] = f"cannot read the node's labels or capacity: {error}"
+    return nodes

@@ -1,0 +1,46 @@
+"""The extender's parts wired together: the one place that decides which views, node filters and
+reservers the judge and binder get (today the ledger and the UltraServer unit rule)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from neuron_scheduler.core.allocation import Policy
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.extender.binding import Binder
+from neuron_scheduler.extender.judging import Judge
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.plugins import ClusterView
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+
+
+@dataclass(frozen=True)
+class Extender:
+    """The extender's parts, wired: the views the watches feed, the judge (filter, prioritize)
+    and the binder, sharing one ledger. The UltraServer unit rule is given to them as a view, a
+    node filter and a reserver."""
+
+    ledger: Ledger
+    metrics: Metrics
+    synced: asyncio.Event  # set once the watches have listed every node and pod
+    views: tuple[ClusterView, ...]
+    judge: Judge
+    binder: Binder
+
+
+def wire(api: KubeAPI, catalog: Catalog, policy: Policy = Policy.BEST_FIT) -> Extender:
+    ledger = Ledger(catalog)
+    occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
+    metrics = Metrics(ledger)
+    synced = asyncio.Event()
+    return Extender(
+        ledger,
+        metrics,
+        synced,
+        (ledger, occupancy),
+        Judge(ledger, metrics, policy, filters=[UnitPlacement(occupancy)]),
+        Binder(api, ledger, metrics, synced, policy, reservers=[ledger, occupancy]),
+    )

@@ -1,0 +1,185 @@
+"""A small Kubernetes API client on aiohttp: JSON requests, watch streams, and the typed calls
+this project makes. The only module that builds API paths."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from neuron_scheduler.kube.config import KubeConfig
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import Node, Pod, PodList
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{name}"
+
+
+PODS = "/api/v1/pods"
+NODES = "/api/v1/nodes"
+
+
+class KubeAPI:
+    """JSON over HTTPS to one API server, sharing a connection pool across callers."""
+
+    TOKEN_REFRESH_SECONDS = 60.0  # bound service-account tokens rotate; re-read the file
+
+    def __init__(self, config: KubeConfig, *, timeout: float = 10.0) -> None:
+        self.config = config
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._token: str | None = config.token
+        self._token_read = 0.0
+
+    async def __aenter__(self) -> KubeAPI:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self) -> dict[str, str]:
+        file = self.config.token_file
+        if file is not None and time.monotonic() - self._token_read > self.TOKEN_REFRESH_SECONDS:
+            self._token = file.read_text().strip()
+            self._token_read = time.monotonic()
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.config.ssl_context(), limit=64)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """The answer's body; raises a `kube.errors` ApiError for an HTTP error status."""
+        headers = self._headers()
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = msgspec.json.encode(body)
+        async with self.session().request(
+            method,
+            self.config.server + path,
+            params=params,
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=self._timeout),
+        ) as response:
+            payload = await response.read()
+            if response.status >= 400:
+                raise api_error(method, path, response.status, payload)
+            return payload
+
+    async def stream(
+        self, path: str, params: dict[str, str], *, idle_timeout: float
+    ) -> AsyncIterator[bytes]:
+        """Lines of a watch response; raises on HTTP errors or when nothing arrives in time."""
+        async with self.session().get(
+            self.config.server + path,
+            params=params,
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self._timeout, sock_read=idle_timeout
+            ),
+        ) as response:
+            if response.status >= 400:
+                raise api_error("GET", path, response.status, await response.read())
+            async for line in response.content:
+                if line.strip():
+                    yield line
+
+    # --- typed calls -------------------------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> Pod:
+        return msgspec.json.decode(await self.request("GET", pod_path(namespace, name)), type=Pod)
+
+    async def get_node(self, name: str) -> Node:
+        return msgspec.json.decode(await self.request("GET", node_path(name)), type=Node)
+
+    async def list_pods(self, field_selector: str) -> list[Pod]:
+        payload = await self.request("GET", PODS, params={"fieldSelector": field_selector})
+        return msgspec.json.decode(payload, type=PodList).items
+
+    async def patch_annotations(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        values: dict[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """A JSON merge patch of only these annotation keys (None deletes one), so other
+        components' annotations survive. The uid in the body is a precondition: a pod recreated
+        under the same name is never touched; a resourceVersion, when given, turns a
+        read-modify-write race into a Conflict the caller retries."""
+        metadata: dict[str, object] = {"uid": uid, "annotations": values}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name),
+            body={"metadata": metadata},
+            content_type="application/merge-patch+json",
+        )
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        await self.request(
+            "POST",
+            pod_path(namespace, name) + "/binding",
+            body={
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            },
+        )
+
+    async def create_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool
+    ) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/events",
+            body={
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": uid,
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": "Warning" if warning else "Normal",
+                "source": {"component": "neuron-scheduler"},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )

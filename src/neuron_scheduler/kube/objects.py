@@ -1,0 +1,82 @@
+"""Kubernetes objects as we read them: only the fields this project uses, decoded with msgspec.
+
+Wire structs only; what they mean for Neuron placement is in `kube.reading`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
+
+
+class ObjectMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    deletionTimestamp: str | None = None
+
+
+class ResourceRequirements(msgspec.Struct):
+    limits: dict[str, str | int] = {}
+    requests: dict[str, str | int] = {}
+
+
+class Container(msgspec.Struct):
+    name: str = ""
+    resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+
+
+class PodSpec(msgspec.Struct):
+    nodeName: str = ""
+    schedulerName: str = ""
+    containers: list[Container] = []
+    initContainers: list[Container] = []
+
+
+class PodStatus(msgspec.Struct):
+    phase: str = ""
+
+
+class Pod(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    @property
+    def finished(self) -> bool:
+        # Succeeded and Failed pods have released their devices; kubelet will not restart them.
+        return self.status.phase in ("Succeeded", "Failed")
+
+    @property
+    def container_names(self) -> list[str]:
+        return [c.name for c in self.spec.containers]
+
+
+class NodeStatus(msgspec.Struct):
+    capacity: dict[str, str | int] = {}
+    allocatable: dict[str, str | int] = {}
+
+
+class Node(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+    @property
+    def instance_type(self) -> str:
+        return self.metadata.labels.get(INSTANCE_TYPE_LABEL, "")
+
+
+class NodeList(msgspec.Struct):
+    items: list[Node] = []
+
+
+class PodList(msgspec.Struct):
+    items: list[Pod] = []

@@ -1,0 +1,216 @@
+"""The `explain` and `simulate` commands: the placement code on one node or an in-memory fleet.
+`register(app)` adds them to a typer app (the project CLI does)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from neuron_scheduler.commandline import UsageError, err, fail, out, user_errors
+from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
+from neuron_scheduler.core.catalog import Catalog, CatalogError
+from neuron_scheduler.core.ids import format_ids, ids_mask, parse_id_ranges
+from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit, resource_name
+from neuron_scheduler.sim.scenario import ScenarioError, load_fleet, load_workload
+from neuron_scheduler.sim.simulation import SimResult, Simulation, default_fleet, generate_workload
+
+TopologyFile = Annotated[
+    Path | None,
+    typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
+]
+USER_ERRORS = (CatalogError, RequestError, ScenarioError)
+
+
+def _ids(text: str | None, option: str, limit: int, unit: str) -> list[int]:
+    if not text:
+        return []
+    try:
+        ids = parse_id_ranges(text)
+    except ValueError:
+        raise UsageError(f"{option}: expected ids like 0,1,4-7, got {text!r}") from None
+    beyond = [i for i in ids if i >= limit]
+    if beyond:
+        raise UsageError(
+            f"{option}: {unit} {format_ids(beyond)} do not exist (ids run 0-{limit - 1})"
+        )
+    return ids
+
+
+def explain(
+    instance_type: Annotated[str, typer.Option(help="e.g. trn1.32xlarge")],
+    resource: Annotated[str, typer.Option(help="neuron, neuroncore or neurondevice")],
+    count: Annotated[int, typer.Option(help="how many devices or cores the pod requests")],
+    used_devices: Annotated[str | None, typer.Option(help="devices already in use: 0,1")] = None,
+    used_cores: Annotated[str | None, typer.Option(help="cores already in use: 4,5")] = None,
+    neuroncore_capacity: Annotated[
+        int | None, typer.Option(help="the node's aws.amazon.com/neuroncore (sets cores/device)")
+    ] = None,
+    policy: Annotated[Policy, typer.Option(help="placement policy")] = Policy.BEST_FIT,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    topology_file: TopologyFile = None,
+) -> None:
+    """Show which devices and cores a request gets on one node, or why it cannot fit."""
+    with user_errors(*USER_ERRORS):
+        catalog = Catalog.load(topology_file)
+        if not catalog.knows(instance_type):
+            raise UsageError(
+                f"unknown instance type {instance_type!r}; known: "
+                + ", ".join(catalog.instance_types)
+                + " (add others with --topology-file)"
+            )
+        if neuroncore_capacity is not None and neuroncore_capacity < 1:
+            raise UsageError("--neuroncore-capacity must be at least 1")
+        topology = catalog.resolve(instance_type, None, neuroncore_capacity).topology
+        request = NeuronRequest(resource_name(resource), count)
+        limit = topology.devices if request.unit is Unit.DEVICE else topology.total_cores
+        if count > limit:
+            raise UsageError(
+                f"--count {count} is more than {instance_type} has ({limit} {request.unit.value}s)"
+            )
+        devices = _ids(used_devices, "--used-devices", topology.devices, "devices")
+        cores = _ids(used_cores, "--used-cores", topology.total_cores, "cores")
+        used = topology.core_mask_of_devices(ids_mask(devices)) | ids_mask(cores)
+        decision = allocate(topology, NodeState(used), request, policy)
+
+    if isinstance(decision, Placement):
+        if as_json:
+            print(json.dumps({"devices": list(decision.devices), "cores": list(decision.cores)}))
+            return
+        ids = decision.devices if request.unit is Unit.DEVICE else decision.cores
+        out.print(
+            f"[bold]{instance_type}[/] ({topology.kind.value}, {topology.devices} devices x "
+            f"{topology.cores_per_device} cores), {policy.value}: {request.describe()}"
+        )
+        out.print(f"  devices: {','.join(map(str, decision.devices))}")
+        out.print(f"  cores:   {','.join(map(str, decision.cores))}")
+        out.print(f"  AWS_NEURON_IDS={','.join(map(str, ids))}")
+        out.print(f"  fit score: {decision.score}/10")
+        return
+    if as_json:
+        print(json.dumps({"error": decision.reason}))
+    else:
+        out.print(decision.reason)
+    raise typer.Exit(1)
+
+
+def simulate(
+    cluster: Annotated[Path | None, typer.Option(help="fleet YAML (default: built-in mix)")] = None,
+    workload: Annotated[
+        Path | None, typer.Option(help="workload YAML (default: built-in seeded stream)")
+    ] = None,
+    policy: Annotated[Policy, typer.Option(help="placement policy")] = Policy.BEST_FIT,
+    report: Annotated[
+        Path | None, typer.Option(help="write pictures and summary.json here")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="seed for a generated workload")] = None,
+    compare: Annotated[bool, typer.Option(help="run best-fit and first-fit, side by side")] = False,
+    topology_file: TopologyFile = None,
+) -> None:
+    """Run a fleet and a stream of pods through the extender's placement code, in memory."""
+    with user_errors(*USER_ERRORS):
+        catalog = Catalog.load(topology_file)
+        fleet = load_fleet(cluster, catalog) if cluster else default_fleet()
+        if workload:
+            events = load_workload(workload, seed)
+        else:
+            events = generate_workload(seed=7 if seed is None else seed)
+    policies = [Policy.BEST_FIT, Policy.FIRST_FIT] if compare else [policy]
+    results: list[SimResult] = []
+    for chosen in policies:
+        simulation = Simulation(fleet, catalog, chosen)
+        with Progress(
+            TextColumn(f"simulating ({chosen.value})"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} events"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+            disable=len(events) < 20_000,
+        ) as progress:
+            task = progress.add_task("run", total=len(events))
+
+            def advance(done: int, task: TaskID = task) -> None:
+                progress.update(task, completed=done)
+
+            results.append(simulation.run(events, advance))
+    _print_results(results)
+    if report is not None:
+        try:
+            from neuron_scheduler.sim.report import summary, write_report
+        except ImportError as error:  # matplotlib is the `sim` extra, not in the server image
+            fail(f"--report needs matplotlib ({error}); install neuron-scheduler[sim]")
+        for result in results:
+            label = result.policy.value if compare else ""
+            try:
+                written = write_report(result, report, label)
+            except OSError as error:
+                fail(f"cannot write the report to {report}: {error.strerror or error}")
+            out.print(f"wrote {len(written)} files to {report}/ ({label or result.policy.value})")
+        if compare:
+            (report / "compare.json").write_text(
+                json.dumps([summary(r) for r in results], indent=2) + "\n"
+            )
+
+
+def _print_results(results: list[SimResult]) -> None:
+    table = Table(title="Simulation", show_lines=False)
+    table.add_column("")
+    for result in results:
+        table.add_column(result.policy.value, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("nodes", [str(len(r.nodes)) for r in results]),
+        ("pods arrived", [str(r.arrivals) for r in results]),
+        ("placed", [str(r.placed) for r in results]),
+        ("pending at end", [str(len(r.pending)) for r in results]),
+        ("never placed", [str(r.never_placed) for r in results]),
+        ("devices in use at end", [f"{100 * r.device_utilization:.1f}%" for r in results]),
+        ("cores in use at end", [f"{100 * r.core_utilization:.1f}%" for r in results]),
+        (
+            "mean devices in use",
+            [f"{100 * r.mean_device_utilization:.1f}%" for r in results],
+        ),
+        ("fragmentation at end", [f"{100 * r.fragmentation:.1f}%" for r in results]),
+    ]
+    for name, values in rows:
+        table.add_row(name, *values)
+    out.print(table)
+
+    first = results[0]
+    by_type = Table(title=f"Nodes by instance type ({first.policy.value})")
+    for column in ("instance type", "nodes", "topology", "devices in use", "pods"):
+        by_type.add_column(column, justify="left" if column == "instance type" else "right")
+    groups: dict[str, list[int]] = {}
+    for node in first.nodes:
+        counts = groups.setdefault(node.topology.instance_type, [0, 0, 0, 0])
+        counts[0] += 1
+        counts[1] += node.topology.devices
+        counts[2] += len({d for p in node.pods.values() for d in p.devices})
+        counts[3] += len(node.pods)
+    for instance_type, (nodes, devices, busy, pods) in sorted(groups.items()):
+        kind = next(
+            n.topology.kind.value for n in first.nodes if n.topology.instance_type == instance_type
+        )
+        by_type.add_row(instance_type, str(nodes), kind, f"{busy}/{devices}", str(pods))
+    out.print(by_type)
+
+    for result in results:
+        reasons: Counter[str] = result.pending_reasons()
+        if not reasons:
+            continue
+        pending = Table(title=f"Pending at end ({result.policy.value}), by reason")
+        pending.add_column("pods", justify="right")
+        pending.add_column("reason")
+        for reason, count in reasons.most_common(5):
+            pending.add_row(str(count), reason)
+        out.print(pending)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explain")(explain)
+    app.command("simulate")(simulate)

@@ -1,0 +1,49 @@
+"""The scheduler configuration the testbed runs kube-scheduler with (nodes, pods: builders)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+
+
+def scheduler_config(
+    *,
+    scheduler_name: str = "my-scheduler",
+    extender_url: str | None = None,
+    node_cache_capable: bool = False,
+    kubeconfig: str | None = None,
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with one profile and, optionally, our extender.
+
+    Without kubeconfig the scheduler uses its in-cluster service account, which
+    is what the Helm chart deploys; the testbed passes one.
+    """
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": scheduler_name}],
+    }
+    if kubeconfig is not None:
+        config["clientConnection"] = {"kubeconfig": kubeconfig}
+    if extender_url is not None:
+        config["extenders"] = [
+            {
+                "urlPrefix": extender_url,
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": 1,
+                "bindVerb": "bind",
+                "nodeCacheCapable": node_cache_capable,
+                # A down extender must fail scheduling, not silently bypass it.
+                "ignorable": False,
+                # ignoredByScheduler false: the in-tree fit check still counts
+                # these, so the extender only sees nodes with enough capacity.
+                "managedResources": [
+                    {"name": r, "ignoredByScheduler": False}
+                    for r in (NEURON, NEURONCORE, NEURONDEVICE)
+                ],
+            }
+        ]
+    return config
