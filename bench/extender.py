@@ -32,9 +32,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from tests.testbed.process import free_port
 
 from fleet import CORE, TYPES, cpu_seconds, cpu_ticks, rss_mb
+from tests.testbed.process import free_port
 
 
 def node_object(i: int) -> dict[str, Any]:

@@ -11,10 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.builders import neuron_capacity  # noqa: E402
-
 from neuron_scheduler.core.resources import NEURON  # noqa: E402
 from neuron_scheduler.core.resources import NEURONCORE as CORE  # noqa: E402
+from tests.builders import neuron_capacity  # noqa: E402
 
 # (instance type, devices, cores) as real nodes advertise them; node i has type i % len(TYPES).
 TYPES = [

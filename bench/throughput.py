@@ -20,10 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, rss_mb
 from tests.builders import node_json
 from tests.testbed import ControlPlane, Stack, find_kubebin
-
-from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, rss_mb
 
 
 def pod(

@@ -25,9 +25,7 @@ def neuron_capacity(instance_type: str) -> tuple[int, int]:
     catalog = Catalog.builtin()
     if not catalog.knows(instance_type):
         raise KeyError(f"{instance_type} is not in the built-in catalog")
-    devices = catalog.resolve(instance_type).topology.devices
-    if catalog.resolve(instance_type, SWITCH_DEVICES).topology.devices != devices:
-        devices = SWITCH_DEVICES  # the catalog leaves the count to the node
+    devices = catalog.device_count(instance_type) or SWITCH_DEVICES
     topology = catalog.resolve(instance_type, devices).topology
     return topology.devices, topology.total_cores
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_scheduler.core.catalog import Catalog, CatalogError
+from neuron_scheduler.core.catalog import CapacityError, Catalog, CatalogError
 from neuron_scheduler.core.topology import TopologyKind
 
 EXPECTED = {
@@ -40,8 +40,10 @@ def test_torus_allowed_counts(catalog: Catalog) -> None:
 def test_cores_per_device_come_from_capacity(catalog: Catalog) -> None:
     assert catalog.resolve("trn2.48xlarge", 16, 128).topology.cores_per_device == 8
     assert catalog.resolve("trn2.48xlarge", 16, 64).topology.cores_per_device == 4
-    # Capacity that does not divide evenly cannot be trusted: the catalog's figure stays.
-    assert catalog.resolve("trn2.48xlarge", 16, 63).topology.cores_per_device == 4
+    # Capacity that does not divide evenly cannot be trusted: the node is unusable (issue 21;
+    # the catalog's figure used to stay, modelling a node that says something else).
+    with pytest.raises(CapacityError, match="not a whole number per device"):
+        catalog.resolve("trn2.48xlarge", 16, 63)
 
 
 def test_switch_takes_devices_from_capacity(catalog: Catalog) -> None:

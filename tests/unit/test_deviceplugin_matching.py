@@ -88,7 +88,7 @@ def pod(
 
 
 def view(*pods: Pod) -> NodeView:
-    return node_view(pods, NODE, 2)
+    return node_view(pods, NODE, INF2)
 
 
 def decide(v: NodeView, unit: Unit, ids: list[int], topology: Topology = INF2) -> object:

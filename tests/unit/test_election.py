@@ -16,12 +16,12 @@ from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
 from neuron_scheduler.kube.errors import api_error
-
-PATH = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"
+from neuron_scheduler.kube.objects import Lease
 
 
 class FakeLeases:
-    """One Lease; PUT needs the current resourceVersion (else 409), POST fails if it exists."""
+    """One Lease; a replace needs the current resourceVersion (else 409), a create fails if it
+    exists: the API server's optimistic concurrency. Leases are kept as JSON, as it keeps them."""
 
     def __init__(self) -> None:
         self.lease: dict[str, Any] | None = None
@@ -29,44 +29,43 @@ class FakeLeases:
         self.down = False
         self.calls: list[str] = []
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> bytes:
-        self.calls.append(method)
+    def _call(self, verb: str) -> None:
+        self.calls.append(verb)
         if self.down:
             raise OSError("connection refused")
-        if method == "GET":
-            assert path == PATH
-            if self.lease is None:
-                raise api_error(method, path, 404, b'{"reason": "NotFound"}')
-            snapshot = msgspec.json.encode(self.lease)
-            await asyncio.sleep(0)  # let concurrent candidates read the same version
-            return snapshot
-        if method == "POST":
-            assert path == PATH.rsplit("/", 1)[0]
-            if self.lease is not None:
-                raise api_error(method, path, 409, b'{"reason": "AlreadyExists"}')
-            return self._store(body)
-        assert method == "PUT" and path == PATH
-        assert self.lease is not None
-        if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise api_error(method, path, 409, b'{"reason": "Conflict"}')
-        return self._store(body)
 
-    def _store(self, body: dict[str, Any]) -> bytes:
+    async def get_lease(self, namespace: str, name: str) -> Lease:
+        self._call("GET")
+        assert (namespace, name) == ("ns", "lease")
+        if self.lease is None:
+            raise api_error("GET", name, 404, b'{"reason": "NotFound"}')
+        snapshot = msgspec.convert(self.lease, Lease)
+        await asyncio.sleep(0)  # let concurrent candidates read the same version
+        return snapshot
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        self._call("POST")
+        if self.lease is not None:
+            raise api_error("POST", lease.metadata.name, 409, b'{"reason": "AlreadyExists"}')
+        return self._store(lease)
+
+    async def replace_lease(self, lease: Lease) -> Lease:
+        self._call("PUT")
+        assert self.lease is not None
+        if lease.metadata.resourceVersion != self.lease["metadata"]["resourceVersion"]:
+            raise api_error("PUT", lease.metadata.name, 409, b'{"reason": "Conflict"}')
+        return self._store(lease)
+
+    def _store(self, lease: Lease) -> Lease:
+        body = msgspec.to_builtins(lease)
         assert body["apiVersion"] == "coordination.k8s.io/v1" and body["kind"] == "Lease"
+        assert (body["metadata"]["namespace"], body["metadata"]["name"]) == ("ns", "lease")
         self.version += 1
         self.lease = {
             **body,
             "metadata": {**body["metadata"], "resourceVersion": str(self.version)},
         }
-        return msgspec.json.encode(self.lease)
+        return msgspec.convert(self.lease, Lease)
 
     @property
     def holder(self) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -273,11 +274,51 @@ def test_a_bug_answers_500_and_the_server_keeps_serving(
 
 
 def test_quantity_that_is_not_a_number(extender: tuple[str, Extender]) -> None:
+    """The API server admits no such pod: only a client that is not kube-scheduler sends one,
+    and gets a 400 (issue 21; it used to be an unresolvable failure on every node)."""
     base, _ = extender
     body = pod_json("q", {CORE: 1})
     body["spec"]["containers"][0]["resources"]["limits"][CORE] = "lots"
-    result = post(base, "/filter", cache_args(body, ["inf1-a"]))
-    assert "cannot read quantity" in result["FailedAndUnresolvableNodes"]["inf1-a"]
+    result = post(base, "/filter", cache_args(body, ["inf1-a"]), expect=400)
+    assert "cannot read quantity 'lots'" in result["Error"]
+
+
+def _hostile_bodies() -> list[tuple[str, str, bytes]]:
+    """(verb, what, body): each class of body that once answered 500 (issue 21)."""
+    # The pod's limit is the only "1" in it: replaced below by hostile quantities.
+    args = json.dumps(cache_args(pod_json("p", {CORE: 1}), ["inf1-a"]))
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bodies = []
+    for verb in ("filter", "prioritize"):
+        bodies += [
+            (verb, "invalid UTF-8", b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}'),
+            (verb, "invalid UTF-8 node name", b'{"Pod": {}, "NodeNames": ["\xff"]}'),
+            (verb, "nesting past the limit", b'{"Pod": {"x": ' + deep + b'}, "NodeNames": []}'),
+            (verb, "a Unicode digit", args.replace('"1"', '"\u00b2k"').encode()),
+            (verb, "5,000 digits", args.replace('"1"', "1" + "0" * 5000).encode()),
+            (verb, "1e100 cores", args.replace('"1"', '"1e100"').encode()),
+        ]
+    bodies += [
+        ("bind", "invalid UTF-8", b'{"PodName": "\xff", "PodNamespace": "d", "PodUID": "u"}'),
+        ("bind", "nesting past the limit", b'{"PodName": "p", "x": ' + deep + b"}"),
+        ("bind", "5,000 digits", b'{"PodName": 1' + b"0" * 5000 + b"}"),
+    ]
+    return bodies
+
+
+@pytest.mark.parametrize(("verb", "what", "body"), _hostile_bodies())
+def test_hostile_bodies_are_400s_with_one_line(
+    extender: tuple[str, Extender],
+    caplog: pytest.LogCaptureFixture,
+    verb: str,
+    what: str,
+    body: bytes,
+) -> None:
+    base, _ = extender
+    with caplog.at_level(logging.ERROR):
+        result = post(base, f"/{verb}", body, expect=400)
+    assert "\n" not in result["Error"] and len(result["Error"]) < 400, result
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], what
 
 
 def test_health_ready_and_metrics(extender: tuple[str, Extender]) -> None:

@@ -39,7 +39,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 
 {{/*
 The extender entry of a KubeSchedulerConfiguration; the same entry the end-to-end testbed gives
-its kube-scheduler (src/neuron_scheduler/testbed/manifests.py).
+its kube-scheduler (tests/testbed/manifests.py).
 */}}
 {{- define "ns.extenderEntry" -}}
 - urlPrefix: {{ include "ns.urlPrefix" . | quote }}

@@ -12,12 +12,19 @@ Compatible with the upstream device plugin (`AWS_NEURON_IDS`, `NEURON_RESOURCE_T
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Placement
-from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, ids_mask
+from neuron_scheduler.core.ids import (
+    comma_ids,
+    cores_of_devices,
+    devices_of_cores,
+    format_ids,
+    ids_mask,
+)
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, Unit
+from neuron_scheduler.core.topology import MAX_CORES, Topology
 
 IDS = "AWS_NEURON_IDS"
 RESOURCE_TYPE = "NEURON_RESOURCE_TYPE"
@@ -65,14 +72,62 @@ class Assignment:
         return ids_mask(self.cores)
 
 
+# Any pod may carry these annotations, so they are read as untrusted: no id list longer than the
+# largest node could hold, no id beyond it, before anything is built from them.
+_MAX_ID_TEXT = MAX_CORES * 5  # "1023," per id
+_MAX_CONTAINER_TEXT = 64 * 1024
+
+
 def _parse(text: str, key: str) -> tuple[int, ...]:
+    if len(text) > _MAX_ID_TEXT:
+        raise AnnotationError(f"{key} is {len(text)} characters long: more ids than any node has")
     try:
         ids = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise AnnotationError(f"{key}={text!r} is not a list of ids") from None
-    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise AnnotationError(f"{key}={text!r} has negative or repeated ids")
+        raise AnnotationError(f"{key}={_quoted(text)} is not a list of ids") from None
+    if any(not 0 <= i < MAX_CORES for i in ids):
+        raise AnnotationError(f"{key}={_quoted(text)} has ids outside 0-{MAX_CORES - 1}")
+    if len(set(ids)) != len(ids):
+        raise AnnotationError(f"{key}={_quoted(text)} repeats ids")
     return ids
+
+
+def _quoted(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
+
+
+def misfit(found: Assignment, topology: Topology) -> str | None:
+    """Why these ids cannot be ones this node gave out (ids beyond its devices or cores, more
+    than it has, cores that are not the devices'), or None when they can."""
+    cores, devices = found.cores, found.devices
+    if len(cores) > topology.total_cores or len(devices) > topology.devices:
+        return (
+            f"{len(devices)} devices and {len(cores)} cores are more than {topology.instance_type} "
+            f"has ({topology.devices} devices, {topology.total_cores} cores)"
+        )
+    beyond = [c for c in cores if c >= topology.total_cores]
+    if beyond:
+        return f"cores {format_ids(beyond)} do not exist on {topology.instance_type}"
+    beyond = [d for d in devices if d >= topology.devices]
+    if beyond:
+        return f"devices {format_ids(beyond)} do not exist on {topology.instance_type}"
+    owners = set(devices_of_cores(cores, topology.cores_per_device))
+    if not owners <= set(devices):
+        return f"cores {format_ids(list(cores))} are not on devices {format_ids(list(devices))}"
+    return None
+
+
+def _read_or_derive(
+    annotations: Mapping[str, str],
+    key: str,
+    derive: Callable[[], tuple[int, ...]],
+    derivable: bool,
+) -> tuple[int, ...]:
+    if key in annotations:
+        return _parse(annotations[key], key)
+    if not derivable:
+        raise AnnotationError(f"{key} missing and cores per device unknown")
+    return derive()
 
 
 def split_per_container(
@@ -133,24 +188,23 @@ def decode(
         raise AnnotationError(f"{RESOURCE_TYPE}={resource!r} is not a Neuron resource")
     ids = _parse(annotations[IDS], IDS)
     unit = RESOURCE_UNITS[resource]
-    if CORES in annotations:
-        cores = _parse(annotations[CORES], CORES)
-    elif unit is Unit.CORE:
-        cores = ids
-    elif cores_per_device:
-        cores = cores_of_devices(ids, cores_per_device)
-    else:
-        raise AnnotationError(f"{CORES} missing and cores per device unknown")
-    if DEVS in annotations:
-        devices = _parse(annotations[DEVS], DEVS)
-    elif unit is Unit.DEVICE:
-        devices = ids
-    elif cores_per_device:
-        devices = devices_of_cores(cores, cores_per_device)
-    else:
-        raise AnnotationError(f"{DEVS} missing and cores per device unknown")
+    # Derived only when the key is missing: `ids` may be many and large before they are checked.
+    cores = _read_or_derive(
+        annotations,
+        CORES,
+        lambda: ids if unit is Unit.CORE else cores_of_devices(ids, cores_per_device or 0),
+        unit is Unit.CORE or bool(cores_per_device),
+    )
+    devices = _read_or_derive(
+        annotations,
+        DEVS,
+        lambda: ids if unit is Unit.DEVICE else devices_of_cores(cores, cores_per_device or 1),
+        unit is Unit.DEVICE or bool(cores_per_device),
+    )
     containers: dict[str, tuple[int, ...]] = {}
     if CONTAINER_IDS in annotations:
+        if len(annotations[CONTAINER_IDS]) > _MAX_CONTAINER_TEXT:
+            raise AnnotationError(f"{CONTAINER_IDS} is too long")
         try:
             raw = json.loads(annotations[CONTAINER_IDS])
         except ValueError:

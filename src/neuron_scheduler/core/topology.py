@@ -12,6 +12,13 @@ from functools import lru_cache
 
 from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, mask_ids
 
+# The largest node this project will model. Every known instance type is far inside these; a node
+# advertising more is refused as unusable (core.catalog), so no mask, id list or allocator loop is
+# ever sized by what an API object claims.
+MAX_DEVICES = 64
+MAX_CORES_PER_DEVICE = 16
+MAX_CORES = MAX_DEVICES * MAX_CORES_PER_DEVICE
+
 
 class TopologyKind(StrEnum):
     SINGLE = "single"
@@ -39,15 +46,15 @@ class Topology:
         return self._hash
 
     def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise ValueError(
-                f"{self.instance_type}: devices must be at least 1, got {self.devices}"
-            )
-        if self.cores_per_device < 1:
-            raise ValueError(
-                f"{self.instance_type}: cores_per_device must be at least 1, "
-                f"got {self.cores_per_device}"
-            )
+        for what, value, most in (
+            ("devices", self.devices, MAX_DEVICES),
+            ("cores_per_device", self.cores_per_device, MAX_CORES_PER_DEVICE),
+        ):
+            name = self.instance_type
+            if value < 1:
+                raise ValueError(f"{name}: {what} must be at least 1, got {value}")
+            if value > most:
+                raise ValueError(f"{name}: {what} must be at most {most}, got {value}")
         if self.kind is TopologyKind.SINGLE and self.devices != 1:
             raise ValueError(f"{self.instance_type}: a single topology has exactly 1 device")
         for size, masks in self.groups:

@@ -5,14 +5,13 @@ owns it are the same silicon whichever resource kubelet asks through."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core import handoff as keys
-from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
 from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
@@ -34,6 +33,7 @@ from neuron_scheduler.deviceplugin.v1beta1 import api_pb2
 from neuron_scheduler.kube.backoff import Backoff
 from neuron_scheduler.kube.errors import API_ERRORS, Conflict
 from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Assigner:
         self._warned: set[str] = set()
         # (pod uid, container) given ids by this process, until the pod's annotation shows it.
         self._handed_out: set[tuple[str, str]] = set()
-        self._retries: set[asyncio.Task[None]] = set()
+        self._retries = BackgroundTasks()  # annotation patches retried after an API error
 
     # --- reading the node -----------------------------------------------------------------
 
@@ -117,9 +117,19 @@ class Assigner:
                 else:
                     self._warn_once(f"node {self.node} has no node.kubernetes.io/instance-type")
         devices = self.state.device_count
-        resolved = self.catalog.resolve(
-            self._instance_type or "", devices, devices * self.state.cores_per_device
-        )
+        cores = devices * self.state.cores_per_device
+        try:
+            resolved = self.catalog.resolve(self._instance_type or "", devices, cores)
+        except CapacityError as error:
+            # The devices found here are the truth; the label's type does not match them.
+            self._warn_once(
+                f"node {self.node} ({self._instance_type}): {error}; treating its devices as "
+                "an instance type the catalog does not know"
+            )
+            try:
+                resolved = self.catalog.resolve("", devices, cores)
+            except CapacityError as beyond:
+                raise AllocationError(f"node {self.node}: {beyond}") from beyond
         if resolved.warning:
             self._warn_once(resolved.warning)
         return resolved.topology
@@ -141,8 +151,8 @@ class Assigner:
                 )
                 await asyncio.sleep(delay)
 
-    def _view(self, pods: list[Pod]) -> NodeView:
-        view = node_view(pods, self.node, self.state.cores_per_device)
+    def _view(self, pods: list[Pod], topology: Topology) -> NodeView:
+        view = node_view(pods, self.node, topology)
         for problem in view.unreadable:
             self._warn_once(f"ignoring unreadable Neuron annotations of {problem}")
         # Forget hand-outs the annotations now show, or whose pod is gone or done.
@@ -158,13 +168,13 @@ class Assigner:
     # --- GetPreferredAllocation -----------------------------------------------------------
 
     async def preferred(self, unit: Unit, requests: Sequence[ContainerRequest]) -> list[list[str]]:
+        topology = await self.topology()
         try:
-            view = self._view(await self._pods(attempts=1))
+            view = self._view(await self._pods(attempts=1), topology)
         except AllocationError as error:
             # A preference is only advice; kubelet still gets an answer it can use.
             log.warning("GetPreferredAllocation without the scheduler's choices: %s", error)
             view = NodeView(())
-        topology = await self.topology()
         answers: list[list[str]] = []
         taken: list[tuple[str, str]] = list(self._handed_out)
         for request in requests:
@@ -213,9 +223,9 @@ class Assigner:
     ) -> list[api_pb2.ContainerAllocateResponse]:
         async with self._lock:
             pods = await self._pods(attempts=self.LIST_ATTEMPTS)
-            view = self._view(pods)
-            by_uid = {p.metadata.uid: p for p in pods}
             topology = await self.topology()
+            view = self._view(pods, topology)
+            by_uid = {p.metadata.uid: p for p in pods}
             responses: list[api_pb2.ContainerAllocateResponse] = []
             marks: list[AnnotatedPod] = []
             for raw in requests:
@@ -287,9 +297,7 @@ class Assigner:
             log.warning(
                 "could not mark %s allocated (%s); retrying in the background", holding.pod, error
             )
-            task = asyncio.create_task(self._mark_later(pod, holding))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            self._retries.spawn(self._mark_later(pod, holding))
 
     async def _mark_once(self, pod: Pod, holding: AnnotatedPod) -> None:
         multi = len(holding.slot_names) > 1
@@ -324,8 +332,4 @@ class Assigner:
                     log.warning("still cannot mark %s allocated: %s", holding.pod, error)
 
     async def close(self) -> None:
-        for task in list(self._retries):
-            task.cancel()
-        for task in list(self._retries):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._retries.close()

@@ -22,6 +22,7 @@ from neuron_scheduler.core.allocation import (
     is_valid_device_set,
 )
 from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask, mask_ids
+from neuron_scheduler.core.quantity import whole_quantity
 from neuron_scheduler.core.resources import (
     NEURON,
     NEURONCORE,
@@ -32,7 +33,7 @@ from neuron_scheduler.core.resources import (
 )
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.objects import Container, Pod
-from neuron_scheduler.kube.reading import assignment, neuron_request, quantity
+from neuron_scheduler.kube.reading import assignment, neuron_request
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def _count(container: Container, unit: Unit) -> int:
     for name, value in merged.items():
         if RESOURCE_UNITS.get(name) is unit:
             try:
-                total += quantity(value, name)
+                total += whole_quantity(value, name)
             except RequestError:
                 continue
     return total
@@ -184,17 +185,22 @@ def _alloc_time(pod: Pod) -> int:
         return 0
 
 
-def node_view(pods: Iterable[Pod], node: str, cores_per_device: int) -> NodeView:
-    """The scheduler's assignments on this node, from the pods bound to it."""
+def node_view(pods: Iterable[Pod], node: str, topology: Topology) -> NodeView:
+    """The scheduler's assignments on this node, from the pods bound to it. Ids that cannot be
+    this node's (beyond its devices or cores, more than it has) are never handed out: the pod is
+    listed as unreadable instead, as any pod's annotations may say anything."""
     holdings: list[AnnotatedPod] = []
     unreadable: list[str] = []
     for pod in pods:
         if pod.spec.nodeName != node or pod.finished:
             continue
         try:
-            found = assignment(pod, cores_per_device)
+            found = assignment(pod, topology.cores_per_device)
+            problem = keys.misfit(found, topology) if found is not None else None
         except keys.AnnotationError as error:
-            unreadable.append(f"{pod.key}: {error}")
+            found, problem = None, str(error)
+        if problem is not None:
+            unreadable.append(f"{pod.key}: {problem}")
             continue
         if found is None:
             continue

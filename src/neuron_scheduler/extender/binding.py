@@ -1,5 +1,13 @@
 """bind: decide again under the node's lock, hold the placement, write our annotations, create the
-Binding, and undo all of it on any error. The extender's only writer to the cluster."""
+Binding, and undo all of it on any error. The extender's only writer to the cluster.
+
+Binds of one pod never overlap: kube-scheduler retries a bind whose answer outlived its
+`httpTimeout`, possibly to another node, while the first is still running; the retry is refused
+at once (kube-scheduler tries again and then finds the pod bound). A failed attempt gives up only
+the hold it made, on its own node, and removes the annotations only while the pod is unbound and
+they are still the ones it wrote (a resourceVersion precondition makes the check and the removal
+one step): no pod is ever left bound with a Neuron request and no ids.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +26,14 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import Reserver
 from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
 from neuron_scheduler.kube.client import KubeAPI
-from neuron_scheduler.kube.errors import API_ERRORS, error_text
-from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound, error_text
+from neuron_scheduler.kube.events import EventRecorder
+from neuron_scheduler.kube.objects import ObjectRef, Pod
 from neuron_scheduler.kube.reading import assignment, neuron_request
-from neuron_scheduler.kube.tasks import BackgroundTasks
 
 log = logging.getLogger("neuron_scheduler.extender")
+
+ROLLBACK_ATTEMPTS = 3  # conflicts while removing our annotations: each re-reads the pod
 
 
 class Binder:
@@ -33,6 +43,7 @@ class Binder:
         ledger: Ledger,
         metrics: Metrics,
         synced: asyncio.Event,
+        events: EventRecorder,
         policy: Policy = Policy.BEST_FIT,
         reservers: Sequence[Reserver] = (),
     ) -> None:
@@ -43,10 +54,11 @@ class Binder:
         self.ledger = ledger
         self.metrics = metrics
         self.synced = synced
+        self.events = events
         self.policy = policy
         self.reservers = tuple(reservers)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._events = BackgroundTasks()
+        self._binding: dict[str, str] = {}  # pod uid -> the node its bind in flight is for
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
@@ -56,6 +68,20 @@ class Binder:
             self.metrics.binds.labels("not_ready").inc()
             return "neuron-scheduler is starting: its cache of pods and nodes is not synced yet"
         key = f"{args.PodNamespace}/{args.PodName}"
+        other = self._binding.get(args.PodUID)
+        if other is not None:
+            self.metrics.binds.labels("in_progress").inc()
+            return (
+                f"a bind of pod {key} to {other} is still in progress; not binding it to "
+                f"{args.Node} as well (kube-scheduler retries and will find it bound)"
+            )
+        self._binding[args.PodUID] = args.Node
+        try:
+            return await self._bind(args, key)
+        finally:
+            del self._binding[args.PodUID]
+
+    async def _bind(self, args: ExtenderBindingArgs, key: str) -> str:
         try:
             pod = await self.api.get_pod(args.PodNamespace, args.PodName)
         except API_ERRORS as error:
@@ -82,12 +108,14 @@ class Binder:
             entry = self.ledger.nodes.get(args.Node)
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
+                unusable = self.ledger.unusable.get(args.Node)
+                if unusable is not None:
+                    return f"node {args.Node} is unusable for Neuron pods: {unusable.reason}"
                 return f"node {args.Node} is not a Neuron node in neuron-scheduler's cache"
-            self._unreserve(pod, args.Node)  # a leftover from an earlier failed attempt
             decision = allocate(entry.topology, self.ledger.state(args.Node), request, self.policy)
             if isinstance(decision, Refusal):
                 self.metrics.binds.labels("failure").inc()
-                self._event(pod, "FailedNeuronAllocation", f"{args.Node}: {decision.reason}", True)
+                self._warn(pod, "FailedNeuronAllocation", f"{args.Node}: {decision.reason}")
                 return f"node {args.Node}: {decision.reason}"
             # Held from here on, so concurrent filters and binds on this node see it taken
             # while the API calls below are in flight (outside the lock). A plugin such as the
@@ -100,10 +128,6 @@ class Binder:
             )
         self.metrics.bind_work.observe(time.perf_counter() - start)
         return await self._write(pod, args.Node, request, decision, values)
-
-    def _unreserve(self, pod: Pod, node: str) -> None:
-        for reserver in self.reservers:
-            reserver.unreserve(pod, node)
 
     async def _write(
         self,
@@ -118,18 +142,14 @@ class Binder:
             await self.api.patch_annotations(meta.namespace, meta.name, meta.uid, dict(values))
             await self.api.bind(meta.namespace, meta.name, meta.uid, node)
         except API_ERRORS as error:
-            if await self._bound_anyway(pod, node):
-                # The binding went through although its answer was an error (a timeout, a
-                # retried request): the pod holds these ids now, so keep them.
-                log.warning(
-                    "bind of %s to %s reported %s, but the pod is bound; keeping ids",
-                    pod.key,
-                    node,
-                    error,
-                )
-            else:
-                await self._rollback(pod, node, error)
+            if not await self._undo(pod, node, values, error):
                 return f"binding {pod.key} to {node} failed: {error_text(error)}"
+            # The binding went through although its answer was an error (a timeout, a retried
+            # request): the pod holds these ids now, so they are kept.
+        except BaseException:  # cancelled (shutdown) or a bug: never leave the hold behind
+            for reserver in self.reservers:
+                reserver.unreserve(pod, node)
+            raise
         ids = values[handoff.IDS]
         log.info("Allocated ids for POD %s are: %s", pod.key, ids)
         log.info(
@@ -141,35 +161,72 @@ class Binder:
             format_ids(placement.cores),
         )
         self.metrics.binds.labels("success").inc()
-        self._event(
-            pod,
+        self.events.record(
+            ObjectRef.of_pod(pod),
             "NeuronAllocated",
             f"Bound to {node} with {request.resource} ids {ids} (devices {values[handoff.DEVS]})",
-            False,
+            warning=False,
         )
         return ""
 
-    async def _bound_anyway(self, pod: Pod, node: str) -> bool:
-        try:
-            fresh = await self.api.get_pod(pod.metadata.namespace, pod.metadata.name)
-        except API_ERRORS:
-            return False
-        return fresh.metadata.uid == pod.metadata.uid and fresh.spec.nodeName == node
-
-    async def _rollback(self, pod: Pod, node: str, error: BaseException) -> None:
-        self._unreserve(pod, node)  # not bound after all
+    async def _undo(
+        self, pod: Pod, node: str, written: dict[str, str], error: BaseException
+    ) -> bool:
+        """After an API error: True when the pod is bound to `node` anyway (keep everything);
+        else give up this attempt's hold and, while the pod is still unbound and carries the
+        annotations this attempt wrote, remove them (a resourceVersion precondition: a binding
+        that lands in between makes the removal a Conflict, and the next read sees it bound)."""
+        meta = pod.metadata
+        ours = written[handoff.ALLOC_TIME]
+        removed = False
+        for _ in range(ROLLBACK_ATTEMPTS):
+            try:
+                fresh = await self.api.get_pod(meta.namespace, meta.name)
+            except NotFound:
+                break  # the pod is gone: nothing to keep, nothing to remove
+            except API_ERRORS as cleanup:
+                log.warning("could not read %s to roll back its bind: %s", pod.key, cleanup)
+                break  # harmless if they stay: ids count only on a pod bound to their node
+            if fresh.metadata.uid != meta.uid:
+                break
+            if fresh.spec.nodeName == node:
+                log.warning(
+                    "bind of %s to %s reported %s, but the pod is bound; keeping its ids",
+                    pod.key,
+                    node,
+                    error,
+                )
+                return True
+            if fresh.spec.nodeName or fresh.metadata.annotations.get(handoff.ALLOC_TIME) != ours:
+                break  # bound elsewhere, or annotated by someone else since: not ours to touch
+            try:
+                await self.api.patch_annotations(
+                    meta.namespace,
+                    meta.name,
+                    meta.uid,
+                    dict(handoff.removal()),
+                    resource_version=fresh.metadata.resourceVersion,
+                )
+                removed = True
+                break
+            except Conflict:
+                continue  # changed since we read it: read again
+            except API_ERRORS as cleanup:
+                log.warning("could not remove annotations from %s: %s", pod.key, cleanup)
+                break
+        for reserver in self.reservers:
+            reserver.unreserve(pod, node)  # this attempt's hold only
         self.metrics.rollbacks.inc()
         self.metrics.binds.labels("failure").inc()
-        log.warning("bind of %s failed (%s); rolled back its reservation", pod.key, error)
-        meta = pod.metadata
-        try:
-            await self.api.patch_annotations(
-                meta.namespace, meta.name, meta.uid, dict(handoff.removal())
-            )
-        except API_ERRORS as cleanup:
-            # Harmless if it stays: ids only count on a pod bound to the annotated node.
-            log.warning("could not remove annotations from %s: %s", pod.key, cleanup)
-        self._event(pod, "FailedNeuronAllocation", f"binding failed: {error}", True)
+        log.warning(
+            "bind of %s to %s failed (%s); rolled back its reservation%s",
+            pod.key,
+            node,
+            error,
+            " and annotations" if removed else "",
+        )
+        self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
+        return False
 
     def _already_bound(self, pod: Pod, node: str) -> str:
         entry = self.ledger.nodes.get(node)
@@ -196,19 +253,5 @@ class Binder:
         self.metrics.binds.labels("success").inc()
         return ""
 
-    def _event(self, pod: Pod, reason: str, message: str, warning: bool) -> None:
-        api = self.api
-        meta = pod.metadata
-
-        async def send() -> None:
-            try:
-                await api.create_event(
-                    meta.namespace, meta.name, meta.uid, reason, message, warning
-                )
-            except API_ERRORS as error:
-                log.debug("event for %s not recorded: %s", pod.key, error)
-
-        self._events.spawn(send())
-
-    async def close(self) -> None:
-        await self._events.close()
+    def _warn(self, pod: Pod, reason: str, message: str) -> None:
+        self.events.record(ObjectRef.of_pod(pod), reason, message, warning=True)

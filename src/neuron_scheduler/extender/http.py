@@ -62,6 +62,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+def _line(error: BaseException) -> str:
+    """An error for an answer: one line, and short (it may quote the request)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     length = (b"content-length", str(len(body)).encode())
     await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
@@ -92,13 +98,17 @@ class Verb:
         try:
             args = self.decoder.decode(body)
         except msgspec.ValidationError as error:
-            raise Refused(400, f"{name}: malformed request: {error}") from error
+            raise Refused(400, f"{name}: malformed request: {_line(error)}") from error
         except msgspec.DecodeError as error:
-            raise Refused(400, f"{name}: request is not JSON: {error}") from error
+            raise Refused(400, f"{name}: request is not JSON: {_line(error)}") from error
+        except UnicodeDecodeError as error:  # msgspec reads strings as UTF-8 where it keeps them
+            raise Refused(400, f"{name}: request is not valid UTF-8: {_line(error)}") from error
+        except RecursionError as error:  # msgspec's nesting limit
+            raise Refused(400, f"{name}: request nests too deeply") from error
         try:
             return 200, msgspec.json.encode(await self.handler(args, body))
         except (BadRequest, RequestError) as error:
-            raise Refused(400, f"{name}: {error}") from error
+            raise Refused(400, f"{name}: {_line(error)}") from error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()

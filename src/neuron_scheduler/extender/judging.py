@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 
 from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
+from neuron_scheduler.core.catalog import CapacityError
+from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
@@ -33,6 +35,7 @@ log = logging.getLogger("neuron_scheduler.extender")
 
 NOT_CACHED = "node is not in neuron-scheduler's cache yet"
 NOT_NEURON = "node advertises no Neuron resources"
+UNUSABLE = "node is unusable for Neuron pods"
 
 
 class Judge:
@@ -59,6 +62,9 @@ class Judge:
 
         def judge(name: str) -> tuple[Decision, str]:
             nonlocal nodes
+            unusable = self.ledger.unusable.get(name)
+            if unusable is not None:
+                return Refusal(f"{UNUSABLE}: {unusable.reason}", True), "unusable_node"
             if nodes is None:
                 nodes = sent_nodes(body) if args.Nodes is not None and body else {}
             node = nodes.get(name)
@@ -68,8 +74,8 @@ class Judge:
                 return Refusal(node, True), ""
             try:
                 resolved = node_topology(node, self.ledger.catalog)
-            except RequestError as error:
-                return Refusal(f"cannot read the node's labels or capacity: {error}", True), ""
+            except CapacityError as error:
+                return Refusal(f"{UNUSABLE}: {error}", True), "unusable_node"
             if resolved is None:
                 return Refusal(NOT_NEURON, True), "no_neuron_node"
             decision = allocate(resolved.topology, self.ledger.state(name), request, self.policy)
@@ -79,9 +85,15 @@ class Judge:
 
     @staticmethod
     def _request(args: ExtenderArgs) -> tuple[Pod, NeuronRequest | None]:
+        """The pod and its Neuron request. A quantity the API server would never have admitted
+        is a bad request (400); a pod that no node can serve (RequestError) is the caller's to
+        answer."""
         if args.Pod is None:
             raise BadRequest("request has no Pod")
-        return args.Pod, neuron_request(args.Pod)
+        try:
+            return args.Pod, neuron_request(args.Pod)
+        except QuantityError as error:
+            raise BadRequest(str(error)) from error
 
     def filter(self, args: ExtenderArgs, body: bytes | None = None) -> FilterResult:
         """`body`: the request's JSON, needed when it sends a NodeList (`args.Nodes` holds only

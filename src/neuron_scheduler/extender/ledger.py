@@ -6,24 +6,35 @@ requested size. Node annotations are never read: upstream's usage maps in node a
 across restarts. In-flight binds add reservations until the pod shows up bound with its
 annotations, so a filter or a second bind never sees those ids as free.
 
+Everything read from the API is untrusted. A node whose Neuron capacity cannot be right (see
+`Catalog.resolve`) is unusable, with its reason, and never modelled. A pod's ids are checked
+against its node's topology before a mask is built from them; ids that cannot be that node's are
+rejected (logged once, reported as a warning event on the pod, counted in
+`rejected_assignments`) and the pod is counted by its request instead, as a pod placed by another
+scheduler is: its size stays held, somewhere on the node, until it ends.
+
 The ledger is a `ClusterView` (the watches feed it) and a `Reserver` (bind holds placements in it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
-from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.handoff import AnnotationError
-from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit
+from neuron_scheduler.core.catalog import CapacityError, Catalog
+from neuron_scheduler.core.handoff import AnnotationError, misfit
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import assignment, held_by_others, neuron_request, node_topology
+from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 log = logging.getLogger(__name__)
+UNIT_RESOURCE = {Unit.DEVICE: NEURON, Unit.CORE: NEURONCORE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,14 @@ class Holding:
     unknown_count: int = 0  # in `unknown_unit`s
     unknown_unit: Unit = Unit.CORE
     ours: bool = False  # ids come from our annotations for this node
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """A node left out of placement, and why (`code` labels the metric)."""
+
+    code: str
+    reason: str
 
 
 class Verdicts:
@@ -71,13 +90,19 @@ MAX_REQUEST_SHAPES = 64
 
 
 class Ledger:
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, report: Report | None = None) -> None:
+        """`report`: told about nodes and pods whose Neuron data cannot be used (the extender
+        turns it into warning events)."""
         self.catalog = catalog
+        self.report = report
         self.nodes: dict[str, NodeEntry] = {}
+        self.unusable: dict[str, Unusable] = {}
+        self.rejected_assignments: Counter[str] = Counter()  # by reason code, for metrics
         self._holdings: dict[str, Holding] = {}  # pod uid -> holding
         self._by_node: dict[str, dict[str, Holding]] = {}
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
+        self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
         self._states: dict[str, NodeState] = {}
         self._verdicts: dict[tuple[Unit, int, Policy], Verdicts] = {}
 
@@ -85,32 +110,42 @@ class Ledger:
 
     def apply_node(self, node: Node) -> None:
         name = node.metadata.name
-        resolved = node_topology(node, self.catalog)
+        try:
+            resolved = node_topology(node, self.catalog)
+        except CapacityError as error:
+            self._set_unusable(node, Unusable(error.code, str(error)))
+            return
         if resolved is None:
             self.remove_node(name)
             return
+        if self.unusable.pop(name, None) is not None:
+            log.info("node %s: its Neuron capacity is usable again", name)
         if resolved.warning and (name not in self.nodes or self.nodes[name].warning is None):
             log.warning("node %s: %s", name, resolved.warning)
         topology = resolved.topology
-        entry = NodeEntry(
-            name, topology, resolved.warning, held_by_others(node, topology.cores_per_device)
-        )
+        entry = NodeEntry(name, topology, resolved.warning, held_by_others(node, topology))
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
             self._invalidate(name)
 
+    def _set_unusable(self, node: Node, problem: Unusable) -> None:
+        name = node.metadata.name
+        if self.unusable.get(name) != problem:
+            self.unusable[name] = problem
+            log.warning("node %s is unusable for Neuron pods: %s", name, problem.reason)
+            if self.report is not None:
+                self.report(ObjectRef.of_node(node), "NeuronCapacityUnusable", problem.reason)
+        if self.nodes.pop(name, None) is not None:
+            self._invalidate(name)
+
     def remove_node(self, name: str) -> None:
+        self.unusable.pop(name, None)
         if self.nodes.pop(name, None) is not None:
             self._invalidate(name)
 
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
-        """A full re-list: apply every node, forget those that are gone."""
-        seen = set()
-        for node in nodes:
-            seen.add(node.metadata.name)
-            self.apply_node(node)
-        for name in [n for n in self.nodes if n not in seen]:
-            self.remove_node(name)
+        known = [*self.nodes, *self.unusable]
+        replace_all(nodes, node_name, self.apply_node, known, self.remove_node)
 
     # --- pods --------------------------------------------------------------------------------
 
@@ -140,14 +175,10 @@ class Ledger:
             self._drop(uid, previous)
         self._release(uid)
         self._pod_keys.pop(uid, None)
+        self._rejected.discard(uid)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
-        seen = set()
-        for pod in pods:
-            seen.add(pod.metadata.uid)
-            self.apply_pod(pod)
-        for uid in [u for u in self._holdings if u not in seen]:
-            self.remove_pod(uid)
+        replace_all(pods, pod_uid, self.apply_pod, self._holdings, self.remove_pod)
 
     def _drop(self, uid: str, holding: Holding) -> None:
         del self._holdings[uid]
@@ -168,22 +199,46 @@ class Ledger:
             return None
         if request is None:
             return None  # the device plugin's own pod, and every non-Neuron pod
+        by_request = Holding(node, unknown_count=request.count, unknown_unit=request.unit)
         entry = self.nodes.get(node)
         try:
             found = assignment(pod, entry.topology.cores_per_device if entry else None)
         except AnnotationError as error:
-            log.warning(
-                "pod %s on %s: unreadable annotations (%s); counting %s with unknown ids",
-                pod.key,
-                node,
-                error,
-                request.describe(),
+            if entry is not None:  # without the node, its cores per device may be what is missing
+                self._reject(pod.metadata.uid, pod.key, node, request, str(error))
+            return by_request
+        if found is None:
+            # Placed by another scheduler: its ids are unknown, but its size still counts.
+            return by_request
+        problem = misfit(found, entry.topology) if entry is not None else None
+        if problem is not None:
+            self._reject(pod.metadata.uid, pod.key, node, request, problem)
+            return by_request
+        # On a node not listed yet, the ids are checked against its topology when it is (state).
+        return Holding(
+            node,
+            cores=found.core_mask,
+            unknown_count=request.count,
+            unknown_unit=request.unit,
+            ours=True,
+        )
+
+    def _reject(self, uid: str, key: str, node: str, request: NeuronRequest, problem: str) -> None:
+        """Ids that cannot be this node's: reported once per pod; the pod counts by its size."""
+        if uid in self._rejected:
+            return
+        self._rejected.add(uid)
+        self.rejected_assignments["annotations"] += 1
+        message = (
+            f"Neuron ids in the annotations are not used: {problem}; the pod's "
+            f"{request.describe()} stays held on {node} until it ends"
+        )
+        log.warning("pod %s on %s: %s", key, node, message)
+        if self.report is not None:
+            namespace, _, name = key.partition("/")
+            self.report(
+                ObjectRef("Pod", namespace, name, uid), "NeuronAnnotationsRejected", message
             )
-            found = None
-        if found is not None:
-            return Holding(node, cores=found.core_mask, ours=True)
-        # Placed by another scheduler: its ids are unknown, but its size still counts.
-        return Holding(node, unknown_count=request.count, unknown_unit=request.unit)
 
     # --- in-flight binds ---------------------------------------------------------------------
 
@@ -251,14 +306,20 @@ class Ledger:
             return cached
         entry = self.nodes.get(node)
         per_device = entry.topology.cores_per_device if entry else 1
+        total = entry.topology.total_cores if entry else 0
         used = 0
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
-        for holding in holdings.values():
-            used |= holding.cores
-            if holding.unknown_count:
-                size = per_device if holding.unknown_unit is Unit.DEVICE else 1
-                unknown += holding.unknown_count * size
+        for uid, holding in holdings.items():
+            if holding.ours and not holding.cores >> total:
+                used |= holding.cores
+                continue
+            if holding.ours:  # ids read before the node was listed, which it does not have
+                request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
+                problem = f"cores beyond the {total} of {node}"
+                self._reject(uid, self._pod_keys.get(uid, "?/?"), node, request, problem)
+            size = per_device if holding.unknown_unit is Unit.DEVICE else 1
+            unknown += holding.unknown_count * size
         for uid, reservation in self._reservations.items():
             if reservation.node == node and uid not in holdings:
                 used |= reservation.cores

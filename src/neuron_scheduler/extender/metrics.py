@@ -3,10 +3,11 @@ not kept up to date on every change."""
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from neuron_scheduler.core.allocation import busy_devices, largest_free_run
@@ -55,7 +56,7 @@ class _NodeCollector(Collector):
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         free = GaugeMetricFamily(
             "neuron_scheduler_node_free_devices", "Devices with no core in use", labels=["node"]
         )
@@ -67,11 +68,27 @@ class _NodeCollector(Collector):
         pods = GaugeMetricFamily(
             "neuron_scheduler_cached_pods", "Pods holding Neuron resources in the cache"
         )
+        unusable = GaugeMetricFamily(
+            "neuron_scheduler_unusable_nodes",
+            "Nodes left out of placement because their Neuron capacity cannot be right",
+            labels=["reason"],
+        )
+        rejected = CounterMetricFamily(
+            "neuron_scheduler_rejected_assignments",
+            "Pods whose annotated ids could not be theirs; counted by their request instead",
+            labels=["reason"],
+        )
         for name, entry in list(self.ledger.nodes.items()):
             busy = busy_devices(entry.topology, self.ledger.state(name).used_cores)
             free.add_metric([name], entry.topology.devices - busy.bit_count())
             block.add_metric([name], largest_free_run(entry.topology, busy))
         pods.add_metric([], self.ledger.pod_count)
+        for code, count in Tally(p.code for p in list(self.ledger.unusable.values())).items():
+            unusable.add_metric([code], count)
+        for code, count in self.ledger.rejected_assignments.items():
+            rejected.add_metric([code], count)
         yield free
         yield block
         yield pods
+        yield unusable
+        yield rejected

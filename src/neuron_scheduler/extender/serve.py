@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -27,6 +27,7 @@ from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.kube.watching import Watch
 
 log = logging.getLogger("neuron_scheduler.server")
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,40 +48,28 @@ def start_watches(
 ) -> list[asyncio.Task[None]]:
     """List-then-watch nodes and pods into every view; `synced` is set after both first lists."""
 
-    def replace_nodes(nodes: list[Node]) -> None:
-        for view in views:
-            view.replace_nodes(nodes)
+    def each(call: Callable[[ClusterView, T], None]) -> Callable[[T], None]:
+        def fan_out(item: T) -> None:
+            for view in views:
+                call(view, item)
 
-    def apply_node(node: Node) -> None:
-        for view in views:
-            view.apply_node(node)
-
-    def remove_node(node: Node) -> None:
-        for view in views:
-            view.remove_node(node.metadata.name)
-
-    def replace_pods(pods: list[Pod]) -> None:
-        for view in views:
-            view.replace_pods(pods)
-
-    def apply_pod(pod: Pod) -> None:
-        for view in views:
-            view.apply_pod(pod)
-
-    def remove_pod(pod: Pod) -> None:
-        for view in views:
-            view.remove_pod(pod.metadata.uid)
+        return fan_out
 
     nodes: Watch[Node] = Watch(
-        api, NODES, Node, on_list=replace_nodes, on_change=apply_node, on_delete=remove_node
+        api,
+        NODES,
+        Node,
+        on_list=each(lambda view, nodes: view.replace_nodes(nodes)),
+        on_change=each(lambda view, node: view.apply_node(node)),
+        on_delete=each(lambda view, node: view.remove_node(node.metadata.name)),
     )
     pods: Watch[Pod] = Watch(
         api,
         PODS,
         Pod,
-        on_list=replace_pods,
-        on_change=apply_pod,
-        on_delete=remove_pod,
+        on_list=each(lambda view, pods: view.replace_pods(pods)),
+        on_change=each(lambda view, pod: view.apply_pod(pod)),
+        on_delete=each(lambda view, pod: view.remove_pod(pod.metadata.uid)),
         # Finished pods hold nothing; when one finishes the watch reports it as deleted.
         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
     )
@@ -100,10 +89,16 @@ def start_watches(
             ledger.pod_count,
         )
 
+    async def pods_after_nodes() -> None:
+        # Pods are read against their nodes' topologies (ids beyond a node's cores are rejected,
+        # ids given by device count need its cores per device): nodes first.
+        await nodes.synced.wait()
+        await pods.run()
+
     loop = asyncio.get_running_loop()
     return [
         loop.create_task(nodes.run()),
-        loop.create_task(pods.run()),
+        loop.create_task(pods_after_nodes()),
         loop.create_task(mark_synced()),
     ]
 
@@ -169,7 +164,7 @@ async def serve(options: ExtenderOptions) -> None:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
-            await extender.binder.close()
+            await extender.events.close()
             if elector is not None:
                 await elector.release()  # a standby takes over now, not after the lease expires
 

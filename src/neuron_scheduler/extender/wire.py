@@ -18,6 +18,11 @@ class BadRequest(ValueError):
     """A request kube-scheduler would never send; answered with HTTP 400."""
 
 
+# What decoding untrusted JSON can raise besides a value: msgspec's errors (ValidationError
+# included), strings that are not UTF-8, and nesting past its recursion limit.
+UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+
+
 class NodeName(msgspec.Struct, gc=False):
     name: str = ""
 
@@ -107,16 +112,16 @@ def sent_nodes(body: bytes) -> dict[str, Node | str]:
     capacity cannot be read maps to the reason, so it fails alone."""
     try:
         listed = msgspec.json.decode(body, type=_NodesOnly).Nodes
-    except msgspec.DecodeError:  # ValidationError included; the caller has read it already
+    except UNREADABLE:  # the caller has read the request already
         return {}
     nodes: dict[str, Node | str] = {}
     for raw in listed.items if listed else []:
         try:
             name = msgspec.json.decode(raw, type=NodeRef).metadata.name
-        except msgspec.DecodeError:
+        except UNREADABLE:
             continue
         try:
             nodes[name] = msgspec.json.decode(raw, type=Node)
-        except msgspec.DecodeError as error:
-            nodes[name] = f"cannot read the node's labels or capacity: {error}"
+        except UNREADABLE as error:
+            nodes[name] = f"cannot read the node's labels or capacity: {str(error)[:200]}"
     return nodes

@@ -14,6 +14,7 @@ from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 
 
@@ -26,13 +27,15 @@ class Extender:
     ledger: Ledger
     metrics: Metrics
     synced: asyncio.Event  # set once the watches have listed every node and pod
+    events: EventRecorder
     views: tuple[ClusterView, ...]
     judge: Judge
     binder: Binder
 
 
 def wire(api: KubeAPI, catalog: Catalog, policy: Policy = Policy.BEST_FIT) -> Extender:
-    ledger = Ledger(catalog)
+    events = EventRecorder(api)
+    ledger = Ledger(catalog, report=events.warn)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
     metrics = Metrics(ledger)
     synced = asyncio.Event()
@@ -40,7 +43,8 @@ def wire(api: KubeAPI, catalog: Catalog, policy: Policy = Policy.BEST_FIT) -> Ex
         ledger,
         metrics,
         synced,
+        events,
         (ledger, occupancy),
         Judge(ledger, metrics, policy, filters=[UnitPlacement(occupancy)]),
-        Binder(api, ledger, metrics, synced, policy, reservers=[ledger, occupancy]),
+        Binder(api, ledger, metrics, synced, events, policy, reservers=[ledger, occupancy]),
     )

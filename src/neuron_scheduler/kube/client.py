@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Node, Pod, PodList
+from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList
 
 
 def pod_path(namespace: str, name: str) -> str:
@@ -21,6 +21,10 @@ def pod_path(namespace: str, name: str) -> str:
 
 def node_path(name: str) -> str:
     return f"/api/v1/nodes/{name}"
+
+
+def leases_path(namespace: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
 PODS = "/api/v1/pods"
@@ -156,24 +160,21 @@ class KubeAPI:
             },
         )
 
-    async def create_event(
-        self, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool
-    ) -> None:
+    async def create_event(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # Events about cluster-scoped objects (Nodes) live in "default", as kubelet's do.
+        namespace = ref.namespace or "default"
+        involved = {"apiVersion": "v1", "kind": ref.kind, "name": ref.name, "uid": ref.uid}
+        if ref.namespace:
+            involved["namespace"] = ref.namespace
         await self.request(
             "POST",
             f"/api/v1/namespaces/{namespace}/events",
             body={
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"generateName": f"{name}.", "namespace": namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": name,
-                    "namespace": namespace,
-                    "uid": uid,
-                },
+                "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+                "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],
                 "type": "Warning" if warning else "Normal",
@@ -183,3 +184,18 @@ class KubeAPI:
                 "count": 1,
             },
         )
+
+    async def get_lease(self, namespace: str, name: str) -> Lease:
+        path = f"{leases_path(namespace)}/{name}"
+        return msgspec.json.decode(await self.request("GET", path), type=Lease)
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        path = leases_path(lease.metadata.namespace)
+        answer = await self.request("POST", path, body=msgspec.to_builtins(lease))
+        return msgspec.json.decode(answer, type=Lease)
+
+    async def replace_lease(self, lease: Lease) -> Lease:
+        """PUT with the resourceVersion the lease carries: a Conflict if it changed since."""
+        path = f"{leases_path(lease.metadata.namespace)}/{lease.metadata.name}"
+        answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
+        return msgspec.json.decode(answer, type=Lease)

@@ -19,30 +19,27 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
-
-import msgspec
+from typing import Protocol
 
 from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound
+from neuron_scheduler.kube.objects import Lease, LeaseMeta, LeaseSpec
 
 log = logging.getLogger("neuron_scheduler.kube.election")
 
 
-class Requester(Protocol):
-    """What the elector needs from KubeAPI."""
+class LeaseStore(Protocol):
+    """What the elector needs from KubeAPI: one Lease, read and written with optimistic
+    concurrency (a write with a stale resourceVersion, or a create of an existing Lease, is a
+    Conflict)."""
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> bytes: ...
+    async def get_lease(self, namespace: str, name: str) -> Lease: ...
+
+    async def create_lease(self, lease: Lease) -> Lease: ...
+
+    async def replace_lease(self, lease: Lease) -> Lease: ...
 
 
 def default_identity() -> str:
@@ -73,27 +70,6 @@ class ElectionConfig:
             )
 
 
-class LeaseSpec(msgspec.Struct, omit_defaults=True):
-    holderIdentity: str | None = None
-    leaseDurationSeconds: int | None = None
-    acquireTime: str | None = None
-    renewTime: str | None = None
-    leaseTransitions: int | None = None
-
-
-class LeaseMeta(msgspec.Struct, omit_defaults=True):
-    name: str = ""
-    namespace: str = ""
-    resourceVersion: str = ""
-
-
-class Lease(msgspec.Struct):
-    apiVersion: str = "coordination.k8s.io/v1"
-    kind: str = "Lease"
-    metadata: LeaseMeta = msgspec.field(default_factory=LeaseMeta)
-    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
-
-
 def micro_time(now: datetime | None = None) -> str:
     """A Kubernetes MicroTime: RFC 3339 with microseconds, in UTC."""
     return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -104,7 +80,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        api: Requester,
+        api: LeaseStore,
         config: ElectionConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -122,9 +98,8 @@ class LeaderElector:
         self._stopped = asyncio.Event()
 
     @property
-    def path(self) -> str:
-        c = self.config
-        return f"/apis/coordination.k8s.io/v1/namespaces/{c.namespace}/leases/{c.name}"
+    def lease_name(self) -> str:
+        return f"{self.config.namespace}/{self.config.name}"
 
     @property
     def is_leader(self) -> bool:
@@ -168,7 +143,7 @@ class LeaderElector:
 
     async def _read(self) -> Lease | None:
         try:
-            return msgspec.json.decode(await self.api.request("GET", self.path), type=Lease)
+            return await self.api.get_lease(self.config.namespace, self.config.name)
         except NotFound:
             return None
 
@@ -188,8 +163,7 @@ class LeaderElector:
                 metadata=LeaseMeta(name=self.config.name, namespace=self.config.namespace),
                 spec=self._record(me, 0, None),
             )
-            created = await self._write("POST", self.path.rsplit("/", 1)[0], body)
-            return created
+            return await self._write(self.api.create_lease, body)
         self._observe(lease)
         spec = lease.spec
         holder = spec.holderIdentity or ""
@@ -203,17 +177,16 @@ class LeaderElector:
             body.spec.acquireTime = spec.acquireTime or body.spec.acquireTime
         else:
             body = Lease(metadata=lease.metadata, spec=self._record(me, transitions + 1, None))
-        return await self._write("PUT", self.path, body)
+        return await self._write(self.api.replace_lease, body)
 
-    async def _write(self, method: str, path: str, body: Lease) -> bool:
+    async def _write(self, write: Callable[[Lease], Awaitable[Lease]], body: Lease) -> bool:
         # The lease runs from when we asked, not from when the answer came back: a slow answer
         # must not stretch our leadership past the moment a standby may take over.
         asked_at = self.clock()
         try:
-            answer = await self.api.request(method, path, body=msgspec.to_builtins(body))
+            lease = await write(body)
         except Conflict:  # another candidate wrote first; read again next round
             return False
-        lease = msgspec.json.decode(answer, type=Lease)
         self._observe(lease)
         self._renewed_at = asked_at
         return True
@@ -223,7 +196,7 @@ class LeaderElector:
         try:
             held = await self.try_acquire_or_renew()
         except API_ERRORS as error:
-            log.warning("leader election: cannot reach Lease %s: %s", self.path, error)
+            log.warning("leader election: cannot reach Lease %s: %s", self.lease_name, error)
             held = False
         if held:
             self._set_leading(True)
@@ -262,7 +235,7 @@ class LeaderElector:
             ),
         )
         try:
-            await self.api.request("PUT", self.path, body=msgspec.to_builtins(body))
-            log.info("released Lease %s/%s", self.config.namespace, self.config.name)
+            await self.api.replace_lease(body)
+            log.info("released Lease %s", self.lease_name)
         except API_ERRORS as error:
-            log.warning("could not release Lease %s: %s", self.path, error)
+            log.warning("could not release Lease %s: %s", self.lease_name, error)

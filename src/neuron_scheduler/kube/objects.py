@@ -5,6 +5,8 @@ Wire structs only; what they mean for Neuron placement is in `kube.reading`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
@@ -80,3 +82,49 @@ class NodeList(msgspec.Struct):
 
 class PodList(msgspec.Struct):
     items: list[Pod] = []
+
+
+class LeaseSpec(msgspec.Struct, omit_defaults=True):
+    holderIdentity: str | None = None
+    leaseDurationSeconds: int | None = None
+    acquireTime: str | None = None
+    renewTime: str | None = None
+    leaseTransitions: int | None = None
+
+
+class LeaseMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    namespace: str = ""
+    resourceVersion: str = ""
+
+
+class Lease(msgspec.Struct):
+    """A coordination.k8s.io/v1 Lease, written whole (so its apiVersion and kind too)."""
+
+    apiVersion: str = "coordination.k8s.io/v1"
+    kind: str = "Lease"
+    metadata: LeaseMeta = msgspec.field(default_factory=LeaseMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One object, named for an event about it (its `involvedObject`)."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of_pod(cls, pod: Pod) -> ObjectRef:
+        meta = pod.metadata
+        return cls("Pod", meta.namespace, meta.name, meta.uid)
+
+    @classmethod
+    def of_node(cls, node: Node) -> ObjectRef:
+        return cls("Node", "", node.metadata.name, node.metadata.uid)
+
+    @property
+    def text(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name

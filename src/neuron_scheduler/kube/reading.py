@@ -3,9 +3,10 @@ capacity, and our annotations on a bound pod. Pure."""
 
 from __future__ import annotations
 
-from neuron_scheduler.core.catalog import Catalog, Resolved
+from neuron_scheduler.core.catalog import CapacityError, Catalog, Resolved
 from neuron_scheduler.core.handoff import Assignment
 from neuron_scheduler.core.handoff import decode as decode_annotations
+from neuron_scheduler.core.quantity import whole_quantity
 from neuron_scheduler.core.resources import (
     NEURON,
     NEURONCORE,
@@ -15,29 +16,15 @@ from neuron_scheduler.core.resources import (
     RequestError,
     pod_request,
 )
+from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.objects import Container, Node, Pod
-
-
-def quantity(value: str | int, what: str) -> int:
-    """An extended-resource quantity; the API server only admits whole numbers for these."""
-    if isinstance(value, int):
-        return value
-    text = value.strip()
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9}
-    if text[-1:] in suffixes and text[:-1].isdigit():
-        return int(text[:-1]) * suffixes[text[-1]]
-    raise RequestError(f"{what}: cannot read quantity {value!r} as a whole number")
 
 
 def _neuron_counts(container: Container) -> dict[str, int]:
     # Extended resources must have requests == limits; limits alone imply requests.
     merged = {**container.resources.requests, **container.resources.limits}
     return {
-        name: quantity(value, f"container {container.name!r} {name}")
+        name: whole_quantity(value, f"container {container.name!r} {name}")
         for name, value in merged.items()
         if name in RESOURCE_UNITS
     }
@@ -52,45 +39,51 @@ def neuron_request(pod: Pod) -> NeuronRequest | None:
 
 
 def node_capacity(node: Node, source: str = "capacity") -> tuple[int | None, int | None]:
-    """(devices, cores) the node advertises; None where it advertises nothing."""
+    """(devices, cores) the node advertises; None where it advertises nothing. CapacityError
+    when a value is not a whole number, or `neuron` and `neurondevice` disagree."""
     values = node.status.capacity if source == "capacity" else node.status.allocatable
-    devices: int | None = None
-    for name in (NEURON, NEURONDEVICE):
-        if name in values:
-            try:
-                devices = max(devices or 0, quantity(values[name], name))
-            except RequestError:
-                continue
-    cores: int | None = None
-    if NEURONCORE in values:
-        try:
-            cores = quantity(values[NEURONCORE], NEURONCORE)
-        except RequestError:
-            cores = None
-    return devices, cores
+    try:
+        counts = {
+            name: whole_quantity(values[name], f"{source} {name}")
+            for name in (NEURON, NEURONDEVICE, NEURONCORE)
+            if name in values
+        }
+    except RequestError as error:
+        raise CapacityError(str(error), "unreadable") from error
+    devices = counts.get(NEURON) or counts.get(NEURONDEVICE)
+    other = counts.get(NEURONDEVICE)
+    if devices and other and other != devices:
+        # Zero is a resource whose plugin is gone (kubelet keeps it at 0), not a disagreement.
+        raise CapacityError(
+            f"advertises {NEURON}: {devices} but {NEURONDEVICE}: {other}", "inconsistent"
+        )
+    return devices or None, counts.get(NEURONCORE) or None
 
 
 def node_topology(node: Node, catalog: Catalog) -> Resolved | None:
-    """The node's Neuron topology; None for a node that advertises no Neuron resources."""
+    """The node's Neuron topology; None for a node that advertises no Neuron resources.
+    CapacityError when what it advertises cannot be right (the node is then unusable)."""
     devices, cores = node_capacity(node)
     if not devices and not cores:
         return None
-    return catalog.resolve(node.instance_type, devices or None, cores or None)
+    return catalog.resolve(node.instance_type, devices, cores)
 
 
-def held_by_others(node: Node, cores_per_device: int) -> int:
+def held_by_others(node: Node, topology: Topology) -> int:
     """Cores the node does not offer (capacity above allocatable: unhealthy or reserved devices).
 
     We do not know which ids those are, so they are kept free in count, like pods placed by
-    another scheduler."""
-    cap_devices, cap_cores = node_capacity(node, "capacity")
-    alloc_devices, alloc_cores = node_capacity(node, "allocatable")
+    another scheduler. Allocatable that cannot be read or exceeds capacity withholds nothing."""
+    try:
+        alloc_devices, alloc_cores = node_capacity(node, "allocatable")
+    except CapacityError:
+        return 0
     missing = 0
-    if cap_cores is not None and alloc_cores is not None:
-        missing = max(missing, cap_cores - alloc_cores)
-    if cap_devices is not None and alloc_devices is not None:
-        missing = max(missing, (cap_devices - alloc_devices) * cores_per_device)
-    return max(missing, 0)
+    if alloc_cores is not None:
+        missing = max(missing, topology.total_cores - alloc_cores)
+    if alloc_devices is not None:
+        missing = max(missing, (topology.devices - alloc_devices) * topology.cores_per_device)
+    return min(max(missing, 0), topology.total_cores)
 
 
 def assignment(pod: Pod, cores_per_device: int | None) -> Assignment | None:

@@ -22,6 +22,7 @@ import msgspec
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NeuronRequest, RequestError, resource_name
+from neuron_scheduler.core.yamlfile import read_yaml
 from neuron_scheduler.sim.simulation import (
     DEFAULT_MIX,
     NodeSpec,
@@ -77,16 +78,7 @@ T = TypeVar("T")
 
 
 def _decode(path: Path, kind: type[T]) -> T:
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ScenarioError(f"cannot read {path}: {error.strerror}") from error
-    try:
-        return msgspec.yaml.decode(data, type=kind)
-    except msgspec.ValidationError as error:
-        raise ScenarioError(f"{path}: {error}") from error
-    except msgspec.DecodeError as error:
-        raise ScenarioError(f"{path}: not valid YAML: {error}") from error
+    return read_yaml(path, kind, ScenarioError)
 
 
 def load_fleet(path: Path, catalog: Catalog) -> list[NodeSpec]:

@@ -28,6 +28,7 @@ import msgspec
 
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_CONFIG,
     DEFAULT_SERVER_ID,
@@ -149,21 +150,10 @@ class Occupancy:
             self.on_node.pop(worker.node, None)
 
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
-        seen = set()
-        for node in nodes:
-            seen.add(node.metadata.name)
-            self.apply_node(node)
-        for name in [n for n in self.servers if n not in seen]:
-            self.remove_node(name)
+        replace_all(nodes, node_name, self.apply_node, self.servers, self.remove_node)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
-        """A full re-list: apply every pod, forget workers whose pods are gone."""
-        seen = set()
-        for pod in pods:
-            seen.add(pod.metadata.uid)
-            self.apply_pod(pod)
-        for uid in [u for u in self.workers if u not in seen]:
-            self.remove_pod(uid)
+        replace_all(pods, pod_uid, self.apply_pod, self.workers, self.remove_pod)
 
     # --- binds in flight ---------------------------------------------------------------------
 

@@ -8,14 +8,11 @@ from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, NotFound, error_text
 from neuron_scheduler.kube.objects import Node
 from neuron_scheduler.ultraserver.labels import (
-    DEFAULT_NODE_ID,
     MODE_LABEL,
     node_id_label,
-    normalize_server_id,
-    parse_modes,
     server_id_label,
 )
-from neuron_scheduler.ultraserver.launcher.ranking import WorkerInfo
+from neuron_scheduler.ultraserver.launcher.ranking import FactNames, WorkerInfo, read_worker
 from neuron_scheduler.ultraserver.launcher.ssh import bounded
 
 
@@ -29,31 +26,13 @@ def pod_of(host: str, namespace: str) -> tuple[str, str]:
 
 
 def from_labels(host: str, node: Node, config: int) -> WorkerInfo:
-    labels = node.metadata.labels
-    name = node.metadata.name
-    mode_text = labels.get(MODE_LABEL)
-    modes = parse_modes(mode_text) if mode_text is not None else None
-    problem = None
-    if mode_text is None:
-        problem = f"not an UltraServer node (no {MODE_LABEL} label)"
-    elif modes is None:
-        problem = f"{MODE_LABEL} is {mode_text!r}: the UltraServer is not available"
-    node_id = DEFAULT_NODE_ID
-    raw = labels.get(node_id_label(config))
-    if raw is not None:
-        try:
-            node_id = int(raw)
-        except ValueError:
-            problem = problem or f"{node_id_label(config)} is {raw!r}, not a number"
-    return WorkerInfo(
-        worker=host,
-        fqdn=host,
-        node=name,
-        modes=modes,
-        server_id=normalize_server_id(labels.get(server_id_label(config), "")),
-        node_id=node_id,
-        problem=problem,
+    names = FactNames(
+        no_modes=f"not an UltraServer node (no {MODE_LABEL} label)",
+        modes=f"{MODE_LABEL} is",
+        node_id=node_id_label(config),
     )
+    keys = (MODE_LABEL, server_id_label(config), node_id_label(config))
+    return read_worker(host, host, node.metadata.name, node.metadata.labels, keys, names)
 
 
 async def node_names(

@@ -18,6 +18,8 @@ from neuron_scheduler.ultraserver.labels import (
     MODE_X2V,
     MODE_X4,
     node_id_label,
+    normalize_server_id,
+    parse_modes,
     runtime_mode,
     server_id_label,
 )
@@ -34,6 +36,51 @@ class WorkerInfo:
     server_id: str = DEFAULT_SERVER_ID
     node_id: int = DEFAULT_NODE_ID
     problem: str | None = None  # the source could not read this worker at all
+
+
+@dataclass(frozen=True, slots=True)
+class FactNames:
+    """How a source names its facts in a worker's problem text (sysfs paths, or node labels)."""
+
+    no_modes: str  # the whole problem when the supported-modes fact is missing
+    modes: str  # e.g. "<dir>/ultraserver_mode says" or "<label> is"
+    node_id: str  # e.g. "<dir>/node_id_4" or "<label>"
+
+
+def read_worker(
+    worker: str,
+    fqdn: str,
+    node: str | None,
+    facts: dict[str, str],
+    keys: tuple[str, str, str],
+    names: FactNames,
+) -> WorkerInfo:
+    """A worker's facts from one source: `keys` name its supported modes, server id and node id
+    in `facts` (sysfs file names, or node labels)."""
+    modes_key, server_id_key, node_id_key = keys
+    mode_text = facts.get(modes_key)
+    modes = parse_modes(mode_text) if mode_text is not None else None
+    problem = None
+    if mode_text is None:
+        problem = names.no_modes
+    elif modes is None:
+        problem = f"{names.modes} {mode_text!r}: the UltraServer is not available"
+    node_id = DEFAULT_NODE_ID
+    raw = facts.get(node_id_key)
+    if raw is not None:
+        try:
+            node_id = int(raw)
+        except ValueError:
+            problem = problem or f"{names.node_id} is {raw!r}, not a number"
+    return WorkerInfo(
+        worker=worker,
+        fqdn=fqdn,
+        node=node,
+        modes=modes,
+        server_id=normalize_server_id(facts.get(server_id_key, "")),
+        node_id=node_id,
+        problem=problem,
+    )
 
 
 @dataclass(frozen=True, slots=True)

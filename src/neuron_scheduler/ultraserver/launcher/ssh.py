@@ -13,16 +13,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from neuron_scheduler.ultraserver.labels import (
-    DEFAULT_NODE_ID,
     MODE_FILE,
     SYSFS_DIR,
     node_id_file,
-    normalize_server_id,
-    parse_modes,
     server_id_file,
 )
 from neuron_scheduler.ultraserver.launcher.environment import DEFAULT_ENVIRONMENT_FILE
-from neuron_scheduler.ultraserver.launcher.ranking import WorkerInfo
+from neuron_scheduler.ultraserver.launcher.ranking import FactNames, WorkerInfo, read_worker
 
 # accept-new: MPI workers are new pods with new host keys on every job; a changed key for a known
 # name is still refused.
@@ -83,31 +80,15 @@ def parse_gathered(host: str, text: str, sysfs_dir: str, config: int) -> WorkerI
         if sep:
             values[key] = value.strip()
     fqdn = values.get("fqdn") or host
-    mode_text = values.get(MODE_FILE)
-    problem = None
-    modes = parse_modes(mode_text) if mode_text is not None else None
-    if mode_text is None:
-        problem = (
+    names = FactNames(
+        no_modes=(
             f"no {sysfs_dir}/{MODE_FILE}: not an UltraServer node, or its Neuron driver is too old"
-        )
-    elif modes is None:
-        problem = f"{sysfs_dir}/{MODE_FILE} says {mode_text!r}: the UltraServer is not available"
-    node_id = DEFAULT_NODE_ID
-    raw_node_id = values.get(node_id_file(config))
-    if raw_node_id is not None:
-        try:
-            node_id = int(raw_node_id)
-        except ValueError:
-            problem = problem or f"{sysfs_dir}/{node_id_file(config)} is {raw_node_id!r}"
-    return WorkerInfo(
-        worker=host,
-        fqdn=fqdn,
-        node=None,
-        modes=modes,
-        server_id=normalize_server_id(values.get(server_id_file(config), "")),
-        node_id=node_id,
-        problem=problem,
+        ),
+        modes=f"{sysfs_dir}/{MODE_FILE} says",
+        node_id=f"{sysfs_dir}/{node_id_file(config)}",
     )
+    keys = (MODE_FILE, server_id_file(config), node_id_file(config))
+    return read_worker(host, fqdn, None, values, keys, names)
 
 
 async def bounded(

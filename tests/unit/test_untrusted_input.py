@@ -1,0 +1,171 @@
+"""What any pod or node may write is read as untrusted: quantities in Kubernetes' grammar within
+bounds, node capacities checked against the catalog, annotation ids checked against the node."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_scheduler.core.catalog import CapacityError, Catalog
+from neuron_scheduler.core.handoff import AnnotationError, decode, misfit
+from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_quantity
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.kube.objects import ObjectRef
+from tests.builders import node, pod
+
+CATALOG = Catalog.builtin()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("4", 4),
+        (7, 7),
+        ("1k", 1000),
+        ("2Ki", 2048),
+        ("1000m", 1),
+        ("1e3", 1000),
+        ("100e-2", 1),
+        ("+3", 3),
+        ("1.0", 1),
+        ("0", 0),
+        (str(MAX_QUANTITY), MAX_QUANTITY),
+    ],
+)
+def test_quantities_in_kubernetes_grammar(text: str | int, value: int) -> None:
+    assert whole_quantity(text, "x") == value
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("1e100", "out of range"),
+        ("1Ei", "out of range"),
+        ("1G", "out of range"),
+        (10**4000, "out of range"),
+        ("9" * 5000, "cannot read"),
+        ("-3", "negative"),
+        (-3, "out of range"),
+        ("0.5", "not a whole number"),
+        ("1500m", "not a whole number"),
+        ("²k", "cannot read"),  # isdigit() says yes; int() says no
+        ("٣", "cannot read"),  # an Arabic-Indic digit: int() would read it
+        ("1Ki5", "cannot read"),
+        ("0x10", "cannot read"),
+        ("", "cannot read"),
+        ("1e-99999999999", "out of range"),
+        (True, "not a quantity"),
+    ],
+)
+def test_quantities_refused_before_any_arithmetic(text: str | int, why: str) -> None:
+    with pytest.raises(QuantityError, match=why) as raised:
+        whole_quantity(text, "limits")
+    assert len(str(raised.value)) < 120  # a huge value never makes a huge message
+
+
+def test_capacity_beyond_the_type_or_the_ceilings_is_refused() -> None:
+    with pytest.raises(CapacityError, match=r"advertises 3000 Neuron devices, but inf1\.6xlarge"):
+        CATALOG.resolve("inf1.6xlarge", 3000, None)
+    with pytest.raises(CapacityError, match=r"250000000 NeuronCores per device; .* at most 4"):
+        CATALOG.resolve("inf1.6xlarge", 4, 10**9)
+    with pytest.raises(CapacityError, match=f"models at most {MAX_DEVICES}"):
+        CATALOG.resolve("mystery.metal", 3000, None)
+    with pytest.raises(CapacityError, match="not a whole number per device"):
+        CATALOG.resolve("trn2.48xlarge", 16, 63)
+    with pytest.raises(CapacityError, match="at most 16"):
+        CATALOG.resolve("mystery.metal", 1, 10**9)
+    # Trn2 at LNC=1 (8 per device) and LNC=2 (4) are both right.
+    assert CATALOG.resolve("trn2.48xlarge", 16, 128).topology.cores_per_device == 8
+    assert CATALOG.resolve("trn2.48xlarge", 16, 64).topology.cores_per_device == 4
+
+
+def test_annotation_ids_are_bounded_before_anything_is_built() -> None:
+    base = {"AWS_NEURON_IDS": "0", "NEURON_RESOURCE_TYPE": NEURON}
+    with pytest.raises(AnnotationError, match=f"outside 0-{MAX_CORES - 1}"):
+        decode({**base, "NEURON_CORES": "1000000000"})
+    with pytest.raises(AnnotationError, match="more ids than any node has"):
+        decode({**base, "NEURON_CORES": ",".join(str(10**7 + i) for i in range(3000))})
+    with pytest.raises(AnnotationError, match="repeats"):
+        decode({**base, "NEURON_CORES": "1,1"})
+    found = decode({**base, "NEURON_CORES": "1000"})
+    assert found is not None
+    topology = CATALOG.resolve("inf1.6xlarge").topology
+    assert misfit(found, topology) == "cores 1000 do not exist on inf1.6xlarge"
+    ok = decode({**base, "NEURON_CORES": "0,1,2,3", "NEURON_DEVS": "0"})
+    assert ok is not None and misfit(ok, topology) is None
+    elsewhere = decode({**base, "NEURON_CORES": "4", "NEURON_DEVS": "0"})
+    assert elsewhere is not None and "not on devices 0" in (misfit(elsewhere, topology) or "")
+
+
+def hostile_ids(node_name: str, cores: str) -> dict[str, str]:
+    return {
+        "AWS_NEURON_IDS": "0",
+        "NEURON_RESOURCE_TYPE": NEURON,
+        "NEURON_CORES": cores,
+        "NEURON_NODE": node_name,
+    }
+
+
+def test_ledger_rejects_ids_the_node_cannot_have_and_counts_the_pod_by_size() -> None:
+    reports: list[tuple[ObjectRef, str, str]] = []
+    ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    for i, cores in enumerate(["1000000000", "99", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"]):
+        annotations = hostile_ids("n1", cores)
+        ledger.apply_pod(pod(f"h{i}", {NEURON: 1}, node="n1", uid=f"h{i}", annotations=annotations))
+    state = ledger.state("n1")
+    assert state.used_cores == 0  # no mask from any of them
+    assert state.unattributed_cores == 3 * 4  # each holds its one device, somewhere
+    assert [(ref.name, reason) for ref, reason, _ in reports] == [
+        ("h0", "NeuronAnnotationsRejected"),
+        ("h1", "NeuronAnnotationsRejected"),
+        ("h2", "NeuronAnnotationsRejected"),
+    ]
+    assert ledger.rejected_assignments["annotations"] == 3
+    # Seen again (any update of the pod): not reported twice.
+    ledger.apply_pod(
+        pod("h0", {NEURON: 1}, node="n1", uid="h0", annotations=hostile_ids("n1", "99"))
+    )
+    assert len(reports) == 3
+
+
+def test_a_node_listed_after_its_pods_still_checks_their_ids() -> None:
+    reports: list[tuple[ObjectRef, str, str]] = []
+    ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
+    ledger.apply_pod(
+        pod("late", {NEURON: 1}, node="n1", uid="late", annotations=hostile_ids("n1", "40"))
+    )
+    ledger.apply_node(node("n1", "inf1.6xlarge"))
+    assert ledger.state("n1").used_cores == 0
+    assert ledger.state("n1").unattributed_cores == 4
+    assert [ref.name for ref, _, _ in reports] == ["late"]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "code", "reason"),
+    [
+        ({NEURON: "3000"}, "beyond_type", "advertises 3000 Neuron devices"),
+        ({NEURON: "4", NEURONCORE: "1e9"}, "unreadable", "out of range"),
+        ({NEURON: "4", NEURONCORE: "1000"}, "beyond_type", "250 NeuronCores per device"),
+        ({NEURON: "4", NEURONDEVICE: "3"}, "inconsistent", "neurondevice: 3"),
+        ({NEURON: "lots"}, "unreadable", "cannot read quantity"),
+    ],
+)
+def test_unusable_nodes_keep_their_reason(capacity: dict[str, str], code: str, reason: str) -> None:
+    reports: list[tuple[ObjectRef, str, str]] = []
+    ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
+    bad = node("bad", "inf1.6xlarge")
+    bad.status.capacity = dict(capacity)
+    ledger.replace_nodes([bad, node("good", "inf1.6xlarge")])
+    assert set(ledger.nodes) == {"good"}
+    assert ledger.unusable["bad"].code == code
+    assert reason in ledger.unusable["bad"].reason
+    assert [(ref.kind, ref.name, why) for ref, why, _ in reports] == [
+        ("Node", "bad", "NeuronCapacityUnusable")
+    ]
+    # Fixed: usable again; gone from the list: forgotten.
+    ledger.apply_node(node("bad", "inf1.6xlarge"))
+    assert "bad" in ledger.nodes and "bad" not in ledger.unusable
+    ledger.replace_nodes([])
+    assert not ledger.nodes and not ledger.unusable
