@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -17,27 +15,6 @@ from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from tests.builders import neuron_capacity
 from tests.e2e.harness import Scenario, ids, wait_for
-
-
-def post_bind(url: str, body: dict[str, str]) -> str:
-    request = urllib.request.Request(
-        url + "/bind",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return str(json.loads(response.read())["Error"])
-
-
-def bind_args(pod: dict[str, Any], node: str) -> dict[str, str]:
-    meta = pod["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 def assert_no_overlap(scenario: Scenario) -> dict[str, set[int]]:
@@ -82,9 +59,9 @@ def test_concurrent_binds_to_one_node_never_overlap(scenario: Scenario) -> None:
     node = scenario.add_node("inf1.24xlarge")  # 16 devices
     # Pods for a scheduler that does not exist, so only our direct binds place them.
     pods = [scenario.create_pod(f"b{i}", {NEURON: 1}, scheduler="nobody") for i in range(20)]
-    url = scenario.stack.extender.url
+    extender = scenario.stack.extender
     with ThreadPoolExecutor(max_workers=20) as pool:
-        errors = list(pool.map(lambda p: post_bind(url, bind_args(p, node)), pods))
+        errors = list(pool.map(lambda p: extender.bind(p, node), pods))
     assert errors.count("") == 16, errors
     assert all("needs 1 devices" in e or "needs 1 device" in e for e in errors if e), errors
     used = assert_no_overlap(scenario)
@@ -94,20 +71,20 @@ def test_concurrent_binds_to_one_node_never_overlap(scenario: Scenario) -> None:
 def test_retried_bind_succeeds_without_allocating_twice(scenario: Scenario) -> None:
     node = scenario.add_node("inf1.6xlarge")
     pod = scenario.create_pod("retry", {NEURONCORE: 3}, scheduler="nobody")
-    url = scenario.stack.extender.url
-    assert post_bind(url, bind_args(pod, node)) == ""
+    extender = scenario.stack.extender
+    assert extender.bind(pod, node) == ""
     first = scenario.pod("retry")["metadata"]["annotations"]
-    assert post_bind(url, bind_args(pod, node)) == ""
+    assert extender.bind(pod, node) == ""
     assert scenario.pod("retry")["metadata"]["annotations"] == first
     other = scenario.add_node("inf1.6xlarge")
-    assert "already bound" in post_bind(url, bind_args(pod, other))
+    assert "already bound" in extender.bind(pod, other)
 
 
 def test_bind_checks_the_pod_uid(scenario: Scenario) -> None:
     node = scenario.add_node("inf1.6xlarge")
     pod = scenario.create_pod("uid", {NEURONCORE: 1}, scheduler="nobody")
-    args = bind_args(pod, node) | {"PodUID": "00000000-0000-0000-0000-000000000000"}
-    assert "was deleted and created again" in post_bind(scenario.stack.extender.url, args)
+    stale = {**pod, "metadata": {**pod["metadata"], "uid": "00000000-0000-0000-0000-000000000000"}}
+    assert "was deleted and created again" in scenario.stack.extender.bind(stale, node)
     assert not scenario.pod("uid")["spec"].get("nodeName")
 
 
@@ -121,10 +98,9 @@ def test_failed_binding_rolls_back_annotations_and_reservation(scenario: Scenari
     cp.request("PATCH", role, {"rules": without}, "application/merge-patch+json")
     try:
         pod = scenario.create_pod("denied", {NEURON: 4}, scheduler="nobody")
-        url = scenario.stack.extender.url
 
         def refused() -> str | None:
-            error = post_bind(url, bind_args(pod, node))
+            error = scenario.stack.extender.bind(pod, node)
             assert error, "bind succeeded without pods/binding"
             return error if "forbidden" in error.lower() else None
 
@@ -136,7 +112,7 @@ def test_failed_binding_rolls_back_annotations_and_reservation(scenario: Scenari
         cp.request("PATCH", role, {"rules": original["rules"]}, "application/merge-patch+json")
     # The reservation was released: all 4 devices can be bound again.
     wait_for(
-        lambda: post_bind(scenario.stack.extender.url, bind_args(pod, node)) == "",
+        lambda: scenario.stack.extender.bind(pod, node) == "",
         "bind to succeed once allowed",
         30,
     )

@@ -7,6 +7,7 @@ Used by the end-to-end tests and by `neuron-scheduler cluster`.
 
 from __future__ import annotations
 
+import json
 import ssl
 import sys
 import time
@@ -14,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -89,6 +91,46 @@ class ExtenderProcess:
 
     def kill(self) -> None:
         self.process.stop(kill=True)
+
+    def call(self, verb: str, body: bytes | object, timeout: float = 30.0) -> tuple[int, Any]:
+        """POST a verb as kube-scheduler does; (HTTP status, decoded JSON answer)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.url}/{verb}",
+            data=data,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=self._ssl) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+    def bind(self, pod: dict[str, Any], node: str) -> str:
+        """Bind a pod (as the API server returned it) to a node: the extender's Error."""
+        meta = pod["metadata"]
+        args = {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": node,
+        }
+        status, answer = self.call("bind", args)
+        assert status == 200, (status, answer)
+        return str(answer["Error"])
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("the extender process has no VmRSS line")
+
+    def healthz_seconds(self) -> float:
+        start = time.perf_counter()
+        with urllib.request.urlopen(self.url + "/healthz", timeout=30, context=self._ssl) as answer:
+            answer.read()
+        return time.perf_counter() - start
 
     def metrics(self) -> str:
         with urllib.request.urlopen(

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from neuron_scheduler.commandline import UsageError, err, fail, out, user_errors
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
-from neuron_scheduler.core.catalog import Catalog, CatalogError
+from neuron_scheduler.core.catalog import CapacityError, Catalog, CatalogError
 from neuron_scheduler.core.ids import format_ids, ids_mask, parse_id_ranges
 from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit, resource_name
 from neuron_scheduler.sim.scenario import ScenarioError, load_fleet, load_workload
@@ -24,7 +24,7 @@ TopologyFile = Annotated[
     Path | None,
     typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
 ]
-USER_ERRORS = (CatalogError, RequestError, ScenarioError)
+USER_ERRORS = (CapacityError, CatalogError, RequestError, ScenarioError)
 
 
 def _ids(text: str | None, option: str, limit: int, unit: str) -> list[int]:
@@ -66,7 +66,10 @@ def explain(
             )
         if neuroncore_capacity is not None and neuroncore_capacity < 1:
             raise UsageError("--neuroncore-capacity must be at least 1")
-        topology = catalog.resolve(instance_type, None, neuroncore_capacity).topology
+        try:
+            topology = catalog.resolve(instance_type, None, neuroncore_capacity).topology
+        except CapacityError as error:
+            raise UsageError(f"--neuroncore-capacity {neuroncore_capacity}: {error}") from error
         request = NeuronRequest(resource_name(resource), count)
         limit = topology.devices if request.unit is Unit.DEVICE else topology.total_cores
         if count > limit:
