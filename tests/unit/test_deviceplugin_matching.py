@@ -252,3 +252,14 @@ def test_container_response_for_cores_and_devices() -> None:
         "NEURON_RT_VISIBLE_CORES": "8,9,10,11",
         "AWS_NEURON_VISIBLE_DEVICES": "4,5",
     }
+
+
+def test_ids_the_node_does_not_have_are_never_handed_out() -> None:
+    """Any pod may carry annotations: ids beyond this node's cores make the pod unreadable
+    here (logged once by the assigner), and kubelet's offer of those ids matches nobody."""
+    beyond = pod("beyond", NEURONCORE, {"main": 2}, "30,31", slices={"main": "30,31"})
+    v = view(beyond)  # INF2: 24 cores
+    assert not v.holdings
+    assert len(v.unreadable) == 1 and "ns/beyond" in v.unreadable[0]
+    assert "do not exist on inf2.48xlarge" in v.unreadable[0]
+    assert isinstance(decide(v, Unit.CORE, [22, 23]), Unclaimed)  # not matched to that pod
