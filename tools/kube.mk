@@ -1,5 +1,7 @@
 # Make fragment: builds the Kubernetes multi-call binary (tools/kube) used by the
-# integration tests. Include it from the top-level Makefile:
+# integration tests, and next to it `fakecri` (tools/kube/fakecri), the fake
+# container runtime the real kubelet runs against. Include it from the top-level
+# Makefile:
 #
 #   include tools/kube.mk
 #   test-integration: $(KUBE_BIN)
@@ -14,14 +16,16 @@ KUBE_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))/kube
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' $(KUBE_DIR)/go.mod)
 KUBE_MAJOR := $(word 1,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION))))
 KUBE_MINOR := $(word 2,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION))))
-KUBE_HASH := $(shell { go env GOVERSION 2>/dev/null; cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/*.go; } | sha256sum | cut -c1-12)
+KUBE_HASH := $(shell { go env GOVERSION 2>/dev/null; cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/*.go $(KUBE_DIR)/fakecri/*.go; } | sha256sum | cut -c1-12)
 KUBE_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/neuron-scheduler
 KUBE_BIN_DIR := $(KUBE_CACHE_DIR)/kube-$(KUBE_HASH)
 KUBE_BIN := $(KUBE_BIN_DIR)/kubebin
+# Built in the same recipe, before kubebin: KUBE_BIN existing means both do.
+FAKECRI_BIN := $(KUBE_BIN_DIR)/fakecri
 # For recipes: the testbed's find_kubebin() reads it instead of calling make.
 export KUBE_BIN
 # Symlinks named after each component, so KUBE_BIN_DIR can go on PATH.
-KUBE_COMPONENTS := kube-apiserver kube-scheduler etcd kubectl
+KUBE_COMPONENTS := kube-apiserver kube-scheduler etcd kubectl kubelet
 
 # Without these the servers report v0.0.0-master, which kubectl and helm reject
 # as skewed. client-go's copy is what `kubectl version --client` prints.
@@ -31,7 +35,8 @@ KUBE_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/v
 
 $(KUBE_BIN):
 	@mkdir -p $(@D)
-	@echo "building Kubernetes $(KUBE_VERSION) multi-call binary into $(@D) (cold: several minutes)"
+	@echo "building Kubernetes $(KUBE_VERSION) multi-call binary and fakecri into $(@D) (cold: several minutes)"
+	cd $(KUBE_DIR) && CGO_ENABLED=0 go build -o $(FAKECRI_BIN).tmp.$$$$ ./fakecri && mv -f $(FAKECRI_BIN).tmp.$$$$ $(FAKECRI_BIN)
 	cd $(KUBE_DIR) && CGO_ENABLED=0 go build -ldflags '$(KUBE_LDFLAGS)' -o $@.tmp.$$$$ . && mv -f $@.tmp.$$$$ $@
 	@for c in $(KUBE_COMPONENTS); do ln -sfn kubebin $(@D)/$$c; done
 

@@ -1,12 +1,15 @@
-// Command kubebin is a multi-call binary holding the Kubernetes control-plane
-// components the neuron-scheduler tests run on 127.0.0.1: one build, one
-// cache entry, instead of four separately vendored binaries.
+// Command kubebin is a multi-call binary holding the Kubernetes components the
+// neuron-scheduler tests run on 127.0.0.1: one build, one cache entry, instead
+// of five separately vendored binaries. The kubelet is here so the device plugin
+// can be tested against the real device manager (with the fake CRI runtime in
+// ./fakecri, built by tools/kube.mk next to this binary).
 //
-// Usage: kubebin <kube-apiserver|kube-scheduler|etcd|kubectl> [flags...]
+// Usage: kubebin <kube-apiserver|kube-scheduler|etcd|kubectl|kubelet> [flags...]
 // or invoke it through a symlink named after the component.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,6 +27,7 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 )
@@ -31,6 +35,7 @@ import (
 var components = map[string]func() int{
 	"kube-apiserver": func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-scheduler": func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
+	"kubelet":        func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
 	"etcd": func() int {
 		etcdmain.Main(os.Args)
 		return 0
