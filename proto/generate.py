@@ -1,11 +1,12 @@
-"""Generate the Python gRPC stubs for the kubelet device plugin API from proto/.
+"""Generate the Python gRPC stubs for kubelet's device plugin and DRA plugin APIs from proto/.
 
     uv run python proto/generate.py            # rewrite the committed stubs under src/
     uv run python proto/generate.py --out DIR  # write them under DIR instead
 
 The stubs are committed so the package installs without a code generator;
-tests/unit/test_deviceplugin_stubs.py regenerates them into a temporary directory and fails when
-they differ, so edit the .proto and rerun this, never the generated files.
+tests/unit/test_deviceplugin_stubs.py and tests/unit/test_dra_stubs.py regenerate them into a
+temporary directory and fail when they differ, so edit the .proto and rerun this, never the
+generated files.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from grpc_tools import protoc
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO = PROTO_ROOT.parent
-PROTOS = ("neuron_scheduler/deviceplugin/v1beta1/api.proto",)
+PROTOS = (
+    "neuron_scheduler/deviceplugin/v1beta1/api.proto",
+    "neuron_scheduler/dra/v1/api.proto",
+    "neuron_scheduler/dra/v1beta1/api.proto",
+    "neuron_scheduler/dra/pluginregistration/api.proto",
+)
 
 
 def generate(out: Path) -> list[Path]:
