@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import msgspec
@@ -27,8 +27,21 @@ def leases_path(namespace: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
+def resource_claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
+RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+T = TypeVar("T")
+
+
+class ItemList(msgspec.Struct, Generic[T]):
+    """A list answer's items, decoded as the caller's type."""
+
+    items: list[T] = []
 
 
 class KubeAPI:
@@ -199,3 +212,34 @@ class KubeAPI:
         path = f"{leases_path(lease.metadata.namespace)}/{lease.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
         return msgspec.json.decode(answer, type=Lease)
+
+    # --- resource.k8s.io/v1 (the DRA driver): wire types are the caller's -----------------------
+
+    async def get_resource_claim(self, namespace: str, name: str, kind: type[T]) -> T:
+        payload = await self.request("GET", resource_claim_path(namespace, name))
+        return msgspec.json.decode(payload, type=kind)
+
+    async def list_resource_slices(self, field_selector: str, kind: type[T]) -> list[T]:
+        payload = await self.request(
+            "GET", RESOURCE_SLICES, params={"fieldSelector": field_selector}
+        )
+        return msgspec.json.decode(payload, type=ItemList[kind]).items  # type: ignore[valid-type]
+
+    async def create_resource_slice(self, body: Any) -> None:
+        await self.request("POST", RESOURCE_SLICES, body=body)
+
+    async def replace_resource_slice(self, name: str, body: Any) -> None:
+        """PUT; the body's resourceVersion makes a concurrent change a Conflict."""
+        await self.request("PUT", f"{RESOURCE_SLICES}/{name}", body=body)
+
+    async def delete_resource_slice(self, name: str, uid: str) -> None:
+        """Only the slice with this uid: one re-created under the same name is left alone."""
+        await self.request(
+            "DELETE",
+            f"{RESOURCE_SLICES}/{name}",
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"uid": uid},
+            },
+        )
