@@ -1,12 +1,13 @@
-"""Generate the Python gRPC stubs for kubelet's device plugin and DRA plugin APIs from proto/.
+"""Generate the Python gRPC stubs for kubelet's device plugin, pod resources and DRA plugin APIs
+from proto/.
 
     uv run python proto/generate.py            # rewrite the committed stubs under src/
     uv run python proto/generate.py --out DIR  # write them under DIR instead
 
 The stubs are committed so the package installs without a code generator;
-tests/unit/test_deviceplugin_stubs.py and tests/unit/test_dra_stubs.py regenerate them into a
-temporary directory and fail when they differ, so edit the .proto and rerun this, never the
-generated files.
+tests/unit/test_deviceplugin_stubs.py, test_podresources_stubs.py and test_dra_stubs.py regenerate
+them into a temporary directory and fail when they differ, so edit the .proto and rerun this,
+never the generated files.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ PROTO_ROOT = Path(__file__).resolve().parent
 REPO = PROTO_ROOT.parent
 PROTOS = (
     "neuron_scheduler/deviceplugin/v1beta1/api.proto",
+    "neuron_scheduler/deviceplugin/podresources/v1/api.proto",
     "neuron_scheduler/dra/v1/api.proto",
     "neuron_scheduler/dra/v1beta1/api.proto",
     "neuron_scheduler/dra/pluginregistration/api.proto",
