@@ -1,0 +1,21 @@
+"""The DRA driver: a second front end of the same catalog and allocator, for nodes that use
+Kubernetes Dynamic Resource Allocation instead of our device plugin.
+
+Every legal set of Neuron devices is published as one device (`shapes`, `slices`) consuming
+counters of its members, so the scheduler's own allocator can only ever pick a legal set, and
+never two that overlap; `devicegroups` adds AWS's EFA alignment attributes. On the node,
+`preparing` re-checks an allocated claim and writes its CDI spec (`cdi`), remembered across
+restarts (`checkpoint`); `service` serves kubelet's registration and DRAPlugin APIs; `publisher`
+keeps the ResourceSlices current; `driver` runs it all; `command` is the CLI entry point.
+`firstfit` models the scheduler's decision over our devices, for benchmarks.
+
+Kept free of imports so that loading the CLI does not load gRPC.
+"""
+
+from pathlib import Path
+
+DEFAULT_DRIVER_NAME = "neuron.neuron-scheduler.io"
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+DEFAULT_LOGICAL_NC_CONFIG = Path("/opt/aws/neuron/logical_nc_config")
