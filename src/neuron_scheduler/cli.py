@@ -11,6 +11,7 @@ import sys
 import typer
 
 from neuron_scheduler.deviceplugin.command import register as register_device_plugin
+from neuron_scheduler.dra.command import register as register_dra_driver
 from neuron_scheduler.extender.command import register as register_extender
 from neuron_scheduler.sim.commands import register as register_sim
 from neuron_scheduler.ultraserver.command import register as register_ultraserver
@@ -25,6 +26,7 @@ app = typer.Typer(
 register_sim(app)
 register_extender(app)
 register_device_plugin(app)
+register_dra_driver(app)
 register_ultraserver(app)
 
 

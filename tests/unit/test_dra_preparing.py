@@ -1,0 +1,273 @@
+"""Prepare and Unprepare: the allocator's re-check, CDI specs, the checkpoint, idempotence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.dra.checkpoint import Checkpoint
+from neuron_scheduler.dra.claims import ResourceClaim
+from neuron_scheduler.dra.preparing import ClaimRef, NodeDevices, Preparer
+from neuron_scheduler.kube.errors import NotFound
+
+DRIVER = "neuron.example.com"
+NODE = "node-a"
+CATALOG = Catalog.builtin()
+
+
+def claim_json(
+    uid: str,
+    devices: list[str | tuple[str, str]],
+    *,
+    name: str | None = None,
+    pool: str = NODE,
+    config: list[dict[str, Any]] | None = None,
+    allocated: bool = True,
+) -> dict[str, Any]:
+    results = [
+        {"request": d[0], "driver": DRIVER, "pool": pool, "device": d[1]}
+        if isinstance(d, tuple)
+        else {"request": "neurons", "driver": DRIVER, "pool": pool, "device": d}
+        for d in devices
+    ]
+    body: dict[str, Any] = {
+        "metadata": {"name": name or f"claim-{uid}", "namespace": "ns", "uid": uid}
+    }
+    if allocated:
+        body["status"] = {"allocation": {"devices": {"results": results, "config": config or []}}}
+    return body
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.reads = 0
+
+    def add(self, body: dict[str, Any]) -> ClaimRef:
+        self.claims[body["metadata"]["name"]] = body
+        meta = body["metadata"]
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+    async def __call__(self, namespace: str, name: str) -> ResourceClaim:
+        self.reads += 1
+        if name not in self.claims:
+            raise NotFound("GET", f"/claims/{name}", 404, b'{"message": "not found"}')
+        return msgspec.json.decode(json.dumps(self.claims[name]), type=ResourceClaim)
+
+
+class World:
+    def __init__(self, root: Path, instance_type: str = "inf2.48xlarge", physical: int = 2) -> None:
+        self.root = root
+        self.api = FakeApi()
+        topology = CATALOG.resolve(instance_type).topology
+        self.devices = NodeDevices(topology, physical)
+        self.preparer = self.start()
+
+    def start(self) -> Preparer:
+        checkpoint = Checkpoint(self.root / "state" / "checkpoint.json", DRIVER, NODE)
+        checkpoint.load()
+        return Preparer(DRIVER, NODE, self.devices, checkpoint, self.root / "cdi", self.api)
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(
+            (self.root / "cdi" / f"{DRIVER}-{uid}.json").read_text()
+        )
+        return result
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+async def test_prepare_writes_one_cdi_spec_naming_exactly_the_devices(world: World) -> None:
+    ref = world.api.add(claim_json("uid-1", ["window-3-at-11"]))
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert not isinstance(answer, str), answer
+    (device,) = answer.devices
+    assert (device.request, device.pool, device.device) == ("neurons", NODE, "window-3-at-11")
+    assert device.cdi_id == f"{DRIVER}/neuron=uid-1-window-3-at-11"
+    spec = world.spec("uid-1")
+    assert spec["kind"] == f"{DRIVER}/neuron"
+    (cdi,) = spec["devices"]
+    assert cdi["name"] == "uid-1-window-3-at-11"
+    edits = cdi["containerEdits"]
+    assert edits["deviceNodes"] == [{"path": f"/dev/neuron{d}"} for d in (0, 1, 11)]
+    assert edits["env"] == [
+        "NEURON_RT_VISIBLE_CORES=0,1,2,3,22,23",
+        "AWS_NEURON_VISIBLE_DEVICES=0,1,11",
+    ]
+
+
+async def test_prepare_and_unprepare_are_idempotent(world: World) -> None:
+    ref = world.api.add(claim_json("uid-1", ["window-4-at-0"], name="c"))
+    first = await world.preparer.prepare([ref])
+    second = await world.preparer.prepare([ref])
+    assert not isinstance(first["uid-1"], str), first
+    assert first == second and world.api.reads == 1
+    assert await world.preparer.unprepare([ref]) == {"uid-1": ""}
+    assert not (world.root / "cdi" / f"{DRIVER}-uid-1.json").exists()
+    assert await world.preparer.unprepare([ref]) == {"uid-1": ""}
+    never = ClaimRef("ns", "never", "uid-never")
+    assert await world.preparer.unprepare([never]) == {"uid-never": ""}
+
+
+async def test_a_restarted_driver_keeps_what_it_prepared(world: World) -> None:
+    held = world.api.add(claim_json("uid-1", ["window-4-at-0"]))
+    await world.preparer.prepare([held])
+    (world.root / "cdi" / f"{DRIVER}-uid-1.json").unlink()  # a runtime dir wiped meanwhile
+    restarted = world.start()
+    reads = world.api.reads
+    again = await restarted.prepare([held])
+    assert world.api.reads == reads  # answered from the checkpoint
+    assert not isinstance(again["uid-1"], str)
+    assert world.spec("uid-1")["devices"][0]["name"] == "uid-1-window-4-at-0"
+    overlapping = world.api.add(claim_json("uid-2", ["window-2-at-3"]))
+    refused = await restarted.prepare([overlapping])
+    assert refused == {"uid-2": "devices 3 are in use by another prepared claim"}
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        (
+            claim_json("u", ["single-0", "single-5"]),
+            "devices 0,5, which are not directly connected",
+        ),
+        (
+            claim_json("u", ["single-0", "window-2-at-0"]),
+            "overlaps another device of the same claim",
+        ),
+        (claim_json("u", ["window-99-at-0"]), "'window-99-at-0' is not one this driver publishes"),
+        (claim_json("u", ["single-0"], pool="node-b"), "pool(s) node-b, not of this node (node-a)"),
+        (claim_json("u", ["single-0"], allocated=False), "the claim is not allocated"),
+        (
+            claim_json(
+                "u",
+                ["single-0"],
+                config=[
+                    {
+                        "source": "FromClaim",
+                        "opaque": {"driver": DRIVER, "parameters": {"kind": "Foo"}},
+                    }
+                ],
+            ),
+            "must be apiVersion neuron.example.com/v1",
+        ),
+        (
+            claim_json(
+                "u",
+                ["single-0"],
+                config=[
+                    {
+                        "source": "FromClaim",
+                        "requests": ["neurons"],
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": f"{DRIVER}/v1",
+                                "kind": "NeuronConfig",
+                                "logicalNeuronCore": 2,
+                            },
+                        },
+                    }
+                ],
+            ),
+            "logicalNeuronCore 2 needs devices with 8 physical NeuronCores",
+        ),
+    ],
+)
+async def test_claims_that_cannot_be_prepared_get_a_clear_error(
+    world: World, claim: dict[str, Any], message: str
+) -> None:
+    ref = world.api.add(claim)
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert isinstance(answer, str) and message in answer, answer
+    assert world.preparer.checkpoint.claims == {}
+
+
+async def test_two_singles_that_form_a_window_are_legal(world: World) -> None:
+    ref = world.api.add(claim_json("u", ["single-11", "single-0"]))
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert not isinstance(answer, str), answer
+
+
+async def test_separate_requests_may_hold_separate_sets(world: World) -> None:
+    ref = world.api.add(claim_json("u", [("a", "single-0"), ("b", "single-5")]))
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert not isinstance(answer, str), answer
+    assert [d.request for d in answer.devices] == ["a", "b"]
+
+
+async def test_missing_replaced_and_unhealthy(world: World) -> None:
+    missing = await world.preparer.prepare([ClaimRef("ns", "gone", "uid-9")])
+    assert missing == {"uid-9": "claim ns/gone does not exist"}
+    world.api.add(claim_json("uid-new", ["single-0"], name="same"))
+    replaced = await world.preparer.prepare([ClaimRef("ns", "same", "uid-old")])
+    assert "it was deleted and created again" in str(replaced["uid-old"])
+    world.devices.unhealthy = {1: "core_count unreadable"}
+    sick = world.api.add(claim_json("uid-s", ["window-2-at-0"]))
+    answer = await world.preparer.prepare([sick])
+    assert answer == {"uid-s": "unhealthy devices: neuron1: core_count unreadable"}
+    bad = await world.preparer.prepare([ClaimRef("ns", "x", "../../etc/passwd")])
+    assert "is not a claim UID" in str(bad["../../etc/passwd"])
+
+
+async def test_logical_neuroncore_per_claim_on_trn2(tmp_path: Path) -> None:
+    world = World(tmp_path, "trn2.48xlarge", physical=8)
+    config = [
+        {
+            "source": "FromClass",
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "neuron.aws.com/v1",
+                    "kind": "NeuronConfig",
+                    "logicalNeuronCore": 2,
+                },
+            },
+        },
+        {
+            "source": "FromClaim",
+            "requests": ["neurons"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": f"{DRIVER}/v1",
+                    "kind": "NeuronConfig",
+                    "logicalNeuronCore": 1,
+                },
+            },
+        },
+    ]
+    ref = world.api.add(claim_json("u", ["single-1"], config=config))
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert not isinstance(answer, str), answer
+    env = world.spec("u")["devices"][0]["containerEdits"]["env"]
+    assert env == [
+        "NEURON_RT_VISIBLE_CORES=8,9,10,11,12,13,14,15",
+        "AWS_NEURON_VISIBLE_DEVICES=1",
+        "NEURON_LOGICAL_NC_CONFIG=1",
+    ]
+    # Without config: the node's own setting (4 logical cores per device, LNC=2).
+    plain = world.api.add(claim_json("p", ["single-2"]))
+    await world.preparer.prepare([plain])
+    assert world.spec("p")["devices"][0]["containerEdits"]["env"][0] == (
+        "NEURON_RT_VISIBLE_CORES=8,9,10,11"
+    )
+
+
+def test_an_unreadable_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("{not json")
+    checkpoint = Checkpoint(path, DRIVER, NODE)
+    checkpoint.load()
+    assert checkpoint.claims == {}
+    assert not path.exists()
+    (aside,) = tmp_path.glob("checkpoint.json.unreadable-*")
+    assert aside.read_text() == "{not json"
