@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core import handoff as keys
@@ -80,9 +80,17 @@ class Assigner:
     NODE_RETRY_SECONDS = 30.0
 
     def __init__(
-        self, pods: NodePods, node: str, state: DeviceState, catalog: Catalog | None = None
+        self,
+        pods: NodePods,
+        node: str,
+        state: DeviceState,
+        catalog: Catalog | None = None,
+        *,
+        on_allocate: Callable[[], None] | None = None,
     ) -> None:
         self.pods = pods
+        # Told when an Allocate begins and ends (the annotations' corrector waits for quiet).
+        self.on_allocate = on_allocate
         self.node = node
         self.state = state
         self.catalog = catalog or Catalog.builtin()
@@ -219,6 +227,17 @@ class Assigner:
     # --- Allocate -------------------------------------------------------------------------
 
     async def allocate(
+        self, resource: str, unit: Unit, requests: Sequence[Sequence[str]]
+    ) -> list[api_pb2.ContainerAllocateResponse]:
+        if self.on_allocate is not None:
+            self.on_allocate()
+        try:
+            return await self._allocate(resource, unit, requests)
+        finally:
+            if self.on_allocate is not None:
+                self.on_allocate()
+
+    async def _allocate(
         self, resource: str, unit: Unit, requests: Sequence[Sequence[str]]
     ) -> list[api_pb2.ContainerAllocateResponse]:
         async with self._lock:

@@ -8,7 +8,11 @@ from typing import Annotated
 import typer
 
 from neuron_scheduler.commandline import UsageError, check_log_level, setup_logging, user_errors
-from neuron_scheduler.deviceplugin import DEFAULT_LOGICAL_NC_CONFIG, DEFAULT_PLUGIN_DIR
+from neuron_scheduler.deviceplugin import (
+    DEFAULT_LOGICAL_NC_CONFIG,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 
 
 def device_plugin(
@@ -42,6 +46,12 @@ def device_plugin(
     health_interval: Annotated[
         float, typer.Option(help="seconds between device health checks")
     ] = 2.0,
+    pod_resources_socket: Annotated[
+        Path,
+        typer.Option(
+            help="kubelet's pod resources API socket: which container really holds each id"
+        ),
+    ] = DEFAULT_POD_RESOURCES_SOCKET,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Serve the kubelet device plugin API for aws.amazon.com/neuroncore, neuron and neurondevice,
@@ -70,6 +80,7 @@ def device_plugin(
                 logical_nc_config=logical_nc_config,
                 cores_per_device=cores_per_device,
                 health_interval=health_interval,
+                pod_resources_socket=pod_resources_socket,
             )
         )
 

@@ -55,8 +55,9 @@ class Slot:
     container: str
     ids: tuple[int, ...]
     allocated: bool
-    # Tie-break among equal candidates, stable across calls: bind time, pod, container position.
-    order: tuple[int, str, int]
+    # Among equal candidates, the one kubelet admits first (see admission_rank), then bind time,
+    # pod, container position: stable across calls.
+    order: tuple[int, int, str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,8 @@ def kubelet_ids(values: Sequence[str]) -> tuple[int, ...] | None:
     return ids if all(i >= 0 for i in ids) and len(set(ids)) == len(ids) else None
 
 
-def _count(container: Container, unit: Unit) -> int:
+def unit_count(container: Container, unit: Unit) -> int:
+    """How many ids of `unit` the container asks for."""
     merged = {**container.resources.requests, **container.resources.limits}
     total = 0
     for name, value in merged.items():
@@ -135,18 +137,15 @@ def _count(container: Container, unit: Unit) -> int:
 def _slots(pod: Pod, found: keys.Assignment, done: frozenset[str]) -> tuple[Slot, ...]:
     unit = RESOURCE_UNITS[found.resource]
     key = pod.key
-    alloc_time = _alloc_time(pod)
+    rank, alloc_time = admission_rank(pod), _alloc_time(pod)
     shares: list[tuple[str, tuple[int, ...]]] = []
     # kubelet admits init containers first, each with the pod's first ids (the app containers
     # then reuse them); the extender records only app containers.
     for container in pod.spec.initContainers:
-        count = _count(container, unit)
+        count = unit_count(container, unit)
         if count and container.name not in found.containers:
             shares.append((container.name, found.ids[:count]))
-    if found.containers:
-        shares.extend(found.containers.items())
-    else:
-        shares.extend(_split_without_record(pod, found, unit))
+    shares.extend(app_slices(pod, found).items())
     return tuple(
         Slot(
             key,
@@ -154,11 +153,18 @@ def _slots(pod: Pod, found: keys.Assignment, done: frozenset[str]) -> tuple[Slot
             name,
             ids,
             found.allocated or name in done,
-            (alloc_time, key, position),
+            (rank, alloc_time, key, position),
         )
         for position, (name, ids) in enumerate(shares)
         if ids
     )
+
+
+def app_slices(pod: Pod, found: keys.Assignment) -> dict[str, tuple[int, ...]]:
+    """Each app container's annotated slice of the pod's ids (init containers reuse them)."""
+    if found.containers:
+        return dict(found.containers)
+    return dict(_split_without_record(pod, found, RESOURCE_UNITS[found.resource]))
 
 
 def _split_without_record(
@@ -174,8 +180,30 @@ def _split_without_record(
         split = keys.split_per_container(found.ids, request, pod.container_names)
         if split:
             return list(split.items())
-    users = [c.name for c in pod.spec.containers if _count(c, unit)]
+    users = [c.name for c in pod.spec.containers if unit_count(c, unit)]
     return [(users[0] if users else "", found.ids)]
+
+
+# Beyond any etcd revision; a resourceVersion that is not one sorts last.
+_UNRANKED = 1 << 63
+
+
+def admission_rank(pod: Pod) -> int:
+    """Where kubelet's admission order puts a bound, not yet admitted pod: lower goes first.
+
+    A running kubelet watches its pods, and each watch event is a batch of its own: it sorts a
+    batch by creation time, but one pod per batch means it admits pods in the order their
+    bindings reached the API server (pkg/kubelet/config/apiserver.go feeds an UndeltaStore;
+    HandlePodAdditions sorts within the batch). Until kubelet admits a pod nothing else writes it,
+    so its resourceVersion is still that of its binding. resourceVersions are opaque to clients,
+    but every API server backed by etcd gives revisions, which grow; anything else ranks last
+    and the bind time decides. Only the first list after a kubelet start is one batch, sorted
+    by creation time; a swap there is corrected from the pod resources API.
+    """
+    version = pod.metadata.resourceVersion
+    if not (version.isascii() and version.isdigit()) or len(version) > 18:
+        return _UNRANKED
+    return int(version)
 
 
 def _alloc_time(pod: Pod) -> int:

@@ -1,4 +1,5 @@
-"""The device plugin process: discovery, the three endpoints, registration, health."""
+"""The device plugin process: discovery, the three endpoints, registration, health, and keeping
+the annotations true to kubelet's pod resources."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
-from neuron_scheduler.deviceplugin import DEFAULT_LOGICAL_NC_CONFIG, DEFAULT_PLUGIN_DIR
+from neuron_scheduler.deviceplugin import (
+    DEFAULT_LOGICAL_NC_CONFIG,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 from neuron_scheduler.deviceplugin.assigning import Assigner
+from neuron_scheduler.deviceplugin.correcting import Corrector
 from neuron_scheduler.deviceplugin.devicewatch import DeviceWatch
 from neuron_scheduler.deviceplugin.hardware import Hardware, SysfsHardware
+from neuron_scheduler.deviceplugin.holdings import SocketHoldings
 from neuron_scheduler.deviceplugin.pods import ApiNodePods
 from neuron_scheduler.deviceplugin.registration import Endpoint, Registrar
 from neuron_scheduler.deviceplugin.service import NeuronDevicePlugin
@@ -38,6 +45,8 @@ class PluginConfig:
     resources: tuple[str, ...] = RESOURCES
     health_interval: float = 2.0
     poll_interval: float = 0.5  # how often the plugin directory is checked for a new kubelet
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    reconcile_interval: float = 30.0  # between comparisons with kubelet's pod resources
 
 
 async def serve(
@@ -58,6 +67,14 @@ async def serve(
         if state is None:
             return
         assigner = Assigner(ApiNodePods(api, config.node_name), config.node_name, state)
+        corrector = Corrector(
+            assigner.pods,
+            SocketHoldings(config.pod_resources_socket, config.resources),
+            config.node_name,
+            assigner.topology,
+            interval=config.reconcile_interval,
+        )
+        assigner.on_allocate = corrector.allocating
         endpoints = [
             Endpoint(config.plugin_dir, resource, NeuronDevicePlugin(resource, state, assigner))
             for resource in config.resources
@@ -66,6 +83,7 @@ async def serve(
         await asyncio.gather(
             watch.run(state, stop),
             registrar.run(stop),
+            corrector.run(stop),
             _check_api(assigner, config.node_name),
         )
     finally:

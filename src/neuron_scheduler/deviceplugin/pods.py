@@ -1,4 +1,5 @@
-"""The API calls the device plugin makes: this node's pods and Node, and marking a pod allocated."""
+"""The API calls the device plugin makes: this node's pods and Node, patching a pod's annotations
+(marking it allocated, correcting its ids) and an event on a pod."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Protocol
 
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import NotFound
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 
 
 class NodePods(Protocol):
@@ -19,6 +20,8 @@ class NodePods(Protocol):
     async def patch_annotations(
         self, pod: Pod, values: dict[str, str | None], *, resource_version: bool
     ) -> None: ...
+
+    async def record_event(self, pod: Pod, reason: str, message: str) -> None: ...
 
 
 class ApiNodePods:
@@ -56,3 +59,6 @@ class ApiNodePods:
             values,
             resource_version=meta.resourceVersion if resource_version else None,
         )
+
+    async def record_event(self, pod: Pod, reason: str, message: str) -> None:
+        await self.api.create_event(ObjectRef.of_pod(pod), reason, message, warning=True)

@@ -1,0 +1,381 @@
+"""Annotations against what kubelet's pod resources API says each container holds: reading the
+answer, finding the pods that disagree, and correcting them (with a fake lister and an in-memory
+API)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import msgspec
+import pytest
+
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, Unit
+from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.correcting import Corrector
+from neuron_scheduler.deviceplugin.holdings import (
+    HoldingsError,
+    KubeletHoldings,
+    holdings_of,
+)
+from neuron_scheduler.deviceplugin.matching import admission_rank, node_view, preferred_ids
+from neuron_scheduler.deviceplugin.podresources.v1 import api_pb2
+from neuron_scheduler.deviceplugin.reconciling import CORRECTED, review
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import Pod
+
+NODE = "n1"
+INF1 = Catalog.builtin().resolve("inf1.6xlarge", 4, 16).topology  # 4 devices x 4 cores
+RESOURCES = frozenset({NEURONCORE, NEURON, NEURONDEVICE})
+
+
+def pod(
+    name: str,
+    slices: dict[str, str],
+    *,
+    version: str = "1",
+    resource: str = NEURONCORE,
+    init: dict[str, int] | None = None,
+    allocated: bool = True,
+    node: str = NODE,
+    phase: str = "Running",
+    alloc_time: int = 0,
+) -> Pod:
+    """A pod as the extender annotates it; `slices` is container -> ids in the pod's unit."""
+    ids = ",".join(slices.values())
+    numbers = [int(i) for i in ids.split(",")]
+    if resource == NEURONCORE:
+        cores, devices = numbers, sorted({c // 4 for c in numbers})
+    else:
+        devices, cores = numbers, [c for d in numbers for c in range(d * 4, d * 4 + 4)]
+
+    def spec(items: dict[str, int]) -> list[dict[str, Any]]:
+        return [{"name": n, "resources": {"limits": {resource: str(c)}}} for n, c in items.items()]
+
+    return msgspec.convert(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": f"uid-{name}",
+                "resourceVersion": version,
+                "annotations": {
+                    "AWS_NEURON_IDS": ids,
+                    "NEURON_RESOURCE_TYPE": resource,
+                    "NEURON_ALLOC_TIME": str(alloc_time),
+                    "NEURON_ALLOCATED": "true" if allocated else "false",
+                    "NEURON_NODE": node,
+                    "NEURON_CORES": ",".join(map(str, cores)),
+                    "NEURON_DEVS": ",".join(map(str, devices)),
+                    "NEURON_CONTAINER_IDS": json.dumps(slices),
+                },
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": spec({c: len(v.split(",")) for c, v in slices.items()}),
+                "initContainers": spec(init or {}),
+            },
+            "status": {"phase": phase},
+        },
+        Pod,
+    )
+
+
+def listed(*pods: tuple[str, dict[str, dict[str, list[str]]]]) -> list[api_pb2.PodResources]:
+    """kubelet's List answer: (pod name, container -> resource -> ids), one entry per id as
+    kubelet sends it when the plugin reports topology."""
+    return [
+        api_pb2.PodResources(
+            name=name,
+            namespace="ns",
+            containers=[
+                api_pb2.ContainerResources(
+                    name=container,
+                    devices=[
+                        api_pb2.ContainerDevices(resource_name=resource, device_ids=[i])
+                        for resource, ids in held.items()
+                        for i in ids
+                    ],
+                )
+                for container, held in containers.items()
+            ],
+        )
+        for name, containers in pods
+    ]
+
+
+def held(*pods: tuple[str, dict[str, dict[str, list[str]]]]) -> KubeletHoldings:
+    return holdings_of(listed(*pods), RESOURCES)
+
+
+def cores(*ids: int) -> dict[str, list[str]]:
+    return {NEURONCORE: [str(i) for i in ids]}
+
+
+# --- reading kubelet's answer -----------------------------------------------------------------
+
+
+def test_ids_are_gathered_per_container_and_other_resources_dropped() -> None:
+    answer = listed(
+        ("p", {"main": {NEURONCORE: ["3", "2"], "nvidia.com/gpu": ["GPU-1"]}, "side": {}})
+    )
+    found = holdings_of(answer, RESOURCES)
+    assert found.pods == {("ns", "p"): {"main": {NEURONCORE: (2, 3)}, "side": {}}}
+    assert not found.skipped and not found.ambiguous
+
+
+def test_a_pod_listed_twice_is_ambiguous_and_dropped() -> None:
+    found = held(("p", {"main": cores(0, 1)}), ("p", {"main": cores(2, 3)}), ("q", {}))
+    assert found.ambiguous == {("ns", "p")}
+    assert set(found.pods) == {("ns", "q")}
+
+
+@pytest.mark.parametrize("ids", [["x"], ["-1"], ["1", "1"], [str(i) for i in range(2000)]], ids=str)
+def test_ids_that_are_not_ours_leave_the_pod_out(ids: list[str]) -> None:
+    found = held(("p", {"main": {NEURONCORE: ids}}))
+    assert found.pods == {}
+    assert found.skipped
+
+
+def test_unusable_names_are_skipped() -> None:
+    answer = listed(("", {"main": cores(0)}), ("p", {"": cores(1)}), ("q" * 300, {}))
+    found = holdings_of(answer, RESOURCES)
+    assert found.pods == {} and len(found.skipped) == 3
+
+
+# --- comparing -------------------------------------------------------------------------------
+
+
+def test_a_swapped_pair_is_corrected_to_what_each_container_holds() -> None:
+    pods = [pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})]
+    found = review(
+        pods, held(("a", {"main": cores(4, 5)}), ("b", {"main": cores(0, 1)})), NODE, INF1
+    )
+    assert found.agreeing == 0 and not found.problems
+    by_pod = {c.pod.metadata.name: c for c in found.corrections}
+    assert by_pod["a"].values == {
+        "AWS_NEURON_IDS": "4,5",
+        "NEURON_CORES": "4,5",
+        "NEURON_DEVS": "1",
+        "NEURON_CONTAINER_IDS": '{"main":"4,5"}',
+        "NEURON_ALLOCATED": "true",
+    }
+    assert by_pod["b"].values["NEURON_DEVS"] == "0"
+    assert "container main holds cores 4,5, not the annotated 0,1" in by_pod["a"].message
+
+
+def test_pods_that_agree_or_are_not_admitted_are_left_alone() -> None:
+    pods = [
+        pod("agrees", {"main": "0,1"}),
+        pod("pending", {"main": "2,3"}, allocated=False),  # kubelet has not admitted it
+        pod("halfway", {"a": "4,5", "b": "6,7"}, allocated=False),
+        pod("elsewhere", {"main": "8,9"}, node="n2"),
+        pod("done", {"main": "10,11"}, phase="Succeeded"),
+    ]
+    kubelet = held(
+        ("agrees", {"main": cores(1, 0)}),
+        ("halfway", {"a": cores(4, 5), "b": {}}),
+        ("elsewhere", {"main": cores(0, 1)}),
+        ("done", {"main": cores(0, 1)}),
+    )
+    found = review(pods, kubelet, NODE, INF1)
+    assert found.corrections == () and found.agreeing == 1 and not found.problems
+
+
+def test_each_container_of_a_multi_container_pod_gets_its_own_slice() -> None:
+    pods = [pod("pair", {"a": "0,1", "b": "2,3"})]
+    (correction,) = review(
+        pods, held(("pair", {"a": cores(2, 3), "b": cores(0, 1)})), NODE, INF1
+    ).corrections
+    assert json.loads(str(correction.values["NEURON_CONTAINER_IDS"])) == {"a": "2,3", "b": "0,1"}
+    assert correction.values["AWS_NEURON_IDS"] == "0,1,2,3"
+
+
+def test_init_containers_reuse_the_app_ids_or_are_left_alone() -> None:
+    # kubelet's List leaves out init containers; their ids are the app containers' when the
+    # apps need at least as many.
+    reused = pod("reused", {"main": "0,1"}, init={"setup": 2})
+    (correction,) = review(
+        [reused], held(("reused", {"main": cores(8, 9)})), NODE, INF1
+    ).corrections
+    assert correction.values["AWS_NEURON_IDS"] == "8,9"
+    bigger = pod("bigger", {"main": "0,1"}, init={"setup": 4})
+    found = review([bigger], held(("bigger", {"main": cores(8, 9)})), NODE, INF1)
+    assert found.corrections == () and "init containers" in found.problems[0]
+
+
+def test_device_pods_are_compared_in_devices() -> None:
+    pods = [pod("d", {"train": "0,1"}, resource=NEURON)]
+    kubelet = held(("d", {"train": {NEURON: ["2", "3"]}}))
+    (correction,) = review(pods, kubelet, NODE, INF1).corrections
+    assert correction.values["NEURON_DEVS"] == "2,3"
+    assert correction.values["NEURON_CORES"] == "8,9,10,11,12,13,14,15"
+
+
+@pytest.mark.parametrize(
+    ("kubelet", "why"),
+    [
+        (held(("p", {"main": cores(0, 1, 2)})), "not 2"),
+        (held(("p", {"main": cores(40, 41)})), "do not fit"),
+        (held(("p", {"main": cores(0, 1)}), ("p", {"main": cores(2, 3)})), "two pods"),
+    ],
+    ids=["count", "beyond-the-node", "ambiguous"],
+)
+def test_answers_that_cannot_be_right_change_nothing(kubelet: KubeletHoldings, why: str) -> None:
+    found = review([pod("p", {"main": "4,5"})], kubelet, NODE, INF1)
+    assert found.corrections == ()
+    assert why in found.problems[0]
+
+
+# --- kubelet's admission order steers the preference -----------------------------------------
+
+
+def test_the_pod_bound_first_is_preferred_whatever_its_bind_time() -> None:
+    # "late" took its ids first (older NEURON_ALLOC_TIME) but its binding reached the API
+    # server after "early"'s: kubelet's watch delivers "early" first.
+    late = pod("late", {"main": "0,1"}, version="20", allocated=False, alloc_time=1)
+    early = pod("early", {"main": "2,3"}, version="19", allocated=False, alloc_time=2)
+    view = node_view([late, early], NODE, INF1)
+    ids, slot = preferred_ids(view, Unit.CORE, list(range(16)), [], 2, 4, INF1)
+    assert slot is not None and slot.pod == "ns/early" and ids == (2, 3)
+
+
+def test_a_resource_version_that_is_not_a_revision_ranks_last() -> None:
+    assert admission_rank(pod("p", {"main": "0"}, version="12")) == 12
+    for odd in ("", "abc", "1e5", "²", "9" * 40):
+        assert admission_rank(pod("p", {"main": "0"}, version=odd)) > 10**18
+
+
+# --- correcting ------------------------------------------------------------------------------
+
+
+class FakeLister:
+    """kubelet's pod resources, as a test sets them."""
+
+    def __init__(self, answer: KubeletHoldings) -> None:
+        self.answer = answer
+        self.error: Exception | None = None
+        self.during_read: list[Any] = []  # called while "kubelet" answers
+
+    async def read(self) -> KubeletHoldings:
+        for action in self.during_read:
+            action()
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+class MemoryPods:
+    def __init__(self, pods: list[Pod]) -> None:
+        self.pods = {p.metadata.name: p for p in pods}
+        self.patches: list[tuple[str, dict[str, str | None], bool]] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    async def list_pods(self) -> list[Pod]:
+        return list(self.pods.values())
+
+    async def patch_annotations(
+        self, pod: Pod, values: dict[str, str | None], *, resource_version: bool
+    ) -> None:
+        current = self.pods[pod.metadata.name]
+        if resource_version and pod.metadata.resourceVersion != current.metadata.resourceVersion:
+            raise api_error("PATCH", "/pods", 409, b'{"reason": "Conflict"}')
+        raw = msgspec.to_builtins(current)
+        raw["metadata"]["annotations"].update(values)
+        raw["metadata"]["resourceVersion"] = str(int(current.metadata.resourceVersion) + 1)
+        self.pods[pod.metadata.name] = msgspec.convert(raw, Pod)
+        self.patches.append((pod.metadata.name, values, resource_version))
+
+    async def record_event(self, pod: Pod, reason: str, message: str) -> None:
+        self.events.append((pod.metadata.name, reason, message))
+
+    def bump(self, name: str) -> None:
+        raw = msgspec.to_builtins(self.pods[name])
+        raw["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 1)
+        self.pods[name] = msgspec.convert(raw, Pod)
+
+
+SWAPPED = held(("a", {"main": cores(4, 5)}), ("b", {"main": cores(0, 1)}))
+
+
+def corrector(pods: MemoryPods, lister: FakeLister) -> Corrector:
+    async def topology() -> Topology:
+        return INF1
+
+    return Corrector(pods, lister, NODE, topology, settle=0.01, interval=3600)  # type: ignore[arg-type]
+
+
+async def test_corrections_are_preconditioned_patches_with_an_event() -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})])
+    fixer = corrector(pods, FakeLister(SWAPPED))
+    found = await fixer.reconcile()
+    assert found is not None and len(found.corrections) == 2
+    assert [(name, rv) for name, _, rv in pods.patches] == [("a", True), ("b", True)]
+    assert pods.pods["a"].metadata.annotations["AWS_NEURON_IDS"] == "4,5"
+    assert pods.pods["b"].metadata.annotations["AWS_NEURON_IDS"] == "0,1"
+    assert [(name, reason) for name, reason, _ in pods.events] == [
+        ("a", CORRECTED),
+        ("b", CORRECTED),
+    ]
+    assert fixer.corrected == 2
+    # Now they agree: a second pass writes nothing.
+    again = await fixer.reconcile()
+    assert again is not None and again.agreeing == 2 and len(pods.patches) == 2
+
+
+async def test_a_pod_changed_meanwhile_is_not_overwritten() -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})])
+    fixer = corrector(pods, FakeLister(SWAPPED))
+    original_list = pods.list_pods
+
+    async def list_then_bump() -> list[Pod]:
+        listed_pods = await original_list()
+        pods.bump("a")  # someone writes "a" after the pass read it
+        return listed_pods
+
+    pods.list_pods = list_then_bump  # type: ignore[method-assign]
+    await fixer.reconcile()
+    assert [name for name, _, _ in pods.patches] == ["b"]
+    assert pods.pods["a"].metadata.annotations["AWS_NEURON_IDS"] == "0,1"
+    assert [name for name, _, _ in pods.events] == ["b"]
+
+
+async def test_a_pass_overlapping_an_allocate_is_dropped() -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})])
+    lister = FakeLister(SWAPPED)
+    fixer = corrector(pods, lister)
+    lister.during_read.append(fixer.allocating)
+    assert await fixer.reconcile() is None
+    assert pods.patches == []
+
+
+async def test_an_unreadable_socket_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"})])
+    lister = FakeLister(KubeletHoldings())
+    lister.error = HoldingsError("/x/kubelet.sock does not exist")
+    fixer = corrector(pods, lister)
+    with caplog.at_level(logging.WARNING):
+        assert await fixer.reconcile() is None
+        assert await fixer.reconcile() is None
+    assert [r.getMessage() for r in caplog.records].count(
+        "cannot compare annotations with kubelet's pod resources: /x/kubelet.sock does not exist"
+    ) == 1
+
+
+async def test_run_corrects_soon_after_an_allocate_and_stops() -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})])
+    fixer = corrector(pods, FakeLister(SWAPPED))
+    stop = asyncio.Event()
+    task = asyncio.create_task(fixer.run(stop))
+    fixer.allocating()
+    fixer.allocating()
+    for _ in range(200):
+        if fixer.corrected == 2:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert fixer.corrected == 2
