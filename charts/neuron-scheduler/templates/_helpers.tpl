@@ -81,7 +81,7 @@ its kube-scheduler (tests/testbed/manifests.py).
 {{- if not (or $s.customScheduler.enabled $s.defaultScheduler.enabled) -}}
 {{- fail "scheduler.enabled is true but neither scheduler.customScheduler.enabled nor scheduler.defaultScheduler.enabled is: turn exactly one on, or set scheduler.enabled=false" -}}
 {{- end -}}
-{{- else if not .Values.devicePlugin.enabled -}}
-{{- fail "scheduler.enabled and devicePlugin.enabled are both false: the chart would install nothing" -}}
+{{- else if not (or .Values.devicePlugin.enabled .Values.dra.enabled) -}}
+{{- fail "scheduler.enabled, devicePlugin.enabled and dra.enabled are all false: the chart would install nothing" -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,8 @@
+{{/* The DRA driver's object names and its DeviceClass names (dra-*.yaml). */}}
+{{- define "ns.dra.name" -}}neuron-dra-driver{{- end -}}
+
+{{/* <prefix>-1 .. <prefix>-<maxClassSize>, as a YAML flow list of quoted names. */}}
+{{- define "ns.dra.classNames" -}}
+{{- $d := .Values.dra -}}
+[{{- range $i, $size := untilStep 1 (int (add1 $d.maxClassSize)) 1 }}{{ if $i }}, {{ end }}"{{ $d.deviceClassPrefix }}-{{ $size }}"{{ end -}}]
+{{- end -}}
