@@ -15,7 +15,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -26,7 +26,6 @@ from neuron_scheduler.dra.slices import (
     pool_slices,
 )
 from neuron_scheduler.kube.backoff import Backoff
-from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, NotFound
 
 log = logging.getLogger(__name__)
@@ -52,11 +51,32 @@ class _Spec(msgspec.Struct):
     driver: str = ""
     nodeName: str = ""
     pool: _Pool = msgspec.field(default_factory=_Pool)
+    sharedCounters: list[msgspec.Raw] = []
 
 
 class ExistingSlice(msgspec.Struct):
     metadata: _Meta = msgspec.field(default_factory=_Meta)
     spec: _Spec = msgspec.field(default_factory=_Spec)
+
+
+T = TypeVar("T")
+
+
+class SliceApi(Protocol):
+    """The calls the publisher makes (kube.client.KubeAPI has them)."""
+
+    async def list_resource_slices(self, field_selector: str, kind: type[T]) -> list[T]: ...
+
+    async def create_resource_slice(self, body: Any) -> None: ...
+
+    async def replace_resource_slice(self, name: str, body: Any) -> None: ...
+
+    async def delete_resource_slice(self, name: str, uid: str) -> None: ...
+
+
+class CountersDropped(Exception):
+    """The API server stored our slices without their counters: partitionable devices are off,
+    and without counters the scheduler could hand out overlapping sets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +95,7 @@ def structure_hash(content: SliceContent) -> str:
 
 
 class Publisher:
-    def __init__(self, api: KubeAPI, driver: str, owner: Owner) -> None:
+    def __init__(self, api: SliceApi, driver: str, owner: Owner) -> None:
         self.api = api
         self.driver = driver
         self.owner = owner
@@ -121,6 +141,7 @@ class Publisher:
                     self.owner.name,
                     generation,
                 )
+            await self._check_counters(desired, existing if not changed else None)
             return bool(changed)
         generation += 1
         for content in desired:
@@ -131,6 +152,7 @@ class Publisher:
                 with contextlib.suppress(NotFound):
                     await self.api.delete_resource_slice(old.metadata.name, old.metadata.uid)
                     self.writes += 1
+        await self._check_counters(desired, None)
         devices = sum(len(c.devices) for c in desired)
         log.info(
             "published pool %s generation %d: %d ResourceSlices, %d devices (%s)",
@@ -141,6 +163,35 @@ class Publisher:
             inventory.topology.instance_type,
         )
         return True
+
+    async def _check_counters(
+        self, desired: list[SliceContent], stored: list[ExistingSlice] | None
+    ) -> None:
+        """Raise CountersDropped (after removing the pool) when the API server kept our counter
+        slice without its counters, as it does with partitionable devices off."""
+        wanted = {c.name for c in desired if c.shared_counters}
+        if not wanted:
+            return
+        if stored is None:
+            stored = await self.existing()
+        dropped = [
+            s.metadata.name
+            for s in stored
+            if s.metadata.name in wanted and not s.spec.sharedCounters
+        ]
+        if not dropped:
+            return
+        for old in stored:
+            with contextlib.suppress(NotFound):
+                await self.api.delete_resource_slice(old.metadata.name, old.metadata.uid)
+                self.writes += 1
+        raise CountersDropped(
+            f"the API server stored ResourceSlice {dropped[0]} without its shared counters: "
+            "partitionable devices are off (Kubernetes 1.35 needs the DRAPartitionableDevices "
+            "feature gate on kube-apiserver and kube-scheduler; 1.36 has it on). Without "
+            "counters the scheduler could hand out overlapping device sets, so this node's "
+            "slices were removed and nothing is published until it is on"
+        )
 
     def _body(self, content: SliceContent, generation: int, count: int) -> dict[str, Any]:
         return {
@@ -191,10 +242,17 @@ class Publisher:
         (someone may have deleted or edited a slice). A Conflict (a slice changed under us) is
         retried like any other failure, after a short wait."""
         backoff = Backoff(initial=0.5, maximum=30.0, jitter=0.2)
+        dropped = Backoff(initial=10.0, maximum=300.0)
         while not stop.is_set():
             changed.clear()
             try:
                 await self.publish(current())
+            except CountersDropped as error:
+                delay = dropped.failed()
+                if dropped.should_log:
+                    log.error("%s; checking again in %.0fs", error, delay)
+                await _wait_any(stop, changed, delay)
+                continue
             except READ_ERRORS as error:
                 delay = backoff.failed()
                 if backoff.should_log:
@@ -207,6 +265,7 @@ class Publisher:
                 await _wait_any(stop, changed, delay)
                 continue
             backoff.succeeded()
+            dropped.succeeded()
             await _wait_any(stop, changed, resync_seconds)
 
 
