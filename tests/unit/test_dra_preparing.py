@@ -132,6 +132,20 @@ async def test_a_restarted_driver_keeps_what_it_prepared(world: World) -> None:
     assert refused == {"uid-2": "devices 3 are in use by another prepared claim"}
 
 
+async def test_a_prepared_claim_that_no_longer_exists_frees_its_devices(world: World) -> None:
+    """Deleted while the driver was down, and never unprepared: the next claim wanting its
+    devices finds it gone from the API and takes them."""
+    gone = world.api.add(claim_json("uid-1", ["window-4-at-0"], name="gone"))
+    await world.preparer.prepare([gone])
+    del world.api.claims["gone"]
+    restarted = world.start()
+    successor = world.api.add(claim_json("uid-2", ["window-2-at-3"]))
+    (answer,) = (await restarted.prepare([successor])).values()
+    assert not isinstance(answer, str), answer
+    assert set(restarted.checkpoint.claims) == {"uid-2"}
+    assert not (world.root / "cdi" / f"{DRIVER}-uid-1.json").exists()
+
+
 @pytest.mark.parametrize(
     ("claim", "message"),
     [

@@ -168,11 +168,15 @@ class Preparer:
             return known
         claim = await self._read(ref)
         results = our_results(claim, self.driver, self.node)
+        topology = self.devices.topology
+        wanted = 0
+        for result in results:
+            shape = shapes_by_name(topology).get(result.device)
+            wanted |= shape.mask if shape is not None else 0
+        if wanted & self.checkpoint.held(besides=ref.uid):
+            await self._forget_deleted(wanted, besides=ref.uid)
         planned = plan(
-            self.devices.topology,
-            results,
-            self.checkpoint.held(besides=ref.uid),
-            self.devices.unhealthy,
+            topology, results, self.checkpoint.held(besides=ref.uid), self.devices.unhealthy
         )
         configs = request_configs(claim, self.driver, [r.base_request for r, _ in planned])
         devices = []
@@ -205,6 +209,31 @@ class Preparer:
             or "no devices of ours",
         )
         return prepared
+
+    async def _forget_deleted(self, devices: int, *, besides: str) -> None:
+        """Drop prepared claims holding these devices that no longer exist in the API.
+
+        kubelet unprepares a claim before it is deleted, but a claim deleted while this driver
+        was down (and kubelet's own record lost) would otherwise hold its devices for ever. A
+        claim that is gone is used by no pod: the API keeps a claim until its pods are done."""
+        for uid, prepared in list(self.checkpoint.claims.items()):
+            if uid == besides or not prepared.mask & devices:
+                continue
+            try:
+                current = await self.read_claim(prepared.namespace, prepared.name)
+            except NotFound:
+                current = None
+            except READ_ERRORS:
+                continue  # cannot tell: keep it
+            if current is None or current.metadata.uid != uid:
+                log.warning(
+                    "forgetting prepared claim %s/%s (%s): it no longer exists",
+                    prepared.namespace,
+                    prepared.name,
+                    uid,
+                )
+                self.checkpoint.remove(uid)
+                cdi.remove_spec(self.cdi_root, self.driver, uid)
 
     async def _read(self, ref: ClaimRef) -> ResourceClaim:
         try:
