@@ -12,6 +12,8 @@
 //     A request that would leave the path empty is refused instead.
 //   - A container whose command is `true` exits with code 0 as soon as it starts, so init
 //     containers can complete (upstream fake containers run until stopped).
+//   - Pulled images have a size: kubelet refuses an image whose id or size is unset, which with
+//     the upstream fake (size 0) fails every pod whose image is not re-pulled each time.
 //
 // Usage: fakecri -endpoint unix:///path/to/cri.sock
 package main
@@ -198,6 +200,7 @@ func main() {
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},
 	}}
+	r.fake.ImageService.SetFakeImageSize(1 << 20)
 	// Our own server, since the fake's has no interceptor.
 	server := grpc.NewServer(grpc.UnaryInterceptor(r.intercept))
 	runtimeapi.RegisterRuntimeServiceServer(server, r.fake)
