@@ -36,8 +36,9 @@ test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
 # The testbed is test infrastructure (tests/testbed), not part of the installed package.
+# CLUSTER_ARGS=--real-node (as root) adds a node with a real kubelet and our device plugin.
 cluster: sync $(KUBE_BIN)
-	$(UV) run python -m tests.testbed.cluster
+	$(UV) run python -m tests.testbed.cluster $(CLUSTER_ARGS)
 
 e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
