@@ -273,8 +273,10 @@ class MemoryPods:
         self.pods = {p.metadata.name: p for p in pods}
         self.patches: list[tuple[str, dict[str, str | None], bool]] = []
         self.events: list[tuple[str, str, str]] = []
+        self.lists = 0
 
     async def list_pods(self) -> list[Pod]:
+        self.lists += 1
         return list(self.pods.values())
 
     async def patch_annotations(
@@ -379,3 +381,19 @@ async def test_run_corrects_soon_after_an_allocate_and_stops() -> None:
     stop.set()
     await asyncio.wait_for(task, 5)
     assert fixer.corrected == 2
+
+
+async def test_an_unchanged_agreeing_answer_does_not_ask_the_api_again() -> None:
+    pods = MemoryPods([pod("a", {"main": "0,1"}), pod("b", {"main": "4,5"})])
+    lister = FakeLister(SWAPPED)
+    fixer = corrector(pods, lister)
+    await fixer.reconcile()  # corrects: the next pass must read the API again
+    await fixer.reconcile()  # agrees
+    assert pods.lists == 2
+    for _ in range(3):
+        found = await fixer.reconcile()
+        assert found is not None and found.agreeing == 2
+    assert pods.lists == 2
+    lister.answer = held(("a", {"main": cores(4, 5)}))  # b is gone from kubelet
+    await fixer.reconcile()
+    assert pods.lists == 3

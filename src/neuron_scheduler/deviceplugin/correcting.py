@@ -4,8 +4,10 @@ resources and this node's pods, and rewrites the annotations that disagree (`rec
 A pass runs `settle` seconds after the last Allocate (kubelet records an allocation as soon as the
 plugin answers, and allocates a pod's containers back to back) and every `interval` seconds, for
 what a pass missed (an API error, a conflict, a restarted kubelet). A pass that overlaps an
-Allocate is dropped: it may have read half of an admission. Each correction is a merge patch of
-our keys only, on the resourceVersion the pass read, and an event on the pod says what changed.
+Allocate is dropped: it may have read half of an admission. When kubelet's answer is the one a
+pass already found in agreement, the API server is not asked again. Each correction is a merge
+patch of our keys only, on the resourceVersion the pass read, and an event on the pod says what
+changed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader
+from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader, KubeletHoldings
 from neuron_scheduler.deviceplugin.pods import NodePods
 from neuron_scheduler.deviceplugin.reconciling import CORRECTED, Correction, Review, review
 from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound
@@ -48,7 +50,8 @@ class Corrector:
         self._allocations = 0  # Allocate calls begun or ended: a pass must see it unchanged
         self._due = time.monotonic() + settle
         self._wake = asyncio.Event()
-        self._last_problem = ""
+        self._said: set[str] = set()  # problems of the last pass, each logged once
+        self._settled: tuple[KubeletHoldings, Review] | None = None  # the last full agreement
 
     def allocating(self) -> None:
         """Called by the Assigner when an Allocate begins and when it ends."""
@@ -79,30 +82,36 @@ class Corrector:
         before = self._allocations
         try:
             held = await self.holdings.read()
+            if self._settled is not None and self._settled[0] == held:
+                return self._settled[1]
             pods = await self.pods.list_pods()
             topology = await self.topology()
         except _READ_ERRORS as error:
-            self._problem(f"cannot compare annotations with kubelet's pod resources: {error}")
+            self._tell([f"cannot compare annotations with kubelet's pod resources: {error}"])
             return None
         if self._allocations != before:
             log.debug("kubelet allocated during the pass; comparing again once it settles")
             return None
         found = review(pods, held, self.node, topology)
-        for problem in (*held.skipped, *found.problems):
-            self._problem(f"left alone: {problem}")
+        problems = [f"left alone: {problem}" for problem in (*held.skipped, *found.problems)]
+        self._tell(problems)
         for correction in found.corrections:
             await self._apply(correction)
+        agreed = not problems and not found.corrections
+        self._settled = (held, found) if agreed else None
         return found
 
-    def _problem(self, text: str) -> None:
-        # The same trouble every pass is said once, then at debug level.
-        if text != self._last_problem:
-            self._last_problem = text
-            log.warning("%s", text)
-        else:
-            log.debug("%s", text)
+    def _tell(self, problems: list[str]) -> None:
+        # A trouble that persists from pass to pass is said once, then at debug level.
+        for text in problems:
+            if text in self._said:
+                log.debug("%s", text)
+            else:
+                log.warning("%s", text)
+        self._said = set(problems)
 
-    async def _apply(self, correction: Correction) -> None:
+    async def _apply(self, correction: Correction) -> bool:
+        """Whether the pod's annotations were rewritten."""
         pod = correction.pod
         try:
             await self.pods.patch_annotations(pod, correction.values, resource_version=True)
@@ -110,13 +119,14 @@ class Corrector:
             # Changed since this pass read it (or recreated): read again after the next settle.
             log.info("%s changed while being corrected; comparing again", pod.key)
             self._due = min(self._due, time.monotonic() + self.settle)
-            return
+            return False
         except NotFound:
-            return
+            return False
         except API_ERRORS as error:
             log.warning("could not correct %s (%s); retrying later", pod.key, error)
-            return
+            return False
         self.corrected += 1
         log.warning("corrected %s: %s", pod.key, correction.message)
         with contextlib.suppress(*API_ERRORS):
             await self.pods.record_event(pod, CORRECTED, correction.message)
+        return True
