@@ -75,9 +75,13 @@ def plugin_kubeconfig(cp: ControlPlane) -> Path:
     cp.request(
         "POST",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": PLUGIN_ROLE}, "rules": role["rules"]},
-    )  # fmt: skip
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": PLUGIN_ROLE},
+            "rules": role["rules"],
+        },
+    )
     credentials = cp.service_account("kube-system", PLUGIN_ROLE)
     cp.request(
         "POST",
@@ -86,12 +90,16 @@ def plugin_kubeconfig(cp: ControlPlane) -> Path:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": PLUGIN_ROLE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": PLUGIN_ROLE},
-            "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ROLE,
-                          "namespace": "kube-system"}],
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": PLUGIN_ROLE,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": PLUGIN_ROLE, "namespace": "kube-system"}
+            ],
         },
-    )  # fmt: skip
+    )
     return credentials.kubeconfig_path
 
 
@@ -172,19 +180,18 @@ def create_at_once(real: RealNode, bodies: list[Json]) -> float:
             )
         )
     for body in bodies:
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            wait_for(
-                lambda ns=namespace, pod=name: (
-                    real.pod(ns, pod)["status"].get("phase")  # type: ignore[misc]
-                    == "Running"
-                ),
-                f"{namespace}/{name} Running",
-                PATIENCE,
-            )
-        except AssertionError:
-            raise AssertionError(why_not_running(real, namespace, name)) from None
+        wait_running(real, body["metadata"]["namespace"], body["metadata"]["name"])
     return time.monotonic() - began
+
+
+def wait_running(real: RealNode, namespace: str, name: str) -> None:
+    def running() -> bool:
+        return bool(real.pod(namespace, name)["status"].get("phase") == "Running")
+
+    try:
+        wait_for(running, f"{namespace}/{name} Running", PATIENCE)
+    except AssertionError:
+        raise AssertionError(why_not_running(real, namespace, name)) from None
 
 
 def why_not_running(real: RealNode, namespace: str, name: str) -> str:
@@ -358,9 +365,8 @@ def test_a_swap_the_preference_cannot_foresee_is_corrected(real: RealNode, names
     from kubelet's pod resources, with an event on each."""
     with real.kubelet.paused():
         for name in ("a", "b"):
-            real.cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(
-                namespace, name, {NEURONCORE: 2}
-            ))  # fmt: skip
+            body = pod_body(namespace, name, {NEURONCORE: 2})
+            real.cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
         wait_for(
             lambda: all(real.pod(namespace, n)["spec"].get("nodeName") for n in "ab"),
             "a and b bound",
@@ -375,11 +381,8 @@ def test_a_swap_the_preference_cannot_foresee_is_corrected(real: RealNode, names
             {"metadata": {"labels": {"touched": "yes"}}},
             "application/merge-patch+json",
         )
-    wait_for(
-        lambda: all(real.pod(namespace, n)["status"].get("phase") == "Running" for n in "ab"),
-        "a and b Running",
-        PATIENCE,
-    )
+    for name in "ab":
+        wait_running(real, namespace, name)
     wait_for(lambda: len(real.events(namespace, CORRECTED)) == 2, "two corrections", PATIENCE)
     wait_agreement(real, namespace)
     for name in "ab":
