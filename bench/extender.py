@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import random
+import ssl
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ import aiohttp
 from aiohttp import web
 
 from fleet import CORE, TYPES, cpu_seconds, cpu_ticks, rss_mb
-from tests.testbed.process import free_port
+from tests.testbed.pki import Pki
+from tests.testbed.process import free_port, free_ports
 
 
 def node_object(i: int) -> dict[str, Any]:
@@ -228,10 +230,13 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-async def drive(url: str, bodies: list[bytes], concurrency: int) -> list[float]:
+async def drive(
+    url: str, bodies: list[bytes], concurrency: int, tls: ssl.SSLContext | None
+) -> list[float]:
     latencies: list[float] = []
     queue = list(bodies)
-    async with aiohttp.ClientSession() as session:
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else False)
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
             while queue:
@@ -298,6 +303,11 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--binds", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="as the chart serves it: HTTPS, the client presenting my-scheduler's certificate",
+    )
     args = parser.parse_args()
 
     stand_in = StandIn(args.nodes, args.pods)
@@ -307,7 +317,14 @@ async def main() -> None:
     await web.TCPSite(runner, "127.0.0.1", api_port).start()
     workdir = Path(tempfile.mkdtemp(prefix="bench-extender-"))
     write_kubeconfig(workdir / "kubeconfig", f"http://127.0.0.1:{api_port}")
-    port = free_port()
+    port, metrics_port = free_ports(2)
+    serving = ["--insecure"]
+    client_tls: ssl.SSLContext | None = None
+    if args.tls:
+        pki = Pki.create(workdir / "pki")
+        serving = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+        serving += ["--client-ca", str(pki.ca)]
+        client_tls = pki.client_context()
     log = open(workdir / "extender.log", "w")  # noqa: SIM115 - lives as long as the process
     process = subprocess.Popen(
         [
@@ -321,19 +338,23 @@ async def main() -> None:
             "127.0.0.1",
             "--port",
             str(port),
+            "--metrics-port",
+            str(metrics_port),
             "--log-level",
             "warning",
+            *serving,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://127.0.0.1:{port}"
+    base = f"{'https' if args.tls else 'http'}://127.0.0.1:{port}"
+    side = f"http://127.0.0.1:{metrics_port}"  # probes and metrics: no client certificate
     try:
         started = time.perf_counter()
         async with aiohttp.ClientSession() as session:
             while True:
                 try:
-                    async with session.get(base + "/readyz") as r:
+                    async with session.get(side + "/readyz") as r:
                         if r.status == 200:
                             break
                 except aiohttp.ClientError:
@@ -378,26 +399,27 @@ async def main() -> None:
         full = cycled(full, max(200, args.requests // 10))
         lines = [
             f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}; cache: {args.nodes} nodes, {args.pods} bound pods "
+            f"{platform.python_version()}; {'HTTPS, client certificate' if args.tls else 'HTTP'}; "
+            f"cache: {args.nodes} nodes, {args.pods} bound pods "
             f"(listed and ready in {sync_seconds:.1f} s); concurrency {args.concurrency}"
         ]
         # This process holds the stand-in's 55,000 objects: frozen, so that the client's own
         # garbage collector does not pause in the middle of a measurement.
         gc.collect()
         gc.freeze()
-        await drive(base + "/filter", by_names[:200], args.concurrency)  # warm-up
+        await drive(base + "/filter", by_names[:200], args.concurrency, client_tls)  # warm-up
 
         async def phase(
             name: str, verb: str, bodies: list[bytes], target_ms: float, concurrency: int
         ) -> None:
-            before = await scrape(base)
+            before = await scrape(side)
             cpu, (steal, ticks) = cpu_seconds(process.pid), cpu_ticks()
-            latencies = await drive(f"{base}/{verb}", bodies, concurrency)
+            latencies = await drive(f"{base}/{verb}", bodies, concurrency, client_tls)
             cpu, (steal, ticks) = (
                 cpu_seconds(process.pid) - cpu,
                 (cpu_ticks()[0] - steal, cpu_ticks()[1] - ticks),
             )
-            after = await scrape(base)
+            after = await scrape(side)
             in_server = bucket_quantile(
                 before, after, "neuron_scheduler_request_seconds", verb, 0.99
             )
@@ -437,8 +459,8 @@ async def main() -> None:
                     }
                 ).encode()
             )
-        bind_latency = await drive(base + "/bind", binds, args.concurrency)
-        metrics = await scrape(base)
+        bind_latency = await drive(base + "/bind", binds, args.concurrency, client_tls)
+        metrics = await scrape(side)
         total = count = 0.0
         for line in metrics.splitlines():
             if line.startswith("neuron_scheduler_bind_work_seconds_sum"):

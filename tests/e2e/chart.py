@@ -7,6 +7,7 @@ helm is a failure, never a skip.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import tempfile
@@ -17,6 +18,8 @@ from typing import Any
 import yaml
 
 from tests.testbed import ControlPlane
+from tests.testbed.pki import Pki
+from tests.testbed.stack import ExtenderProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuron-scheduler"
@@ -122,15 +125,78 @@ def apply(cp: ControlPlane, docs: list[Doc], *, manager: str = "chart-test") -> 
 
 def extender_args(docs: list[Doc]) -> list[str]:
     """The rendered extender container's arguments after the `extender` command, minus --port
-    (the test process listens on a free port)."""
+    and --metrics-port (the test process listens on free ports)."""
     deployment = find(docs, "Deployment", "k8s-neuron-scheduler")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args: list[str] = container["args"]
     assert args[0] == "extender", args
-    return [a for a in args[1:] if not a.startswith("--port")]
+    return [a for a in args[1:] if not a.startswith(("--port", "--metrics-port"))]
 
 
 def scheduler_config(docs: list[Doc], name: str = "my-scheduler") -> Doc:
     configmap = find(docs, "ConfigMap", f"{name}-config")
     config: Doc = yaml.safe_load(configmap["data"][f"{name}-config.yaml"])
     return config
+
+
+# Where the rendered pods find their certificates, and which Secret key each comes from: the
+# extender's own (serving certificate, client CA), my-scheduler's client certificate, and the
+# files the install notes put on a control plane host.
+CERTIFICATE_FILES = {
+    "/etc/neuron-scheduler/tls/": ("k8s-neuron-scheduler-tls", {}),
+    "/etc/neuron-scheduler/client/": ("k8s-neuron-scheduler-client-tls", {}),
+    "/etc/kubernetes/neuron-scheduler/": (
+        "k8s-neuron-scheduler-client-tls",
+        {"client.crt": "tls.crt", "client.key": "tls.key"},
+    ),
+}
+
+
+def localize(value: Any, docs: list[Doc], directory: Path) -> Any:
+    """`value` (arguments, a KubeSchedulerConfiguration) with every certificate path the chart
+    renders replaced by a file written from the rendered Secret: the tests run the chart's own
+    certificates, as its pods would read them."""
+    if isinstance(value, str):
+        for prefix, (secret, renamed) in CERTIFICATE_FILES.items():
+            if prefix in value:
+                before, _, name = value.partition(prefix)
+                data = find(docs, "Secret", secret)["data"]
+                target = directory / secret / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(base64.b64decode(data[renamed.get(name, name)]))
+                return before + str(target)
+        return value
+    if isinstance(value, list):
+        return [localize(v, docs, directory) for v in value]
+    if isinstance(value, dict):
+        return {k: localize(v, docs, directory) for k, v in value.items()}
+    return value
+
+
+def chart_extender_process(
+    cp: ControlPlane,
+    docs: list[Doc],
+    directory: Path,
+    name: str,
+    kubeconfig: Path,
+    extra_args: list[str] | None = None,
+) -> ExtenderProcess:
+    """The extender with the rendered arguments and the chart's own certificates, called as
+    my-scheduler calls it (the chart's CA and client certificate). Not started."""
+    args = localize(extender_args(docs), docs, directory)
+    client = localize(
+        [f"/etc/neuron-scheduler/client/{f}" for f in ("tls.crt", "tls.key")], docs, directory
+    )
+    server = directory / "k8s-neuron-scheduler-tls"
+    pki = Pki(
+        server / "ca.crt", server / "tls.crt", server / "tls.key", Path(client[0]), Path(client[1])
+    )
+    return ExtenderProcess(
+        cp,
+        kubeconfig,
+        name=name,
+        extra_args=[*args, *(extra_args or [])],
+        pki=pki,
+        scheduler_names=(),
+        check_hostname=False,  # the chart's certificate names the Service, not 127.0.0.1
+    )

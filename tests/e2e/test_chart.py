@@ -22,10 +22,11 @@ from tests.e2e.chart import (
     RULES,
     Doc,
     apply,
-    extender_args,
+    chart_extender_process,
     find,
     helm,
     kinds,
+    localize,
     refusal,
     render,
     scheduler_config,
@@ -45,16 +46,23 @@ PATIENCE = 60.0  # a safety net against hangs, never a performance bound
 DEFAULT_MODE = {
     "scheduler": {"customScheduler": {"enabled": False}, "defaultScheduler": {"enabled": True}}
 }
+CERT_MANAGER = {"enabled": True, "issuerRef": {"name": "ca-issuer", "kind": "ClusterIssuer"}}
+OWN_SECRETS = {"existingSecret": "mine", "existingClientSecret": "mine-client"}
 COMBOS: dict[str, Doc] = {
     "custom": {},
     "custom-ha": {"scheduler": {"replicas": 3}},
-    "custom-tls-full-nodes": {
-        "scheduler": {"tlsSecretName": "neuron-scheduler-tls", "nodeCacheCapable": False}
+    "custom-full-nodes-cert-manager": {
+        "scheduler": {"nodeCacheCapable": False, "tls": {"certManager": CERT_MANAGER}}
     },
+    "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
+    "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
     "default": DEFAULT_MODE,
-    "default-tls": {
-        **DEFAULT_MODE,
-        "scheduler": {**DEFAULT_MODE["scheduler"], "tlsSecretName": "t"},
+    "default-own-secrets-cidrs": {
+        "scheduler": {
+            **DEFAULT_MODE["scheduler"],
+            "tls": OWN_SECRETS,
+            "networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24"]},
+        }
     },
     "scheduler-only": {"devicePlugin": {"enabled": False}},
     "device-plugin-only": {"scheduler": {"enabled": False}},
@@ -75,8 +83,24 @@ REFUSED: dict[str, tuple[Doc, str]] = {
     "bad-log-level": ({"logLevel": "loud"}, "/logLevel"),
     "misspelt-value": ({"scheduler": {"replica": 2}}, "'replica' not allowed"),
     "no-instance-types": ({"devicePlugin": {"instanceTypes": []}}, "/devicePlugin/instanceTypes"),
+    "server-secret-alone": (
+        {"scheduler": {"tls": {"existingSecret": "mine"}}},
+        "scheduler.tls.existingSecret is set but scheduler.tls.existingClientSecret is not",
+    ),
+    "cert-manager-without-issuer": (
+        {"scheduler": {"tls": {"certManager": {"enabled": True}}}},
+        "scheduler.tls.certManager.enabled needs scheduler.tls.certManager.issuerRef.name",
+    ),
+    "tls-misspelt": ({"scheduler": {"tls": {"enable": False}}}, "'enable' not allowed"),
 }
-EXTENDER = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"]
+EXTENDER = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Deployment",
+    "Service",
+    "NetworkPolicy",
+]
 ELECTION = [
     "Role/k8s-neuron-scheduler-leader-election",
     "RoleBinding/k8s-neuron-scheduler-leader-election",
@@ -100,6 +124,10 @@ def expected_kinds(combo: str) -> list[str]:
     names: list[str] = []
     if scheduler.get("enabled", True):
         names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        tls = scheduler.get("tls", {})
+        if tls.get("enabled", True) and not tls.get("existingSecret"):
+            kind = "Certificate" if tls.get("certManager", {}).get("enabled") else "Secret"
+            names += [f"{kind}/k8s-neuron-scheduler-tls", f"{kind}/k8s-neuron-scheduler-client-tls"]
         if scheduler.get("replicas", 1) > 1:
             names += ELECTION
         if scheduler.get("defaultScheduler", {}).get("enabled"):
@@ -169,17 +197,20 @@ def test_extender_cluster_role_is_the_rules_file() -> None:
     assert all("*" not in v for v in verbs.values())
 
 
-@pytest.mark.parametrize("combo", ["custom", "custom-tls-full-nodes", "default", "default-tls"])
+@pytest.mark.parametrize(
+    "combo", ["custom", "custom-full-nodes-cert-manager", "custom-plain-http", "default"]
+)
 def test_extender_entry_matches_the_testbed(combo: str) -> None:
     """The chart's extender entry is the one the e2e kube-scheduler runs with, apart from the URL
-    and, with TLS, the HTTPS settings."""
+    and the client-certificate paths."""
     values = COMBOS[combo]
     scheduler = values.get("scheduler", {})
     docs = render(values)
     entry = extender_entry(docs, values)
-    tls = bool(scheduler.get("tlsSecretName"))
+    tls = scheduler.get("tls", {}).get("enabled", True)
     scheme = "https" if tls else "http"
-    if scheduler.get("defaultScheduler", {}).get("enabled"):
+    default_mode = scheduler.get("defaultScheduler", {}).get("enabled")
+    if default_mode:
         url = f"{scheme}://127.0.0.1:32700"
     else:
         url = f"{scheme}://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
@@ -189,8 +220,19 @@ def test_extender_entry_matches_the_testbed(combo: str) -> None:
     if tls:
         assert entry.pop("enableHTTPS") is True
         tls_config = entry.pop("tlsConfig")
-        assert tls_config["serverName"] == "k8s-neuron-scheduler.kube-system.svc"
-        assert tls_config["caFile"].endswith(".crt")
+        assert tls_config.pop("serverName") == "k8s-neuron-scheduler.kube-system.svc"
+        directory = (
+            "/etc/kubernetes/neuron-scheduler" if default_mode else "/etc/neuron-scheduler/client"
+        )
+        names = (
+            ("client.crt", "client.key", "ca.crt")
+            if default_mode
+            else ("tls.crt", "tls.key", "ca.crt")
+        )
+        assert tls_config == {
+            key: f"{directory}/{name}"
+            for key, name in zip(("certFile", "keyFile", "caFile"), names, strict=True)
+        }
     assert entry == expected
 
 
@@ -216,7 +258,7 @@ def test_my_scheduler_configuration() -> None:
 
 
 def test_extender_pod_hardening_and_probes() -> None:
-    docs = render({"scheduler": {"replicas": 2, "tlsSecretName": "tls"}, "logLevel": "debug"})
+    docs = render({"scheduler": {"replicas": 2}, "logLevel": "debug"})
     spec = find(docs, "Deployment", "k8s-neuron-scheduler")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -224,16 +266,30 @@ def test_extender_pod_hardening_and_probes() -> None:
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Probes need no client certificate: the metrics port, plain HTTP.
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"extender": 12345, "metrics": 12346}
     assert set(container["resources"]) == {"requests", "limits"}
     args = container["args"]
     assert "--leader-elect" in args and "--lease-name=k8s-neuron-scheduler" in args
     assert "--log-level=debug" in args
     assert "--tls-cert=/etc/neuron-scheduler/tls/tls.crt" in args
+    assert "--client-ca=/etc/neuron-scheduler/tls/ca.crt" in args
+    assert "--scheduler-name=my-scheduler" in args and "--insecure" not in args
+    plain = render({"scheduler": {"tls": {"enabled": False}}})
+    (open_container,) = find(plain, "Deployment", "k8s-neuron-scheduler")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert "--insecure" in open_container["args"]
+    default = render(DEFAULT_MODE)
+    (default_container,) = find(default, "Deployment", "k8s-neuron-scheduler")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert "--scheduler-name=default-scheduler" in default_container["args"]
     service = find(docs, "Service", "k8s-neuron-scheduler")
-    assert service["spec"]["ports"][0]["port"] == 12345
+    assert [p["port"] for p in service["spec"]["ports"]] == [12345, 12346]
     assert "type" not in service["spec"]  # ClusterIP in custom mode
     single = render()
     (one,) = find(single, "Deployment", "k8s-neuron-scheduler")["spec"]["template"]["spec"][
@@ -288,6 +344,17 @@ def apply_cp(kubebin: Path) -> Iterator[ControlPlane]:
     """A control plane of its own: each combination is applied in its own namespace, and the
     cluster-scoped objects (same names in every combination) are applied over each other."""
     with ControlPlane(kubebin) as cp:
+        # cert-manager's Certificate, so the chart's Certificates are checked field by field.
+        crd = yaml.safe_load(
+            (ROOT / "tests" / "e2e" / "crds" / "cert-manager-certificate.yaml").read_text()
+        )
+        apply(cp, [crd])
+        cp.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/certificates.cert-manager.io",
+            "--timeout=60s",
+        )
         yield cp
 
 
@@ -388,6 +455,9 @@ def api_path(doc: Doc) -> str:
         "Deployment": "deployments",
         "DaemonSet": "daemonsets",
         "Service": "services",
+        "Secret": "secrets",
+        "NetworkPolicy": "networkpolicies",
+        "Certificate": "certificates",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -411,18 +481,24 @@ def installed(chart_cp: ControlPlane) -> list[Doc]:
     return docs
 
 
-@pytest.fixture(scope="module")
-def chart_extender(chart_cp: ControlPlane, installed: list[Doc]) -> Iterator[ExtenderProcess]:
-    """The extender with the rendered arguments, authenticated as the rendered ServiceAccount,
-    so the rendered ClusterRole is all it may do."""
-    credentials = chart_cp.service_account("kube-system", "k8s-neuron-scheduler")
-    extender = ExtenderProcess(
-        chart_cp,
-        credentials.kubeconfig_path,
-        name="chart-extender",
-        extra_args=extender_args(installed),
-    )
+def start_chart_extender(
+    cp: ControlPlane, docs: list[Doc], directory: Path, name: str
+) -> ExtenderProcess:
+    """The extender as the chart runs it, authenticated as the rendered ServiceAccount, so the
+    rendered ClusterRole is all it may do."""
+    credentials = cp.service_account("kube-system", "k8s-neuron-scheduler")
+    extender = chart_extender_process(cp, docs, directory, name, credentials.kubeconfig_path)
     extender.start()
+    return extender
+
+
+@pytest.fixture(scope="module")
+def chart_extender(
+    chart_cp: ControlPlane, installed: list[Doc], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExtenderProcess]:
+    extender = start_chart_extender(
+        chart_cp, installed, tmp_path_factory.mktemp("chart-certificates"), "chart-extender"
+    )
     yield extender
     extender.process.stop()
 
@@ -471,12 +547,14 @@ def add_node(cp: ControlPlane, instance_type: str = "inf1.6xlarge") -> str:
 
 
 def test_rendered_my_scheduler_schedules_through_the_extender(
-    chart_cp: ControlPlane, installed: list[Doc], chart_extender: ExtenderProcess
+    chart_cp: ControlPlane, installed: list[Doc], chart_extender: ExtenderProcess, tmp_path: Path
 ) -> None:
-    config = scheduler_config(installed)
+    config = localize(scheduler_config(installed), installed, tmp_path)
     (entry,) = config["extenders"]
-    assert entry["urlPrefix"] == "http://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
+    assert entry["urlPrefix"] == "https://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
     entry["urlPrefix"] = chart_extender.url  # the Service, as seen from this machine
+    # my-scheduler presents the chart's client certificate; the extender accepts nothing else.
+    assert entry["tlsConfig"]["certFile"].startswith(str(tmp_path))
     # my-scheduler also runs as its rendered ServiceAccount: the chart's bindings to the
     # built-in scheduler roles, its Lease Role and the authentication-reader RoleBinding.
     credentials = chart_cp.service_account("kube-system", "my-scheduler")
@@ -516,17 +594,23 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
 
 
 def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
-    chart_cp: ControlPlane, chart_extender: ExtenderProcess
+    chart_cp: ControlPlane, tmp_path: Path
 ) -> None:
     """The rendered `extenders:` entry, added to a default-scheduler profile as a self-managed
-    control plane would, schedules a pod that names no scheduler."""
+    control plane would (with the client certificate files the notes copy to the host),
+    schedules a pod that names no scheduler, through an extender rendered for that mode."""
     docs = render(DEFAULT_MODE)
-    snippet = yaml.safe_load(
-        find(docs, "ConfigMap", "k8s-neuron-scheduler-extender")["data"]["extenders.yaml"]
+    extender = start_chart_extender(chart_cp, docs, tmp_path, "chart-extender-default")
+    snippet = localize(
+        yaml.safe_load(
+            find(docs, "ConfigMap", "k8s-neuron-scheduler-extender")["data"]["extenders.yaml"]
+        ),
+        docs,
+        tmp_path,
     )
     (entry,) = snippet["extenders"]
-    assert entry["urlPrefix"] == "http://127.0.0.1:32700"
-    entry["urlPrefix"] = chart_extender.url
+    assert entry["urlPrefix"] == "https://127.0.0.1:32700"
+    entry["urlPrefix"] = extender.url
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -535,20 +619,84 @@ def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
         **snippet,
     }
     scheduler = chart_cp.start_scheduler(config=config)
-    node = add_node(chart_cp)
-    chart_cp.client.ensure_namespace("plain")
-    # The first test's node has a pod on 3 of its devices, so only the new node fits this one.
-    create_pod(chart_cp, "plain", "four-devices", None, {"aws.amazon.com/neuron": "4"})
-    pod = wait_bound(
-        chart_cp, "plain", "four-devices", [scheduler.log_path, chart_extender.process.log_path]
-    )
-    assert pod["spec"]["schedulerName"] == "default-scheduler"
-    assert neuron_ids(pod) == [0, 1, 2, 3]
-    assert pod["spec"]["nodeName"] == node
-    scheduler.stop()
+    try:
+        node = add_node(chart_cp)
+        chart_cp.client.ensure_namespace("plain")
+        # The first test's node has a pod on 3 of its devices, so only the new node fits this one.
+        create_pod(chart_cp, "plain", "four-devices", None, {"aws.amazon.com/neuron": "4"})
+        pod = wait_bound(
+            chart_cp, "plain", "four-devices", [scheduler.log_path, extender.process.log_path]
+        )
+        assert pod["spec"]["schedulerName"] == "default-scheduler"
+        assert neuron_ids(pod) == [0, 1, 2, 3]
+        assert pod["spec"]["nodeName"] == node
+    finally:
+        scheduler.stop()
+        extender.process.stop()
 
 
-@pytest.mark.parametrize("combo", ["custom-ha", "custom-tls-full-nodes"])
+def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:
+    (custom,) = [d for d in render() if d["kind"] == "NetworkPolicy"]
+    to_verbs, to_metrics = custom["spec"]["ingress"]
+    assert to_verbs["ports"] == [{"port": 12345, "protocol": "TCP"}]
+    assert to_verbs["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "my-scheduler",
+                    "app.kubernetes.io/instance": "neuron-scheduler",
+                }
+            }
+        }
+    ]
+    assert to_metrics == {
+        "ports": [{"port": 12346, "protocol": "TCP"}],
+        "from": [{"namespaceSelector": {}}],
+    }
+    values = COMBOS["default-own-secrets-cidrs"]
+    (default,) = [d for d in render(values) if d["kind"] == "NetworkPolicy"]
+    assert default["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    off = render({"scheduler": {"networkPolicy": {"enabled": False}}})
+    assert not [d for d in off if d["kind"] == "NetworkPolicy"]
+
+
+def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path: Path) -> None:
+    """helm install makes the CA and both certificates; helm upgrade keeps them (lookup), so
+    my-scheduler's client certificate stays valid. The notes say which files go on the host."""
+    with ControlPlane(kubebin, tmp_path / "cp") as cp:
+        namespace = "neuron"
+        cp.client.ensure_namespace(namespace)
+
+        def helm_release(action: str) -> str:
+            result = helm(
+                action,
+                "neuron-scheduler",
+                "--namespace",
+                namespace,
+                "--kubeconfig",
+                str(cp.kubeconfig_path),
+                values=DEFAULT_MODE,
+            )
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        notes = helm_release("install")
+        assert "get secret k8s-neuron-scheduler-client-tls" in notes
+        path = f"/api/v1/namespaces/{namespace}/secrets/"
+        first = {
+            n: cp.request("GET", path + n)["data"]
+            for n in ("k8s-neuron-scheduler-tls", "k8s-neuron-scheduler-client-tls")
+        }
+        assert (
+            first["k8s-neuron-scheduler-tls"]["ca.crt"]
+            == first["k8s-neuron-scheduler-client-tls"]["ca.crt"]
+        )
+        helm_release("upgrade")
+        for name, data in first.items():
+            assert cp.request("GET", path + name)["data"] == data, name
+
+
+@pytest.mark.parametrize("combo", ["custom-ha", "custom-plain-http", "default"])
 def test_rendered_arguments_parse_with_the_cli(combo: str) -> None:
     """Every flag the chart passes exists on the command it runs (parsed, not executed)."""
     import typer.main

@@ -4,17 +4,17 @@ leader is killed, and at once when the leader shuts down cleanly and releases th
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from tests.e2e.chart import apply, extender_args, render
+from tests.e2e.chart import apply, chart_extender_process, extender_args, render
 from tests.testbed import ControlPlane, ExtenderProcess
 
 pytestmark = pytest.mark.e2e
@@ -37,8 +37,9 @@ def wait_for(check: Callable[[], T | None], what: str) -> T:
 
 
 def readyz(extender: ExtenderProcess) -> tuple[int, str]:
+    """What kubelet's readiness probe sees (the metrics port)."""
     try:
-        with urllib.request.urlopen(extender.url + "/readyz", timeout=5) as response:
+        with urllib.request.urlopen(extender.metrics_url + "/readyz", timeout=5) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -47,33 +48,28 @@ def readyz(extender: ExtenderProcess) -> tuple[int, str]:
 
 
 def bind_error(extender: ExtenderProcess) -> str:
-    body = json.dumps(
-        {"PodName": "absent", "PodNamespace": "default", "PodUID": "u", "Node": "n"}
-    ).encode()
-    request = urllib.request.Request(
-        extender.url + "/bind", body, {"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        answer: dict[str, Any] = json.loads(response.read())
+    args = {"PodName": "absent", "PodNamespace": "default", "PodUID": "u", "Node": "n"}
+    status, answer = extender.call("bind", args, timeout=5)
+    assert status == 200, answer
     return str(answer["Error"])
 
 
 class Replicas:
-    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+    def __init__(self, cp: ControlPlane, namespace: str, directory: Path) -> None:
         self.cp = cp
         self.namespace = namespace
         docs = render({"scheduler": {"replicas": 2}, "devicePlugin": {"enabled": False}}, namespace)
         apply(cp, docs)
         credentials = cp.service_account(namespace, "k8s-neuron-scheduler")
-        args = extender_args(docs)
-        assert "--leader-elect" in args
+        assert "--leader-elect" in extender_args(docs)
         self.replicas = {
-            name: ExtenderProcess(
+            name: chart_extender_process(
                 cp,
+                docs,
+                directory,
+                f"extender-{namespace}-{name}",
                 credentials.kubeconfig_path,
-                name=f"extender-{namespace}-{name}",
-                extra_args=[
-                    *args,
+                [
                     *TIMINGS,
                     f"--lease-namespace={namespace}",  # a pod gets it from POD_NAMESPACE
                     f"--lease-identity={name}",  # a pod's is its name (POD_NAME)
@@ -107,10 +103,10 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(control_plane: ControlPlane) -> Iterator[Replicas]:
+def replicas(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Replicas]:
     namespace = f"el-{uuid.uuid4().hex[:6]}"
     control_plane.client.ensure_namespace(namespace)
-    r = Replicas(control_plane, namespace)
+    r = Replicas(control_plane, namespace, tmp_path)
     for extender in r.replicas.values():
         extender.process.start()
     yield r

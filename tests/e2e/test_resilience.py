@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -199,9 +200,14 @@ def test_extender_down_or_failing_keeps_pods_pending_until_it_is_back(scenario: 
         scenario.create_pod("while-down", {NEURONCORE: 2})
         event = scenario.wait_event("while-down", "FailedScheduling", "")
         assert "connection refused" in event["message"] or "extender" in event["message"].lower()
-        # A stand-in that answers HTTP 500 on the extender's port.
+        # A stand-in that answers HTTP 500 on the extender's port, over the same TLS.
         server = HTTPServer(("127.0.0.1", extender.port), _Failing)
         server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        pki = scenario.stack.pki
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca))
+        tls.load_cert_chain(str(pki.server_cert), str(pki.server_key))
+        tls.verify_mode = ssl.CERT_REQUIRED
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:

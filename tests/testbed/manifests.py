@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+
+if TYPE_CHECKING:
+    from .pki import Pki
 
 
 def scheduler_config(
@@ -13,11 +16,13 @@ def scheduler_config(
     extender_url: str | None = None,
     node_cache_capable: bool = False,
     kubeconfig: str | None = None,
+    pki: Pki | None = None,
 ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with one profile and, optionally, our extender.
 
     Without kubeconfig the scheduler uses its in-cluster service account, which
-    is what the Helm chart deploys; the testbed passes one.
+    is what the Helm chart deploys; the testbed passes one. With `pki`, kube-scheduler calls
+    the extender over HTTPS with my-scheduler's client certificate, as the chart sets it up.
     """
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -46,4 +51,11 @@ def scheduler_config(
                 ],
             }
         ]
+        if pki is not None:
+            config["extenders"][0]["enableHTTPS"] = True
+            config["extenders"][0]["tlsConfig"] = {
+                "certFile": str(pki.client_cert),
+                "keyFile": str(pki.client_key),
+                "caFile": str(pki.ca),
+            }
     return config

@@ -8,7 +8,6 @@ Used by the end-to-end tests and by `neuron-scheduler cluster`.
 from __future__ import annotations
 
 import json
-import ssl
 import sys
 import time
 import urllib.error
@@ -20,9 +19,14 @@ from typing import Any
 import yaml
 
 from .controlplane import ControlPlane, Scheduler
+from .manifests import scheduler_config
+from .pki import Pki
 from .process import ManagedProcess, free_ports
 
 REPO = Path(__file__).resolve().parents[2]  # tests/testbed/stack.py -> the checkout
+# The profiles the extender binds for: my-scheduler, and "nobody", the schedulerName of pods that
+# only tests bind, by calling /bind directly (no kube-scheduler serves it).
+SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 ROLE = "neuron-scheduler-extender"
 
@@ -38,16 +42,26 @@ class ExtenderProcess:
         *,
         name: str = "extender",
         extra_args: Sequence[str] = (),
-        tls: tuple[Path, Path, Path] | None = None,
+        pki: Pki | None = None,
+        scheduler_names: Sequence[str] = SCHEDULER_NAMES,
+        check_hostname: bool = True,
     ) -> None:
-        """extra_args go to the `extender` command (e.g. --leader-elect); name names the log;
-        tls: (CA, certificate, key) to serve HTTPS with, the CA to check it."""
+        """extra_args go to the `extender` command (e.g. --leader-elect); name names the log.
+        With `pki` it serves as the chart runs it: HTTPS, and only callers with a client
+        certificate of the PKI's CA reach the verbs; without, plain HTTP with --insecure."""
         self.cp = cp
-        self.port = port or free_ports(1)[0]
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
-        self._ssl = ssl.create_default_context(cafile=str(tls[0])) if tls else None
-        if tls:
-            extra_args = [*extra_args, "--tls-cert", str(tls[1]), "--tls-key", str(tls[2])]
+        self.pki = pki
+        self.port, self.metrics_port = (port, free_ports(1)[0]) if port else free_ports(2)
+        self.url = f"{'https' if pki else 'http'}://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}"
+        self._ssl = pki.client_context(check_hostname=check_hostname) if pki else None
+        if pki:
+            tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+            extra_args = [*extra_args, *tls, "--client-ca", str(pki.ca)]
+        else:
+            extra_args = [*extra_args, "--insecure"]
+        for scheduler in scheduler_names:
+            extra_args = [*extra_args, "--scheduler-name", scheduler]
         self.process = ManagedProcess(
             "extender",
             [
@@ -61,6 +75,8 @@ class ExtenderProcess:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
                 "--log-level",
                 "info",
                 *extra_args,
@@ -82,9 +98,7 @@ class ExtenderProcess:
         if not self.process.alive():
             raise RuntimeError(f"extender exited:\n{self.process.log_tail()}")
         try:
-            with urllib.request.urlopen(
-                self.url + "/readyz", timeout=2, context=self._ssl
-            ) as response:
+            with urllib.request.urlopen(self.metrics_url + "/readyz", timeout=2) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError):
             return False
@@ -127,15 +141,14 @@ class ExtenderProcess:
         raise RuntimeError("the extender process has no VmRSS line")
 
     def healthz_seconds(self) -> float:
+        """One probe as kubelet sends it: the metrics port, no client certificate."""
         start = time.perf_counter()
-        with urllib.request.urlopen(self.url + "/healthz", timeout=30, context=self._ssl) as answer:
+        with urllib.request.urlopen(self.metrics_url + "/healthz", timeout=30) as answer:
             answer.read()
         return time.perf_counter() - start
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(
-            self.url + "/metrics", timeout=5, context=self._ssl
-        ) as response:
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as response:
             return str(response.read().decode())
 
     def metric(self, name: str) -> float:
@@ -193,7 +206,11 @@ class Stack:
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
         )  # least privilege, for more extenders
-        self.extender = ExtenderProcess(cp, credentials.kubeconfig_path, extender_port)
+        # As the chart installs it: my-scheduler presents a client certificate, nobody else can.
+        self.pki = Pki.create(cp.workdir / "extender-pki")
+        self.extender = ExtenderProcess(
+            cp, credentials.kubeconfig_path, extender_port, pki=self.pki
+        )
         self.extender.start()
         self.scheduler: Scheduler | None = None
         self.node_cache_capable = True
@@ -205,7 +222,10 @@ class Stack:
         if self.scheduler is not None:
             self.scheduler.stop()
         self.node_cache_capable = node_cache_capable
-        self.scheduler = self.cp.start_scheduler(self.extender.url, node_cache_capable)
+        config = scheduler_config(
+            extender_url=self.extender.url, node_cache_capable=node_cache_capable, pki=self.pki
+        )
+        self.scheduler = self.cp.start_scheduler(config=config)
         return self.scheduler
 
     def logs(self) -> dict[str, Path]:

@@ -10,7 +10,7 @@ import pytest
 from starlette.types import ASGIApp, Message
 
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.extender.http import build_app
+from neuron_scheduler.extender.http import build_apps
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
@@ -216,7 +216,7 @@ async def test_non_leader_is_not_ready_and_refuses_bind(catalog: Catalog) -> Non
     # PodUID missing: the extender's own bind answers 400, so reaching it is visible.
     bind = {"PodName": "p", "PodNamespace": "ns", "Node": "n"}
 
-    standby = build_app(extender, elector=b)
+    standby, _ = build_apps(extender, elector=b)
     status, text = await call(standby, "GET", "/readyz")
     assert (status, text) == (503, b"not the leader (holder: a)\n")
     status, text = await call(standby, "POST", "/bind", bind)
@@ -224,7 +224,7 @@ async def test_non_leader_is_not_ready_and_refuses_bind(catalog: Catalog) -> Non
     error = msgspec.json.decode(text)["Error"]
     assert "replica (b) is not the leader (Lease holder: a); not binding" in error
 
-    leader = build_app(extender, elector=a)
+    leader, _ = build_apps(extender, elector=a)
     assert await call(leader, "GET", "/readyz") == (200, b"ok\n")
     status, text = await call(leader, "POST", "/bind", bind)
     assert status == 400 and b"bind needs PodName" in text

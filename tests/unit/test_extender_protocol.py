@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import uvicorn
@@ -24,7 +24,7 @@ from neuron_scheduler.core.allocation import torus_count_warning
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
-from neuron_scheduler.extender.http import build_app
+from neuron_scheduler.extender.http import build_apps
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
@@ -36,8 +36,25 @@ WARNING_7 = torus_count_warning("trn1.32xlarge", 7)
 NO_API = KubeAPI(KubeConfig("http://127.0.0.1:9"))
 
 
+class Served(NamedTuple):
+    url: str  # the verbs (and /healthz, /readyz)
+    metrics_url: str  # /healthz, /readyz, /metrics
+    extender: Extender
+
+
+def _serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
 @pytest.fixture(scope="module")
-def extender() -> Iterator[tuple[str, Extender]]:
+def served() -> Iterator[Served]:
     ext = wire(NO_API, Catalog.builtin())
     ledger = ext.ledger
     ledger.replace_nodes(
@@ -57,23 +74,17 @@ def extender() -> Iterator[tuple[str, Extender]]:
             annotations={"AWS_NEURON_IDS": "1,3,5,7,9,11", "NEURON_RESOURCE_TYPE": DEV},
         )
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            build_app(ext, body_limit=1 << 20),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", ext
-    server.should_exit = True
-    thread.join(10)
+    app, side = build_apps(ext, body_limit=1 << 20)
+    (url, main, main_thread), (metrics_url, other, other_thread) = _serve(app), _serve(side)
+    yield Served(url, metrics_url, ext)
+    for server, thread in ((main, main_thread), (other, other_thread)):
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def extender(served: Served) -> tuple[str, Extender]:
+    return served.url, served.extender
 
 
 def post(base: str, path: str, body: bytes | Any, expect: int = 200) -> Any:
@@ -321,17 +332,23 @@ def test_hostile_bodies_are_400s_with_one_line(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], what
 
 
-def test_health_ready_and_metrics(extender: tuple[str, Extender]) -> None:
-    base, ext = extender
-    with urllib.request.urlopen(base + "/healthz") as response:
-        assert response.status == 200
-    with pytest.raises(urllib.error.HTTPError) as raised:
-        urllib.request.urlopen(base + "/readyz")
-    assert raised.value.code == 503
+def test_health_ready_and_metrics(served: Served) -> None:
+    base, ext = served.url, served.extender
+    for url in (base, served.metrics_url):
+        with urllib.request.urlopen(url + "/healthz") as response:
+            assert response.status == 200
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(url + "/readyz")
+        assert raised.value.code == 503
     ext.synced.set()
-    with urllib.request.urlopen(base + "/readyz") as response:
-        assert response.status == 200
-    with urllib.request.urlopen(base + "/metrics") as response:
+    for url in (base, served.metrics_url):
+        with urllib.request.urlopen(url + "/readyz") as response:
+            assert response.status == 200
+    # /metrics only on its own port: probes and Prometheus need no client certificate.
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(base + "/metrics")
+    assert raised.value.code == 404
+    with urllib.request.urlopen(served.metrics_url + "/metrics") as response:
         text = response.read().decode()
     assert 'neuron_scheduler_node_free_devices{node="inf2-a"} 6.0' in text
     assert 'neuron_scheduler_filter_nodes_total{outcome="unresolvable"}' in text

@@ -26,7 +26,30 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if or (gt (int .Values.scheduler.replicas) 1) .Values.scheduler.leaderElection.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{- define "ns.scheme" -}}{{ if .Values.scheduler.tlsSecretName }}https{{ else }}http{{ end }}{{- end -}}
+{{- define "ns.scheme" -}}{{ if .Values.scheduler.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
+
+{{/* The Secrets holding the extender's serving certificate and kube-scheduler's client one. */}}
+{{- define "ns.serverSecret" -}}
+{{- .Values.scheduler.tls.existingSecret | default (printf "%s-tls" (include "ns.extender" .)) -}}
+{{- end -}}
+{{- define "ns.clientSecret" -}}
+{{- .Values.scheduler.tls.existingClientSecret | default (printf "%s-client-tls" (include "ns.extender" .)) -}}
+{{- end -}}
+
+{{/* The names the serving certificate must carry: the Service, however it is reached. */}}
+{{- define "ns.serviceNames" -}}
+{{- $svc := include "ns.extender" . -}}
+{{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.%s" $svc .Release.Namespace .Values.scheduler.clusterDomain) | toJson -}}
+{{- end -}}
+
+{{/* The kube-scheduler profile whose binds the extender serves. */}}
+{{- define "ns.profile" -}}
+{{- if .Values.scheduler.defaultScheduler.enabled -}}
+{{ .Values.scheduler.defaultScheduler.schedulerName }}
+{{- else -}}
+{{ include "ns.scheduler" . }}
+{{- end -}}
+{{- end -}}
 
 {{/* The URL kube-scheduler calls: the Service's DNS name for my-scheduler, a node port otherwise. */}}
 {{- define "ns.urlPrefix" -}}
@@ -59,15 +82,22 @@ its kube-scheduler (tests/testbed/manifests.py).
       ignoredByScheduler: false
     - name: aws.amazon.com/neurondevice
       ignoredByScheduler: false
-  {{- if .Values.scheduler.tlsSecretName }}
+  {{- if .Values.scheduler.tls.enabled }}
   enableHTTPS: true
+  # kube-scheduler checks the extender's certificate and presents its own client certificate:
+  # without it the extender's TLS handshake fails.
   tlsConfig:
     serverName: {{ include "ns.extender" . }}.{{ .Release.Namespace }}.svc
     {{- if .Values.scheduler.customScheduler.enabled }}
-    caFile: /etc/neuron-scheduler/tls/ca.crt
+    certFile: /etc/neuron-scheduler/client/tls.crt
+    keyFile: /etc/neuron-scheduler/client/tls.key
+    caFile: /etc/neuron-scheduler/client/ca.crt
     {{- else }}
-    # Copy ca.crt of Secret {{ .Values.scheduler.tlsSecretName }} to the control plane host.
-    caFile: /etc/kubernetes/neuron-scheduler-ca.crt
+    # On each control plane host, from Secret {{ include "ns.clientSecret" . }}: tls.crt, tls.key and
+    # ca.crt (the install notes show the commands).
+    certFile: /etc/kubernetes/neuron-scheduler/client.crt
+    keyFile: /etc/kubernetes/neuron-scheduler/client.key
+    caFile: /etc/kubernetes/neuron-scheduler/ca.crt
     {{- end }}
   {{- end }}
 {{- end -}}
@@ -75,6 +105,12 @@ its kube-scheduler (tests/testbed/manifests.py).
 {{- define "ns.validate" -}}
 {{- $s := .Values.scheduler -}}
 {{- if $s.enabled -}}
+{{- if and $s.tls.enabled $s.tls.existingSecret (not $s.tls.existingClientSecret) -}}
+{{- fail "scheduler.tls.existingSecret is set but scheduler.tls.existingClientSecret is not: kube-scheduler needs the client certificate the extender accepts (tls.crt, tls.key, ca.crt)" -}}
+{{- end -}}
+{{- if and $s.tls.enabled $s.tls.certManager.enabled (not $s.tls.certManager.issuerRef.name) -}}
+{{- fail "scheduler.tls.certManager.enabled needs scheduler.tls.certManager.issuerRef.name: the cert-manager issuer that signs both certificates" -}}
+{{- end -}}
 {{- if and $s.customScheduler.enabled $s.defaultScheduler.enabled -}}
 {{- fail "scheduler.customScheduler.enabled and scheduler.defaultScheduler.enabled are both true: choose one scheduler mode (custom: a my-scheduler Deployment, required on EKS; default: extend the control plane's own kube-scheduler), e.g. --set scheduler.customScheduler.enabled=false" -}}
 {{- end -}}

@@ -28,12 +28,16 @@ from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.events import EventRecorder
+from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import ObjectRef, Pod
 from neuron_scheduler.kube.reading import assignment, neuron_request
 
 log = logging.getLogger("neuron_scheduler.extender")
 
 ROLLBACK_ATTEMPTS = 3  # conflicts while removing our annotations: each re-reads the pod
+
+
+DEFAULT_SCHEDULER_NAMES = ("my-scheduler",)
 
 
 class Binder:
@@ -46,10 +50,11 @@ class Binder:
         events: EventRecorder,
         policy: Policy = Policy.BEST_FIT,
         reservers: Sequence[Reserver] = (),
+        scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
     ) -> None:
         """`synced`: set once the watches have listed every pod and node; `reservers` hold a
         placement while its API calls are in flight (the ledger, and any plugin that counts
-        bound pods itself)."""
+        bound pods itself); `scheduler_names`: the profiles whose binds this extender serves."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
@@ -57,6 +62,7 @@ class Binder:
         self.events = events
         self.policy = policy
         self.reservers = tuple(reservers)
+        self.scheduler_names = frozenset(scheduler_names)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._binding: dict[str, str] = {}  # pod uid -> the node its bind in flight is for
 
@@ -100,18 +106,20 @@ class Binder:
         except RequestError as error:
             self.metrics.binds.labels("failure").inc()
             return str(error)
-        if request is None:
-            return await self._plain_bind(pod, args.Node)
+        refusal = self._not_ours_to_bind(pod, request, args.Node)
+        if refusal is not None:
+            self.metrics.binds.labels("refused").inc()
+            log.warning("refused to bind %s to %s: %s", key, args.Node, refusal)
+            self._warn(pod, "NeuronBindRefused", f"not bound to {args.Node}: {refusal}")
+            return f"not binding pod {key} to {args.Node}: {refusal}"
+        assert request is not None  # checked above
 
         start = time.perf_counter()
         async with self._locks[args.Node]:
             entry = self.ledger.nodes.get(args.Node)
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
-                unusable = self.ledger.unusable.get(args.Node)
-                if unusable is not None:
-                    return f"node {args.Node} is unusable for Neuron pods: {unusable.reason}"
-                return f"node {args.Node} is not a Neuron node in neuron-scheduler's cache"
+                return f"node {args.Node} left neuron-scheduler's cache"
             decision = allocate(entry.topology, self.ledger.state(args.Node), request, self.policy)
             if isinstance(decision, Refusal):
                 self.metrics.binds.labels("failure").inc()
@@ -228,6 +236,26 @@ class Binder:
         self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
         return False
 
+    def _not_ours_to_bind(self, pod: Pod, request: NeuronRequest | None, node: str) -> str | None:
+        """Why kube-scheduler could never have sent this bind, or None. It binds through an
+        extender only pods of the profiles it serves, that request one of the extender's
+        managedResources, and only to nodes their own spec allows."""
+        if pod.spec.schedulerName not in self.scheduler_names:
+            served = ", ".join(sorted(self.scheduler_names))
+            return (
+                f"its schedulerName is {pod.spec.schedulerName!r}; this extender binds only for "
+                f"{served} (--scheduler-name)"
+            )
+        if request is None:
+            return "it requests no Neuron resource (kube-scheduler binds those pods itself)"
+        facts = self.ledger.facts.get(node)
+        if facts is None:
+            unusable = self.ledger.unusable.get(node)
+            if unusable is not None:
+                return f"node {node} is unusable for Neuron pods: {unusable.reason}"
+            return f"node {node} is not a Neuron node in neuron-scheduler's cache"
+        return why_not(pod, facts)
+
     def _already_bound(self, pod: Pod, node: str) -> str:
         entry = self.ledger.nodes.get(node)
         if pod.spec.nodeName == node:
@@ -242,16 +270,6 @@ class Binder:
                 return ""
         self.metrics.binds.labels("failure").inc()
         return f"pod {pod.key} is already bound to {pod.spec.nodeName}"
-
-    async def _plain_bind(self, pod: Pod, node: str) -> str:
-        meta = pod.metadata
-        try:
-            await self.api.bind(meta.namespace, meta.name, meta.uid, node)
-        except API_ERRORS as error:
-            self.metrics.binds.labels("failure").inc()
-            return f"binding {pod.key} to {node} failed: {error_text(error)}"
-        self.metrics.binds.labels("success").inc()
-        return ""
 
     def _warn(self, pod: Pod, reason: str, message: str) -> None:
         self.events.record(ObjectRef.of_pod(pod), reason, message, warning=True)

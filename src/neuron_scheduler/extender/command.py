@@ -27,6 +27,30 @@ def extender(
     port: Annotated[int, typer.Option(help="port kube-scheduler calls")] = 12345,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="key for --tls-cert")] = None,
+    client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="only callers with a client certificate signed by this CA reach the verbs "
+            "(kube-scheduler's extender tlsConfig certFile/keyFile); needs --tls-cert"
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="serve the verbs without --client-ca: anyone who reaches the port can have "
+            "pods bound (logged as a warning at start)"
+        ),
+    ] = False,
+    metrics_port: Annotated[
+        int, typer.Option(help="plain-HTTP port for /healthz, /readyz and /metrics; 0: none")
+    ] = 12346,
+    scheduler_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a kube-scheduler profile whose pods this extender binds (repeatable; "
+            "default my-scheduler)"
+        ),
+    ] = None,
     topology_file: TopologyFile = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
     body_limit: Annotated[int, typer.Option(help="largest request body in bytes")] = 64 << 20,
@@ -50,6 +74,7 @@ def extender(
     retry_period: Annotated[float, typer.Option(help="seconds between Lease rounds")] = 2.0,
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
+    from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
     from neuron_scheduler.extender.serve import ExtenderOptions, run
     from neuron_scheduler.kube.config import ConfigError, own_namespace
     from neuron_scheduler.kube.election import ElectionConfig, default_identity
@@ -57,12 +82,27 @@ def extender(
     with user_errors(CatalogError, ConfigError):
         if (tls_cert is None) != (tls_key is None):
             raise UsageError("--tls-cert and --tls-key go together")
-        for path in (tls_cert, tls_key):
+        if client_ca is not None and tls_cert is None:
+            raise UsageError(
+                "--client-ca needs --tls-cert and --tls-key (client certificates are TLS)"
+            )
+        if client_ca is None and not insecure:
+            raise UsageError(
+                "the extender binds pods to nodes: give --client-ca with --tls-cert/--tls-key "
+                "so only kube-scheduler can call it, or --insecure to accept any caller"
+            )
+        for path in (tls_cert, tls_key, client_ca):
             if path is not None and not path.is_file():
                 raise UsageError(f"{path}: no such file")
         log_level = check_log_level(log_level)
-        if not 0 < port < 65536:
-            raise UsageError(f"--port {port} is not a TCP port")
+        for option, value in (("--port", port), ("--metrics-port", metrics_port)):
+            if not 0 <= value < 65536 or (value == 0 and option == "--port"):
+                raise UsageError(f"{option} {value} is not a TCP port")
+        if metrics_port == port:
+            raise UsageError("--metrics-port must differ from --port")
+        names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
+        if any(not n for n in names):
+            raise UsageError("--scheduler-name cannot be empty")
         Catalog.load(topology_file)  # fail now, with the file's name, not inside the server
         election = None
         if leader_elect:
@@ -84,6 +124,10 @@ def extender(
                 port=port,
                 tls_cert=tls_cert,
                 tls_key=tls_key,
+                client_ca=client_ca,
+                insecure=insecure,
+                metrics_port=metrics_port,
+                scheduler_names=names,
                 topology_file=topology_file,
                 log_level=log_level,
                 body_limit=body_limit,

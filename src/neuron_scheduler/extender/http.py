@@ -138,12 +138,16 @@ def _json_error(message: str, status: int) -> Response:
     return Response(msgspec.json.encode({"Error": message}), status, media_type="application/json")
 
 
-def build_app(
+def build_apps(
     extender: Extender,
     body_limit: int = DEFAULT_BODY_LIMIT,
     elector: LeaderElector | None = None,
-) -> ASGIApp:
-    """With an elector, only the leader is ready and binds (non-leaders answer bind with an
+) -> tuple[ASGIApp, ASGIApp]:
+    """(the verbs' app, the probes' and metrics' app): the first serves kube-scheduler (behind
+    client-certificate TLS when configured) and /healthz, /readyz; the second /healthz, /readyz
+    and /metrics on a port of its own, so probes and Prometheus need no client certificate.
+
+    With an elector, only the leader is ready and binds (non-leaders answer bind with an
     Error, which kube-scheduler retries); filter and prioritize are read-only and always served."""
     judge, binder, metrics, synced = (
         extender.judge,
@@ -184,7 +188,10 @@ def build_app(
         assert isinstance(exc, HTTPException)
         detail = exc.detail
         if exc.status_code == 404:
-            detail = "unknown path; the extender serves POST /filter, /prioritize, /bind"
+            detail = (
+                "unknown path; the extender serves POST /filter, /prioritize, /bind (and /metrics "
+                "on its metrics port)"
+            )
         return _json_error(detail, exc.status_code)
 
     async def crash(_: Request, exc: Exception) -> Response:
@@ -196,17 +203,13 @@ def build_app(
         "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
         "/bind": Verb("bind", ExtenderBindingArgs, do_bind, metrics, body_limit),
     }
-    rest = Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-            Route("/metrics", metrics_page),
-        ],
-        exception_handlers={HTTPException: http_error, Exception: crash},
-    )
+    probes = [Route("/healthz", healthz), Route("/readyz", readyz)]
+    handlers: Any = {HTTPException: http_error, Exception: crash}
+    rest = Starlette(routes=probes, exception_handlers=handlers)
+    side = Starlette(routes=[*probes, Route("/metrics", metrics_page)], exception_handlers=handlers)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = verbs.get(scope["path"]) if scope["type"] == "http" else None
         await (endpoint or rest)(scope, receive, send)
 
-    return app
+    return app, side

@@ -29,6 +29,7 @@ from neuron_scheduler.core.handoff import AnnotationError, misfit
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.nodefit import NodeFacts
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import assignment, held_by_others, neuron_request, node_topology
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
@@ -96,6 +97,7 @@ class Ledger:
         self.catalog = catalog
         self.report = report
         self.nodes: dict[str, NodeEntry] = {}
+        self.facts: dict[str, NodeFacts] = {}  # labels and taints, for bind's re-check
         self.unusable: dict[str, Unusable] = {}
         self.rejected_assignments: Counter[str] = Counter()  # by reason code, for metrics
         self._holdings: dict[str, Holding] = {}  # pod uid -> holding
@@ -124,6 +126,7 @@ class Ledger:
             log.warning("node %s: %s", name, resolved.warning)
         topology = resolved.topology
         entry = NodeEntry(name, topology, resolved.warning, held_by_others(node, topology))
+        self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
             self._invalidate(name)
@@ -135,11 +138,13 @@ class Ledger:
             log.warning("node %s is unusable for Neuron pods: %s", name, problem.reason)
             if self.report is not None:
                 self.report(ObjectRef.of_node(node), "NeuronCapacityUnusable", problem.reason)
+        self.facts.pop(name, None)
         if self.nodes.pop(name, None) is not None:
             self._invalidate(name)
 
     def remove_node(self, name: str) -> None:
         self.unusable.pop(name, None)
+        self.facts.pop(name, None)
         if self.nodes.pop(name, None) is not None:
             self._invalidate(name)
 

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import ssl
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +17,8 @@ import uvicorn
 
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_app
+from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
+from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.wiring import wire
@@ -37,10 +39,18 @@ class ExtenderOptions:
     port: int = 12345
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Callers of the verbs must present a certificate signed by this CA (kube-scheduler's
+    # extender tlsConfig certFile/keyFile); without it the TLS handshake fails.
+    client_ca: Path | None = None
+    # No client CA: any caller may drive binds. Only when asked for; warned about at start.
+    insecure: bool = False
+    # /healthz, /readyz and /metrics, plain HTTP, no client certificate; 0: none.
+    metrics_port: int = 12346
     topology_file: Path | None = None
     log_level: str = "info"
     body_limit: int = DEFAULT_BODY_LIMIT
     election: ElectionConfig | None = None
+    scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES
 
 
 def start_watches(
@@ -119,42 +129,104 @@ class _Server(uvicorn.Server):
             await self.on_shutdown()  # e.g. release the Lease: a standby takes over at once
 
 
+class _SideServer(uvicorn.Server):
+    """The probes' and metrics' port: stopped by the main server, never by signals itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _config(app: Any, host: str, port: int, log_level: str, **tls: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        http="httptools",
+        access_log=False,
+        # kube-scheduler talks to us directly: no proxy headers to trust, and no Server/Date
+        # headers it would read (each costs per-request work).
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+        **tls,
+    )
+
+
+def _tls(options: ExtenderOptions) -> dict[str, Any]:
+    if options.tls_cert is None:
+        return {}
+    tls: dict[str, Any] = {"ssl_certfile": str(options.tls_cert)}
+    if options.tls_key is not None:
+        tls["ssl_keyfile"] = str(options.tls_key)
+    if options.client_ca is not None:
+        tls["ssl_ca_certs"] = str(options.client_ca)
+        tls["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return tls
+
+
+def _warn_if_open(options: ExtenderOptions) -> None:
+    if options.client_ca is not None:
+        return
+    where = f"{options.host}:{options.port}"
+    if options.tls_cert is None:
+        log.warning(
+            "serving plain HTTP on %s (--insecure): anyone who reaches this port can have "
+            "pods bound to nodes; give --client-ca with --tls-cert/--tls-key so only "
+            "kube-scheduler can (docs/security.md)",
+            where,
+        )
+    else:
+        log.warning(
+            "serving HTTPS on %s without client certificates (--insecure): any caller that "
+            "reaches this port can have pods bound to nodes; add --client-ca",
+            where,
+        )
+
+
 async def serve(options: ExtenderOptions) -> None:
     catalog = Catalog.load(options.topology_file)
     config = load_config(options.kubeconfig)
+    _warn_if_open(options)
     async with KubeAPI(config) as api:
-        extender = wire(api, catalog)
+        extender = wire(api, catalog, scheduler_names=options.scheduler_names)
         elector = LeaderElector(api, options.election) if options.election else None
-        app = build_app(extender, options.body_limit, elector)
+        app, side_app = build_apps(extender, options.body_limit, elector)
+        side = None
+        if options.metrics_port:
+            side = _SideServer(
+                _config(side_app, options.host, options.metrics_port, options.log_level)
+            )
+        side_task = asyncio.get_running_loop().create_task(side.serve()) if side else None
+
+        async def on_shutdown() -> None:
+            if elector is not None:
+                await elector.release()  # a standby takes over at once
+            if side is not None and side_task is not None:
+                side.should_exit = True
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(side_task, 10)
+
         server = _Server(
-            uvicorn.Config(
-                app,
-                host=options.host,
-                port=options.port,
-                loop="none",
-                http="httptools",
-                access_log=False,
-                # kube-scheduler talks to us directly: no proxy headers to trust, and no
-                # Server/Date headers it would read (each costs per-request work).
-                proxy_headers=False,
-                server_header=False,
-                date_header=False,
-                log_level=options.log_level.lower(),
-                ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
-                ssl_keyfile=str(options.tls_key) if options.tls_key else None,
-                timeout_graceful_shutdown=5,
-                lifespan="off",
-            ),
-            on_shutdown=elector.release if elector is not None else None,
+            _config(app, options.host, options.port, options.log_level, **_tls(options)),
+            on_shutdown=on_shutdown,
         )
         tasks = start_watches(api, extender.views, extender.synced, extender.ledger)
         if elector is not None:
             tasks.append(asyncio.get_running_loop().create_task(elector.run()))
         log.info(
-            "extender listening on %s://%s:%d (API server %s)",
+            "extender listening on %s://%s:%d%s; probes and metrics on http://%s:%s (API "
+            "server %s)",
             "https" if options.tls_cert else "http",
             options.host,
             options.port,
+            " (client certificates required)" if options.client_ca else "",
+            options.host,
+            options.metrics_port or "-",
             config.server,
         )
         try:
@@ -165,8 +237,7 @@ async def serve(options: ExtenderOptions) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
             await extender.events.close()
-            if elector is not None:
-                await elector.release()  # a standby takes over now, not after the lease expires
+            await on_shutdown()
 
 
 def run(options: ExtenderOptions) -> None:

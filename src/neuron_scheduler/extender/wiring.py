@@ -4,11 +4,12 @@ reservers the judge and binder get (today the ledger and the UltraServer unit ru
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.extender.binding import Binder
+from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.judging import Judge
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
@@ -33,7 +34,12 @@ class Extender:
     binder: Binder
 
 
-def wire(api: KubeAPI, catalog: Catalog, policy: Policy = Policy.BEST_FIT) -> Extender:
+def wire(
+    api: KubeAPI,
+    catalog: Catalog,
+    policy: Policy = Policy.BEST_FIT,
+    scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
+) -> Extender:
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.warn)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
@@ -46,5 +52,14 @@ def wire(api: KubeAPI, catalog: Catalog, policy: Policy = Policy.BEST_FIT) -> Ex
         events,
         (ledger, occupancy),
         Judge(ledger, metrics, policy, filters=[UnitPlacement(occupancy)]),
-        Binder(api, ledger, metrics, synced, events, policy, reservers=[ledger, occupancy]),
+        Binder(
+            api,
+            ledger,
+            metrics,
+            synced,
+            events,
+            policy,
+            reservers=[ledger, occupancy],
+            scheduler_names=scheduler_names,
+        ),
     )

@@ -32,11 +32,46 @@ class Container(msgspec.Struct):
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
 
 
+class Toleration(msgspec.Struct):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+class NodeSelectorRequirement(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class NodeSelectorTerm(msgspec.Struct):
+    matchExpressions: list[NodeSelectorRequirement] = []
+    matchFields: list[NodeSelectorRequirement] = []
+
+
+class NodeSelector(msgspec.Struct):
+    nodeSelectorTerms: list[NodeSelectorTerm] = []
+
+
+class NodeAffinity(msgspec.Struct):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
+
+
+class Affinity(msgspec.Struct):
+    nodeAffinity: NodeAffinity | None = None
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
     containers: list[Container] = []
     initContainers: list[Container] = []
+    # What bind re-checks of kube-scheduler's in-tree filters (kube.nodefit).
+    nodeSelector: dict[str, str] = {}
+    tolerations: list[Toleration] = []
+    affinity: Affinity | None = None
+    priority: int | None = None
 
 
 class PodStatus(msgspec.Struct):
@@ -67,8 +102,20 @@ class NodeStatus(msgspec.Struct):
     allocatable: dict[str, str | int] = {}
 
 
+class Taint(msgspec.Struct):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class NodeSpec(msgspec.Struct):
+    taints: list[Taint] = []
+    unschedulable: bool = False
+
+
 class Node(msgspec.Struct):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
     @property
