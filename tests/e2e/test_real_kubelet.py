@@ -125,7 +125,9 @@ def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
             kubelet.start()
             before = dict((kubelet.node() or {})["status"]["allocatable"])
             plugin.start()
-            kubelet.wait_allocatable(NEURONCORE, DEVICES * CORES_PER_DEVICE)
+            kubelet.wait_allocatable(
+                {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
+            )
             yield RealNode(cp, stack, kubelet, plugin, before)
         finally:
             plugin.stop()

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 from neuron_scheduler.commandline import out
-from neuron_scheduler.core.resources import NEURONCORE
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ManagedProcess, Stack, find_kubebin
 from tests.testbed.deviceplugin import device_plugin
@@ -49,7 +49,7 @@ def start_real_node(cp: ControlPlane, ca: NodeCA, workdir: Path) -> tuple[Kubele
         extra_args=["--pod-resources-socket", str(kubelet.pod_resources_socket)],
     )
     plugin.start()
-    kubelet.wait_allocatable(NEURONCORE, 16)
+    kubelet.wait_allocatable({NEURONCORE: 16, NEURON: 4, NEURONDEVICE: 4})
     return kubelet, plugin
 
 

@@ -375,16 +375,20 @@ class Kubelet:
         conditions = (node or {}).get("status", {}).get("conditions", [])
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
-    def wait_allocatable(self, resource: str, count: int) -> float:
-        """Until the Node's allocatable shows `count` of `resource` (from a device plugin);
-        the seconds it took."""
+    def wait_allocatable(self, expected: Mapping[str, int]) -> float:
+        """Until the Node's capacity and allocatable show these counts (from a device plugin,
+        which registers its resources one by one); the seconds it took."""
         began = time.monotonic()
 
         def shown() -> bool:
-            allocatable = ((self.node() or {}).get("status") or {}).get("allocatable") or {}
-            return str(allocatable.get(resource)) == str(count)
+            status = (self.node() or {}).get("status") or {}
+            return all(
+                str((status.get(field) or {}).get(resource)) == str(count)
+                for field in ("capacity", "allocatable")
+                for resource, count in expected.items()
+            )
 
-        self._wait(self.kubelet, f"{resource}: {count} allocatable on {self.name}", shown)
+        self._wait(self.kubelet, f"{dict(expected)} on {self.name}", shown)
         return time.monotonic() - began
 
     def created_containers(self) -> list[dict[str, Any]]:
