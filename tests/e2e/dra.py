@@ -6,8 +6,9 @@ chart's DeviceClasses, RBAC and ValidatingAdmissionPolicies applied with strict 
 authenticated with a ServiceAccount token bound to a pod on its node (as a DaemonSet pod's is).
 
 What the testbed does not have yet, and what stands in for it here:
-- no kubelet: tests call NodePrepareResources / NodeUnprepareResources over the driver's real
-  gRPC socket, as kubelet would once the scheduler has allocated a pod's claims;
+- no kubelet in most tests: they call NodePrepareResources / NodeUnprepareResources over the
+  driver's real gRPC socket, as kubelet would once the scheduler has allocated a pod's claims
+  (test_dra_real_kubelet.py runs the driver under the real kubelet);
 - no kube-controller-manager: for ResourceClaimTemplates the test does what its resourceclaim
   controller does (create the pod's claim from the template, owned by the pod, and record it in
   the pod's status), and it removes a deleted claim's finalizer as that controller would.
@@ -73,7 +74,11 @@ def physical_cores(instance_type: str) -> int:
 class DriverProcess:
     """`neuron-scheduler dra-driver` for one node, as the chart's DaemonSet pod would run it."""
 
-    def __init__(self, cp: ControlPlane, node: str, instance_type: str) -> None:
+    def __init__(
+        self, cp: ControlPlane, node: str, instance_type: str, kubelet_root: Path | None = None
+    ) -> None:
+        """kubelet_root: a real kubelet's --root-dir, whose plugins and plugins_registry the
+        driver then serves in (default: directories of its own, for tests that call it)."""
         self.cp = cp
         self.node = node
         # Unix socket paths must stay under 108 bytes: a short directory of our own.
@@ -86,8 +91,8 @@ class DriverProcess:
             folder = self.sys / "class" / "neuron_device" / f"neuron{d}"
             folder.mkdir(parents=True)
             (folder / "core_count").write_text(f"{physical_cores(instance_type)}\n")
-        self.plugins = self.root / "plugins"
-        self.registry = self.root / "registry"
+        self.plugins = (kubelet_root or self.root) / "plugins"
+        self.registry = (kubelet_root or self.root) / "plugins_registry"
         self.cdi = self.root / "cdi"
         self.kubeconfig = self._credentials()
         self.process = ManagedProcess(

@@ -1,8 +1,9 @@
 """The DRA driver end to end: the chart's objects in a real kube-apiserver, `neuron-scheduler
 dra-driver` processes publishing ResourceSlices, and the real kube-scheduler allocating claims
-over them. There is no kubelet in the testbed yet: tests whose name ends in
-`_over_grpc_without_kubelet` call NodePrepareResources and NodeUnprepareResources on the driver's
-real socket themselves (tests/e2e/dra.py says what else stands in for missing components).
+over them. Tests whose name ends in `_over_grpc_without_kubelet` call NodePrepareResources and
+NodeUnprepareResources on the driver's real socket themselves (many nodes, restarts and claims
+deleted behind kubelet's back are cheaper that way); test_dra_real_kubelet.py runs the driver
+under the real kubelet. tests/e2e/dra.py says what else stands in for missing components.
 """
 
 from __future__ import annotations
