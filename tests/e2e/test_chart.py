@@ -56,6 +56,7 @@ COMBOS: dict[str, Doc] = {
     },
     "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
     "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
+    "custom-no-preemption": {"scheduler": {"preemption": False}},
     "default": DEFAULT_MODE,
     "default-own-secrets-cidrs": {
         "scheduler": {
@@ -215,7 +216,9 @@ def test_extender_entry_matches_the_testbed(combo: str) -> None:
     else:
         url = f"{scheme}://k8s-neuron-scheduler.kube-system.svc.cluster.local:12345"
     expected = manifests.scheduler_config(
-        extender_url=url, node_cache_capable=scheduler.get("nodeCacheCapable", True)
+        extender_url=url,
+        node_cache_capable=scheduler.get("nodeCacheCapable", True),
+        preemption=scheduler.get("preemption", True),
     )["extenders"][0]
     if tls:
         assert entry.pop("enableHTTPS") is True

@@ -15,6 +15,7 @@ def scheduler_config(
     scheduler_name: str = "my-scheduler",
     extender_url: str | None = None,
     node_cache_capable: bool = False,
+    preemption: bool = True,
     kubeconfig: str | None = None,
     pki: Pki | None = None,
 ) -> dict[str, Any]:
@@ -51,6 +52,8 @@ def scheduler_config(
                 ],
             }
         ]
+        if preemption:
+            config["extenders"][0]["preemptVerb"] = "preempt"
         if pki is not None:
             config["extenders"][0]["enableHTTPS"] = True
             config["extenders"][0]["tlsConfig"] = {

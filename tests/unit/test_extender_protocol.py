@@ -215,7 +215,9 @@ def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> 
         ("/filter", {"Pod": {}, "Nodes": None, "NodeNames": None}, 400, "neither NodeNames"),
         ("/prioritize", [], 400, "malformed"),
         ("/bind", {"PodName": "x"}, 400, "bind needs"),
-        ("/preempt", {}, 404, "unknown path"),
+        ("/preempt", {}, 400, "no Pod"),
+        ("/preempt", {"Pod": {"metadata": {"name": "p"}}}, 400, "neither"),
+        ("/unknown", {}, 404, "unknown path"),
     ],
 )
 def test_bad_requests_get_json_errors(

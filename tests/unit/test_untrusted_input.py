@@ -108,7 +108,7 @@ def hostile_ids(node_name: str, cores: str) -> dict[str, str]:
 
 
 def test_ledger_rejects_ids_the_node_cannot_have_and_counts_the_pod_by_size() -> None:
-    reports: list[tuple[ObjectRef, str, str]] = []
+    reports: list[tuple[ObjectRef, str, str, bool]] = []
     ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
     ledger.replace_nodes([node("n1", "inf1.6xlarge")])
     for i, cores in enumerate(["1000000000", "99", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"]):
@@ -117,7 +117,7 @@ def test_ledger_rejects_ids_the_node_cannot_have_and_counts_the_pod_by_size() ->
     state = ledger.state("n1")
     assert state.used_cores == 0  # no mask from any of them
     assert state.unattributed_cores == 3 * 4  # each holds its one device, somewhere
-    assert [(ref.name, reason) for ref, reason, _ in reports] == [
+    assert [(ref.name, reason) for ref, reason, _, _ in reports] == [
         ("h0", "NeuronAnnotationsRejected"),
         ("h1", "NeuronAnnotationsRejected"),
         ("h2", "NeuronAnnotationsRejected"),
@@ -131,7 +131,7 @@ def test_ledger_rejects_ids_the_node_cannot_have_and_counts_the_pod_by_size() ->
 
 
 def test_a_node_listed_after_its_pods_still_checks_their_ids() -> None:
-    reports: list[tuple[ObjectRef, str, str]] = []
+    reports: list[tuple[ObjectRef, str, str, bool]] = []
     ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
     ledger.apply_pod(
         pod("late", {NEURON: 1}, node="n1", uid="late", annotations=hostile_ids("n1", "40"))
@@ -139,7 +139,7 @@ def test_a_node_listed_after_its_pods_still_checks_their_ids() -> None:
     ledger.apply_node(node("n1", "inf1.6xlarge"))
     assert ledger.state("n1").used_cores == 0
     assert ledger.state("n1").unattributed_cores == 4
-    assert [ref.name for ref, _, _ in reports] == ["late"]
+    assert [ref.name for ref, _, _, _ in reports] == ["late"]
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ def test_a_node_listed_after_its_pods_still_checks_their_ids() -> None:
     ],
 )
 def test_unusable_nodes_keep_their_reason(capacity: dict[str, str], code: str, reason: str) -> None:
-    reports: list[tuple[ObjectRef, str, str]] = []
+    reports: list[tuple[ObjectRef, str, str, bool]] = []
     ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
     bad = node("bad", "inf1.6xlarge")
     bad.status.capacity = dict(capacity)
@@ -161,7 +161,7 @@ def test_unusable_nodes_keep_their_reason(capacity: dict[str, str], code: str, r
     assert set(ledger.nodes) == {"good"}
     assert ledger.unusable["bad"].code == code
     assert reason in ledger.unusable["bad"].reason
-    assert [(ref.kind, ref.name, why) for ref, why, _ in reports] == [
+    assert [(ref.kind, ref.name, why) for ref, why, _, _ in reports] == [
         ("Node", "bad", "NeuronCapacityUnusable")
     ]
     # Fixed: usable again; gone from the list: forgotten.

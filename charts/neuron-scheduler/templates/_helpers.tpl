@@ -68,6 +68,10 @@ its kube-scheduler (tests/testbed/manifests.py).
 - urlPrefix: {{ include "ns.urlPrefix" . | quote }}
   filterVerb: filter
   prioritizeVerb: prioritize
+  {{- if .Values.scheduler.preemption }}
+  # Victims that free a contiguous block (docs/preemption.md).
+  preemptVerb: preempt
+  {{- end }}
   weight: 1
   bindVerb: bind
   nodeCacheCapable: {{ .Values.scheduler.nodeCacheCapable }}

@@ -416,6 +416,21 @@ def _no_core_run_reason(topology: Topology, used: int, count: int) -> str:
     )
 
 
+@lru_cache(maxsize=1024)
+def allowed_blocks(topology: Topology, unit: Unit, count: int) -> tuple[int, ...]:
+    """Every core mask a request could be given on an empty node: the allowed device sets (as
+    their cores), or every window of `count` contiguous cores on an allowed span of devices.
+    What preemption chooses among. A switch allows any device set: those are not enumerated
+    (empty here; see `preempting`)."""
+    if _static_refusal(topology, unit, count) is not None:
+        return ()
+    if unit is Unit.DEVICE:
+        return tuple(topology.core_mask_of_devices(mask) for mask in topology.device_sets(count))
+    window = (1 << count) - 1
+    starts = _core_windows(topology, count).allowed
+    return tuple(window << start for start in mask_ids(starts))
+
+
 def is_valid_device_set(topology: Topology, devices: tuple[int, ...] | list[int]) -> bool:
     """Whether a set of devices obeys the topology's rule (for checking ids chosen elsewhere)."""
     mask = 0

@@ -21,7 +21,7 @@ from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import Reserver
 from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
@@ -120,11 +120,15 @@ class Binder:
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
                 return f"node {args.Node} left neuron-scheduler's cache"
-            decision = allocate(entry.topology, self.ledger.state(args.Node), request, self.policy)
+            claimant = Claimant.of(pod)  # its own held block is its
+            state = self.ledger.state_for(claimant, args.Node)
+            decision = allocate(entry.topology, state, request, self.policy)
             if isinstance(decision, Refusal):
+                reason = decision.reason
+                held = self.ledger.hold_reason(claimant, args.Node, request, self.policy)
                 self.metrics.binds.labels("failure").inc()
-                self._warn(pod, "FailedNeuronAllocation", f"{args.Node}: {decision.reason}")
-                return f"node {args.Node}: {decision.reason}"
+                self._warn(pod, "FailedNeuronAllocation", f"{args.Node}: {held or reason}")
+                return f"node {args.Node}: {held or reason}"
             # Held from here on, so concurrent filters and binds on this node see it taken
             # while the API calls below are in flight (outside the lock). A plugin such as the
             # UltraServer rule counts the pod on its node from here too: kube-scheduler asks

@@ -23,7 +23,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.wire import BadRequest, ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.wire import (
+    BadRequest,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+)
 from neuron_scheduler.extender.wiring import Extender
 from neuron_scheduler.kube.election import LeaderElector
 
@@ -171,6 +176,9 @@ def build_apps(
             }
         return {"Error": await binder.bind(args)}
 
+    async def do_preempt(args: ExtenderPreemptionArgs, _: bytes) -> Any:
+        return await extender.preemptor.preempt(args)
+
     async def healthz(_: Request) -> Response:
         return _text("ok\n")
 
@@ -189,8 +197,8 @@ def build_apps(
         detail = exc.detail
         if exc.status_code == 404:
             detail = (
-                "unknown path; the extender serves POST /filter, /prioritize, /bind (and /metrics "
-                "on its metrics port)"
+                "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt "
+                "(and /metrics on its metrics port)"
             )
         return _json_error(detail, exc.status_code)
 
@@ -202,6 +210,7 @@ def build_apps(
         "/filter": Verb("filter", ExtenderArgs, do_filter, metrics, body_limit),
         "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
         "/bind": Verb("bind", ExtenderBindingArgs, do_bind, metrics, body_limit),
+        "/preempt": Verb("preempt", ExtenderPreemptionArgs, do_preempt, metrics, body_limit),
     }
     probes = [Route("/healthz", healthz), Route("/readyz", readyz)]
     handlers: Any = {HTTPException: http_error, Exception: crash}

@@ -17,7 +17,7 @@ from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusa
 from neuron_scheduler.core.catalog import CapacityError
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import NodeFilter
 from neuron_scheduler.extender.wire import (
@@ -78,7 +78,9 @@ class Judge:
                 return Refusal(f"{UNUSABLE}: {error}", True), "unusable_node"
             if resolved is None:
                 return Refusal(NOT_NEURON, True), "no_neuron_node"
-            decision = allocate(resolved.topology, self.ledger.state(name), request, self.policy)
+            claimant = Claimant.of(args.Pod) if args.Pod is not None else Claimant()
+            state = self.ledger.state_for(claimant, name)
+            decision = allocate(resolved.topology, state, request, self.policy)
             return decision, ""
 
         return judge
@@ -109,7 +111,8 @@ class Judge:
         if request is None:
             self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
             return FilterResult(list(names), {}, {})
-        verdicts = self.ledger.verdicts(request, self.policy)
+        claimant = Claimant.of(pod)
+        verdicts = self.ledger.verdicts(request, self.policy, claimant)
         fits = verdicts.fits
         outcomes: defaultdict[str, int] = defaultdict(int)
         if fits.issuperset(names):
@@ -118,7 +121,7 @@ class Judge:
             result = FilterResult(list(names), {}, {})
             outcomes["fits"] = len(names)
         else:
-            self.ledger.fill_verdicts(names, request, self.policy)
+            self.ledger.fill_verdicts(names, request, self.policy, claimant)
             result = FilterResult([name for name in names if name in fits], {}, {})
             outcomes["fits"] = len(result.passed)
         if len(result.passed) < len(names):
@@ -138,8 +141,9 @@ class Judge:
                     result.unresolvable[name] = decision.reason
                     outcome = outcome or "unresolvable"
                 else:
-                    result.failed[name] = decision.reason
-                    outcome = outcome or "no_fit"
+                    held = self.ledger.hold_reason(claimant, name, request, self.policy)
+                    result.failed[name] = held or decision.reason
+                    outcome = outcome or ("held" if held else "no_fit")
                 outcomes[outcome] += 1
             if late_fits:
                 result.passed = [name for name in names if name in fits or name in late_fits]
@@ -180,17 +184,18 @@ class Judge:
     def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
         names = node_names(args, body)
         try:
-            _, request = self._request(args)
+            pod, request = self._request(args)
         except RequestError:
-            request = None
+            return list(map(HostPriority, names, repeat(0)))
         if request is None:
             return list(map(HostPriority, names, repeat(0)))
-        scores = self.ledger.verdicts(request, self.policy).scores
+        claimant = Claimant.of(pod)
+        scores = self.ledger.verdicts(request, self.policy, claimant).scores
         try:  # usually every node has a kept score (filter just asked about the same nodes)
             return list(map(HostPriority, names, map(scores.__getitem__, names)))
         except KeyError:
             pass
-        self.ledger.fill_verdicts(names, request, self.policy)
+        self.ledger.fill_verdicts(names, request, self.policy, claimant)
         try:
             return list(map(HostPriority, names, map(scores.__getitem__, names)))
         except KeyError:  # a node the cache has not seen

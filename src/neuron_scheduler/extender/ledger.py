@@ -18,14 +18,16 @@ The ledger is a `ClusterView` (the watches feed it) and a `Reserver` (bind holds
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.handoff import AnnotationError, misfit
+from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
@@ -48,13 +50,47 @@ class NodeEntry:
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """What one pod holds on one node: known cores, or a count whose ids we do not know."""
+    """What one pod holds on one node: known cores, or a count whose ids we do not know; and
+    what a preemption needs to weigh it (its priority, since when it runs, its labels for
+    disruption budgets, whether it is already going)."""
 
     node: str
     cores: int = 0  # mask
     unknown_count: int = 0  # in `unknown_unit`s
     unknown_unit: Unit = Unit.CORE
     ours: bool = False  # ids come from our annotations for this node
+    priority: int = 0
+    started: str = ""  # RFC 3339 (sorts as time): status.startTime, else creation
+    terminating: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """A pod kube-scheduler preempted others for, waiting for its node (status.nominatedNodeName):
+    the block it will get is held for it, as kube-scheduler holds its resources by count."""
+
+    node: str
+    request: NeuronRequest
+    priority: int
+
+
+LOWEST_PRIORITY = -(2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimant:
+    """The pod a node's state is read for. Blocks held for nominated pods count against it only
+    when their priority is at least its own (kube-scheduler's rule for nominated pods'
+    resources), and a nominated pod does not see its own block. The default, an unnamed pod of
+    the lowest priority, sees every hold."""
+
+    uid: str = ""
+    priority: int = LOWEST_PRIORITY
+
+    @classmethod
+    def of(cls, pod: Pod) -> Claimant:
+        return cls(pod.metadata.uid, pod.spec.priority or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +141,11 @@ class Ledger:
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
+        self.nominations: dict[str, Nomination] = {}  # pod uid -> the node it waits for
+        self._held: set[str] = set()  # nominations whose held block was reported once
         self._states: dict[str, NodeState] = {}
-        self._verdicts: dict[tuple[Unit, int, Policy], Verdicts] = {}
+        # (unit, count, policy, nominated owner, lower nomination priorities passed over)
+        self._verdicts: dict[tuple[Unit, int, Policy, str, tuple[int, ...]], Verdicts] = {}
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -137,7 +176,7 @@ class Ledger:
             self.unusable[name] = problem
             log.warning("node %s is unusable for Neuron pods: %s", name, problem.reason)
             if self.report is not None:
-                self.report(ObjectRef.of_node(node), "NeuronCapacityUnusable", problem.reason)
+                self.report(ObjectRef.of_node(node), "NeuronCapacityUnusable", problem.reason, True)
         self.facts.pop(name, None)
         if self.nodes.pop(name, None) is not None:
             self._invalidate(name)
@@ -157,6 +196,7 @@ class Ledger:
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
         self._pod_keys[uid] = pod.key
+        self._nominate(pod)
         holding = self._holding_of(pod)
         previous = self._holdings.get(uid)
         if holding != previous:
@@ -171,16 +211,52 @@ class Ledger:
             # The watch now shows what the bind wrote (or the pod is gone): the reservation has
             # done its job.
             self._release(uid)
-        if holding is None and uid not in self._reservations:
+        if holding is None and uid not in self._reservations and uid not in self.nominations:
             self._pod_keys.pop(uid, None)
+        self._announce_holds()
 
     def remove_pod(self, uid: str) -> None:
         previous = self._holdings.get(uid)
         if previous is not None:
             self._drop(uid, previous)
         self._release(uid)
+        nomination = self.nominations.pop(uid, None)
+        if nomination is not None:
+            self._invalidate(nomination.node)
         self._pod_keys.pop(uid, None)
         self._rejected.discard(uid)
+        self._held.discard(uid)
+        self._announce_holds()
+
+    def _announce_holds(self) -> None:
+        """A nominated pod hears which block it will get as soon as its victims are leaving
+        (holds are otherwise worked out only when someone reads the node)."""
+        if self.report is None or not self.nominations:
+            return
+        for node in {n.node for uid, n in self.nominations.items() if uid not in self._held}:
+            self.state(node)
+
+    def _nominate(self, pod: Pod) -> None:
+        uid = pod.metadata.uid
+        node = pod.status.nominatedNodeName
+        nomination = None
+        if node and not pod.spec.nodeName and not pod.finished:
+            try:
+                request = neuron_request(pod)
+            except RequestError:
+                request = None
+            if request is not None:
+                nomination = Nomination(node, request, pod.spec.priority or 0)
+        previous = self.nominations.get(uid)
+        if nomination == previous:
+            return
+        if previous is not None:
+            del self.nominations[uid]
+            self._invalidate(previous.node)
+            self._held.discard(uid)
+        if nomination is not None:
+            self.nominations[uid] = nomination
+            self._invalidate(nomination.node)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
         replace_all(pods, pod_uid, self.apply_pod, self._holdings, self.remove_pod)
@@ -204,7 +280,15 @@ class Ledger:
             return None
         if request is None:
             return None  # the device plugin's own pod, and every non-Neuron pod
-        by_request = Holding(node, unknown_count=request.count, unknown_unit=request.unit)
+        by_request = Holding(
+            node,
+            unknown_count=request.count,
+            unknown_unit=request.unit,
+            priority=pod.spec.priority or 0,
+            started=pod.status.startTime or pod.metadata.creationTimestamp or "",
+            terminating=pod.metadata.deletionTimestamp is not None,
+            labels=pod.metadata.labels,
+        )
         entry = self.nodes.get(node)
         try:
             found = assignment(pod, entry.topology.cores_per_device if entry else None)
@@ -220,13 +304,7 @@ class Ledger:
             self._reject(pod.metadata.uid, pod.key, node, request, problem)
             return by_request
         # On a node not listed yet, the ids are checked against its topology when it is (state).
-        return Holding(
-            node,
-            cores=found.core_mask,
-            unknown_count=request.count,
-            unknown_unit=request.unit,
-            ours=True,
-        )
+        return dataclasses.replace(by_request, cores=found.core_mask, ours=True)
 
     def _reject(self, uid: str, key: str, node: str, request: NeuronRequest, problem: str) -> None:
         """Ids that cannot be this node's: reported once per pod; the pod counts by its size."""
@@ -241,9 +319,8 @@ class Ledger:
         log.warning("pod %s on %s: %s", key, node, message)
         if self.report is not None:
             namespace, _, name = key.partition("/")
-            self.report(
-                ObjectRef("Pod", namespace, name, uid), "NeuronAnnotationsRejected", message
-            )
+            pod = ObjectRef("Pod", namespace, name, uid)
+            self.report(pod, "NeuronAnnotationsRejected", message, True)
 
     # --- in-flight binds ---------------------------------------------------------------------
 
@@ -271,10 +348,20 @@ class Ledger:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def verdicts(self, request: NeuronRequest, policy: Policy) -> Verdicts:
+    def verdicts(
+        self, request: NeuronRequest, policy: Policy, claimant: Claimant = Claimant()
+    ) -> Verdicts:
         """What is kept for this request shape: every decision in it is current, though it may
-        not cover every node yet (`fill_verdicts` fills it in)."""
-        key = (request.unit, request.count, policy)
+        not cover every node yet (`fill_verdicts` fills it in). Claimants that see the same holds
+        share them: a nominated pod has its own, and so does each set of lower nomination
+        priorities a claimant's priority passes over (usually none: no nominations)."""
+        owner = claimant.uid if claimant.uid in self.nominations else ""
+        passed = tuple(
+            sorted(
+                {n.priority for n in self.nominations.values() if n.priority < claimant.priority}
+            )
+        )
+        key = (request.unit, request.count, policy, owner, passed)
         verdicts = self._verdicts.get(key)
         if verdicts is None:
             if len(self._verdicts) >= MAX_REQUEST_SHAPES:
@@ -283,11 +370,15 @@ class Ledger:
         return verdicts
 
     def fill_verdicts(
-        self, names: Iterable[str], request: NeuronRequest, policy: Policy
+        self,
+        names: Iterable[str],
+        request: NeuronRequest,
+        policy: Policy,
+        claimant: Claimant = Claimant(),
     ) -> Verdicts:
         """Decisions for `request` on every named node that is in the cache (others are left
         out of the result's `decisions`)."""
-        verdicts = self.verdicts(request, policy)
+        verdicts = self.verdicts(request, policy, claimant)
         decisions = verdicts.decisions
         for name in names:
             if name in decisions:
@@ -295,7 +386,7 @@ class Ledger:
             entry = self.nodes.get(name)
             if entry is None:
                 continue
-            decision = allocate(entry.topology, self.state(name), request, policy)
+            decision = allocate(entry.topology, self.state_for(claimant, name), request, policy)
             decisions[name] = decision
             if isinstance(decision, Placement):
                 verdicts.fits.add(name)
@@ -305,19 +396,65 @@ class Ledger:
         return verdicts
 
     def state(self, node: str) -> NodeState:
-        """The node's cores in use: bound pods, in-flight binds, and counts with unknown ids."""
+        """The node's cores in use: bound pods, in-flight binds, counts with unknown ids, and the
+        blocks held for pods nominated to it."""
         cached = self._states.get(node)
         if cached is not None:
             return cached
+        state = self._state(node)
+        self._states[node] = state
+        return state
+
+    def state_for(self, claimant: Claimant, node: str) -> NodeState:
+        """The node as this pod sees it: without its own held block, and without the blocks
+        held for pods of lower priority."""
+        passed = self._passed_holds(claimant, node)
+        return self._state(node, passed) if passed else self.state(node)
+
+    def _passed_holds(self, claimant: Claimant, node: str) -> frozenset[str]:
+        if not self.nominations:
+            return frozenset()
+        return frozenset(
+            uid
+            for uid, n in self.nominations.items()
+            if n.node == node and (uid == claimant.uid or n.priority < claimant.priority)
+        )
+
+    def hold_reason(
+        self, claimant: Claimant, node: str, request: NeuronRequest, policy: Policy
+    ) -> str | None:
+        """Why a pod that fits but for blocks held on the node does not: who they are held for."""
+        entry = self.nodes.get(node)
+        holders = [
+            uid
+            for uid, n in self.nominations.items()
+            if n.node == node and uid not in self._passed_holds(claimant, node)
+        ]
+        if entry is None or not holders:
+            return None
+        unheld = self._state(node, frozenset(holders) | self._passed_holds(claimant, node))
+        if not isinstance(allocate(entry.topology, unheld, request, policy), Placement):
+            return None
+        names = ", ".join(self.pod_key(uid) for uid in holders[:3])
+        more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
+        return (
+            f"devices are held for {names}{more}, nominated to this node by preemption, until bound"
+        )
+
+    def _state(self, node: str, excluded: frozenset[str] = frozenset()) -> NodeState:
+        """The node's state with the blocks held for the `excluded` nominated pods left out."""
         entry = self.nodes.get(node)
         per_device = entry.topology.cores_per_device if entry else 1
         total = entry.topology.total_cores if entry else 0
         used = 0
+        going = 0  # cores of terminating pods: free soon, so a nominated pod's block may use them
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
         for uid, holding in holdings.items():
             if holding.ours and not holding.cores >> total:
                 used |= holding.cores
+                if holding.terminating:
+                    going |= holding.cores
                 continue
             if holding.ours:  # ids read before the node was listed, which it does not have
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
@@ -328,9 +465,55 @@ class Ledger:
         for uid, reservation in self._reservations.items():
             if reservation.node == node and uid not in holdings:
                 used |= reservation.cores
-        state = NodeState(used, unknown)
-        self._states[node] = state
-        return state
+        if entry is not None:
+            used |= self._held_blocks(node, entry.topology, used, going, unknown, excluded)
+        return NodeState(used, unknown)
+
+    def _held_blocks(
+        self,
+        node: str,
+        topology: Topology,
+        used: int,
+        going: int,
+        unknown: int,
+        exclude: frozenset[str],
+    ) -> int:
+        """The blocks held for pods nominated to the node, highest priority first: each where
+        the allocator would place it once the terminating pods are gone."""
+        held = 0
+        waiting = [
+            (-n.priority, uid, n)
+            for uid, n in self.nominations.items()
+            if n.node == node and uid not in exclude
+        ]
+        for _, uid, nomination in sorted(waiting):
+            free_soon = NodeState((used & ~going) | held, unknown)
+            decision = allocate(topology, free_soon, nomination.request, Policy.BEST_FIT)
+            if isinstance(decision, Placement):
+                held |= decision.core_mask
+                self._report_held(uid, node, nomination, decision)
+        return held
+
+    def _report_held(self, uid: str, node: str, nomination: Nomination, block: Placement) -> None:
+        if uid in self._held or self.report is None:
+            return
+        self._held.add(uid)
+        namespace, _, name = self._pod_keys.get(uid, "?/?").partition("/")
+        self.report(
+            ObjectRef("Pod", namespace, name, uid),
+            "NeuronBlockHeld",
+            f"{node} holds devices {format_ids(list(block.devices))} (cores "
+            f"{format_ids(list(block.cores))}) for this pod until it is bound; "
+            f"{nomination.request.describe()}",
+            False,
+        )
+
+    def pods_holding(self, node: str) -> dict[str, Holding]:
+        """The pods holding Neuron resources on the node, by uid."""
+        return dict(self._by_node.get(node, {}))
+
+    def pod_key(self, uid: str) -> str:
+        return self._pod_keys.get(uid, uid)
 
     def holding(self, uid: str) -> Holding | None:
         return self._holdings.get(uid)

@@ -47,6 +47,23 @@ class Metrics:
             registry=self.registry,
             buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01),
         )
+        self.preemptions = Counter(
+            "neuron_scheduler_preemptions",
+            "preempt calls from kube-scheduler",
+            registry=self.registry,
+        )
+        self.preempt_nodes = Counter(
+            "neuron_scheduler_preempt_nodes",
+            "Candidate nodes of preempt calls, by outcome: kept (kube-scheduler's victims free a "
+            "block), replaced (other victims do), dropped (no set of lower-priority pods helps)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.preempt_victims = Counter(
+            "neuron_scheduler_preempt_victims",
+            "Victims named in preempt answers",
+            registry=self.registry,
+        )
         self.registry.register(_NodeCollector(ledger))
 
 

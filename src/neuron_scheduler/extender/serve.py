@@ -8,7 +8,7 @@ import contextlib
 import gc
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,13 +19,12 @@ from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
-from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.plugins import ClusterView
-from neuron_scheduler.extender.wiring import wire
-from neuron_scheduler.kube.client import NODES, PODS, KubeAPI
+from neuron_scheduler.extender.wiring import Extender, wire
+from neuron_scheduler.kube.client import DISRUPTION_BUDGETS, NODES, PODS, KubeAPI
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.objects import Node, Pod, PodDisruptionBudget
 from neuron_scheduler.kube.watching import Watch
 
 log = logging.getLogger("neuron_scheduler.server")
@@ -53,10 +52,10 @@ class ExtenderOptions:
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES
 
 
-def start_watches(
-    api: KubeAPI, views: Sequence[ClusterView], synced: asyncio.Event, ledger: Ledger
-) -> list[asyncio.Task[None]]:
-    """List-then-watch nodes and pods into every view; `synced` is set after both first lists."""
+def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
+    """List-then-watch nodes and pods into every view, and disruption budgets; the extender's
+    `synced` is set after the first lists of nodes and pods."""
+    views, synced, ledger = extender.views, extender.synced, extender.ledger
 
     def each(call: Callable[[ClusterView, T], None]) -> Callable[[T], None]:
         def fan_out(item: T) -> None:
@@ -99,6 +98,15 @@ def start_watches(
             ledger.pod_count,
         )
 
+    budgets: Watch[PodDisruptionBudget] = Watch(
+        api,
+        DISRUPTION_BUDGETS,
+        PodDisruptionBudget,
+        on_list=extender.budgets.replace,
+        on_change=extender.budgets.apply,
+        on_delete=lambda b: extender.budgets.remove(f"{b.metadata.namespace}/{b.metadata.name}"),
+    )
+
     async def pods_after_nodes() -> None:
         # Pods are read against their nodes' topologies (ids beyond a node's cores are rejected,
         # ids given by device count need its cores per device): nodes first.
@@ -109,6 +117,8 @@ def start_watches(
     return [
         loop.create_task(nodes.run()),
         loop.create_task(pods_after_nodes()),
+        # Disruption budgets only order preemption victims: not waited for.
+        loop.create_task(budgets.run()),
         loop.create_task(mark_synced()),
     ]
 
@@ -215,7 +225,7 @@ async def serve(options: ExtenderOptions) -> None:
             _config(app, options.host, options.port, options.log_level, **_tls(options)),
             on_shutdown=on_shutdown,
         )
-        tasks = start_watches(api, extender.views, extender.synced, extender.ledger)
+        tasks = start_watches(api, extender)
         if elector is not None:
             tasks.append(asyncio.get_running_loop().create_task(elector.run()))
         log.info(

@@ -125,3 +125,47 @@ def sent_nodes(body: bytes) -> dict[str, Node | str]:
         except UNREADABLE as error:
             nodes[name] = f"cannot read the node's labels or capacity: {str(error)[:200]}"
     return nodes
+
+
+class MetaPod(msgspec.Struct, gc=False):
+    UID: str = ""
+
+
+class MetaVictims(msgspec.Struct):
+    Pods: list[MetaPod] = []
+    NumPDBViolations: int = 0
+
+
+class Victims(msgspec.Struct):
+    """kube-scheduler's victims on one node, as whole pods (without nodeCacheCapable)."""
+
+    Pods: list[Pod] = []
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(msgspec.Struct):
+    """preempt: the preemptor, and per candidate node the victims kube-scheduler's own dry run
+    chose: as whole pods without nodeCacheCapable, as UIDs with it."""
+
+    Pod: Pod | None = None
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+
+class ExtenderPreemptionResult(msgspec.Struct):
+    NodeNameToMetaVictims: dict[str, MetaVictims] = {}
+
+
+def candidate_victims(args: ExtenderPreemptionArgs) -> dict[str, tuple[list[str], int]]:
+    """Per candidate node, kube-scheduler's victims (UIDs) and their PDB violations."""
+    if args.NodeNameToMetaVictims is not None:
+        return {
+            node: ([p.UID for p in victims.Pods], victims.NumPDBViolations)
+            for node, victims in args.NodeNameToMetaVictims.items()
+        }
+    if args.NodeNameToVictims is not None:
+        return {
+            node: ([p.metadata.uid for p in victims.Pods], victims.NumPDBViolations)
+            for node, victims in args.NodeNameToVictims.items()
+        }
+    raise BadRequest("preempt request has neither NodeNameToVictims nor NodeNameToMetaVictims")

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES, Binder
+from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.judging import Judge
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import ClusterView
+from neuron_scheduler.extender.preempting import Preemptor
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
@@ -30,8 +32,10 @@ class Extender:
     synced: asyncio.Event  # set once the watches have listed every node and pod
     events: EventRecorder
     views: tuple[ClusterView, ...]
+    budgets: DisruptionBudgets  # fed by a watch of PodDisruptionBudgets
     judge: Judge
     binder: Binder
+    preemptor: Preemptor
 
 
 def wire(
@@ -41,16 +45,18 @@ def wire(
     scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
 ) -> Extender:
     events = EventRecorder(api)
-    ledger = Ledger(catalog, report=events.warn)
+    ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
     metrics = Metrics(ledger)
     synced = asyncio.Event()
+    budgets = DisruptionBudgets()
     return Extender(
         ledger,
         metrics,
         synced,
         events,
         (ledger, occupancy),
+        budgets,
         Judge(ledger, metrics, policy, filters=[UnitPlacement(occupancy)]),
         Binder(
             api,
@@ -62,4 +68,5 @@ def wire(
             reservers=[ledger, occupancy],
             scheduler_names=scheduler_names,
         ),
+        Preemptor(ledger, budgets, metrics, policy),
     )

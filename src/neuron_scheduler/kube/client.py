@@ -33,6 +33,7 @@ def resource_claim_path(namespace: str, name: str) -> str:
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
+DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 T = TypeVar("T")

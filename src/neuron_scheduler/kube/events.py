@@ -17,8 +17,9 @@ from neuron_scheduler.kube.tasks import BackgroundTasks
 log = logging.getLogger(__name__)
 
 
-# What code with no I/O of its own (the ledger) is given to report a problem with an object.
-Report = Callable[[ObjectRef, str, str], None]  # (object, reason, message): a warning
+# What code with no I/O of its own (the ledger) is given to tell about an object:
+# (object, reason, message, warning).
+Report = Callable[[ObjectRef, str, str, bool], None]
 
 
 class EventRecorder:
@@ -42,10 +43,6 @@ class EventRecorder:
         while len(self._sent) > self.REMEMBERED:
             self._sent.popitem(last=False)
         self._tasks.spawn(self._send(ref, reason, message, warning))
-
-    def warn(self, ref: ObjectRef, reason: str, message: str) -> None:
-        """A `Report`."""
-        self.record(ref, reason, message, warning=True)
 
     async def _send(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
         try:

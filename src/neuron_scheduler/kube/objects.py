@@ -19,6 +19,7 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     resourceVersion: str = ""
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
+    creationTimestamp: str | None = None
     deletionTimestamp: str | None = None
 
 
@@ -76,6 +77,9 @@ class PodSpec(msgspec.Struct):
 
 class PodStatus(msgspec.Struct):
     phase: str = ""
+    startTime: str | None = None
+    # Set by kube-scheduler on a pod it preempted others for: the node it waits to get.
+    nominatedNodeName: str = ""
 
 
 class Pod(msgspec.Struct):
@@ -175,3 +179,30 @@ class ObjectRef:
     @property
     def text(self) -> str:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+class LabelSelectorRequirement(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class LabelSelector(msgspec.Struct):
+    matchLabels: dict[str, str] = {}
+    matchExpressions: list[LabelSelectorRequirement] = []
+
+
+class DisruptionBudgetSpec(msgspec.Struct):
+    selector: LabelSelector | None = None
+
+
+class DisruptionBudgetStatus(msgspec.Struct):
+    disruptionsAllowed: int = 0
+
+
+class PodDisruptionBudget(msgspec.Struct):
+    """policy/v1: how many of the pods it selects may be disrupted now."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: DisruptionBudgetSpec = msgspec.field(default_factory=DisruptionBudgetSpec)
+    status: DisruptionBudgetStatus = msgspec.field(default_factory=DisruptionBudgetStatus)
