@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from neuron_scheduler.core.allocation import torus_count_warning
 from tests.builders import node_json, pod_json
 from tests.testbed import ControlPlane, KubeError, Stack
+from tests.testbed.standin import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 WARNING_7 = torus_count_warning("trn1.32xlarge", 7)
@@ -41,6 +42,8 @@ class Scenario:
         self.namespace = f"t-{self.id}"
         self.cp.client.ensure_namespace(self.namespace)
         self.nodes: list[str] = []
+        self.priority_classes: list[str] = []
+        self.stand_ins: list[KubeletStandIn] = []
 
     def add_node(self, instance_type: str, name: str | None = None) -> str:
         name = name or f"{instance_type.replace('.', '-')}-{self.id}-{len(self.nodes)}"
@@ -49,12 +52,34 @@ class Scenario:
         self.nodes.append(name)
         return name
 
+    def priority_class(self, name: str, value: int) -> str:
+        """A PriorityClass for this test (cluster-wide, so named with the test's id)."""
+        full = f"{self.id}-{name}"
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": full},
+            "value": value,
+        }
+        self.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        self.priority_classes.append(full)
+        return full
+
+    def kubelet_stand_in(self, finish_after: float = 0.0) -> KubeletStandIn:
+        """Starts this namespace's bound pods and finishes its terminating ones (named as what
+        it is: tests/testbed/standin.py); stopped at cleanup."""
+        stand_in = KubeletStandIn(self.cp.client, self.namespace, finish_after)
+        stand_in.__enter__()
+        self.stand_ins.append(stand_in)
+        return stand_in
+
     def pod_body(
         self,
         name: str,
         limits: dict[str, int] | list[dict[str, int]],
         annotations: dict[str, str] | None = None,
         scheduler: str = "my-scheduler",
+        priority_class: str = "",
     ) -> dict[str, Any]:
         body = pod_json(
             name,
@@ -67,6 +92,8 @@ class Scenario:
         for server_side in ("uid", "labels"):
             del body["metadata"][server_side]
         del body["status"]
+        if priority_class:
+            body["spec"]["priorityClassName"] = priority_class
         return body
 
     def create_pod(
@@ -130,7 +157,12 @@ class Scenario:
             )
 
     def cleanup(self) -> None:
+        for stand_in in self.stand_ins:
+            stand_in.stop()
         remove_pods_and_nodes(self.cp, self.namespace, self.nodes)
+        for name in self.priority_classes:
+            with contextlib.suppress(KubeError):
+                self.cp.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 def remove_pods_and_nodes(cp: ControlPlane, namespace: str, nodes: list[str]) -> None:

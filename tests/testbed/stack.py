@@ -214,16 +214,22 @@ class Stack:
         self.extender.start()
         self.scheduler: Scheduler | None = None
         self.node_cache_capable = True
+        self.preemption = True
 
-    def use_scheduler(self, node_cache_capable: bool) -> Scheduler:
-        """(Re)start `my-scheduler` with the extender in the given node mode."""
-        if self.scheduler is not None and self.node_cache_capable == node_cache_capable:
+    def use_scheduler(self, node_cache_capable: bool, preemption: bool = True) -> Scheduler:
+        """(Re)start `my-scheduler` with the extender in the given node mode, with or without
+        the preempt verb."""
+        wanted = (node_cache_capable, preemption)
+        if self.scheduler is not None and (self.node_cache_capable, self.preemption) == wanted:
             return self.scheduler
         if self.scheduler is not None:
             self.scheduler.stop()
-        self.node_cache_capable = node_cache_capable
+        self.node_cache_capable, self.preemption = wanted
         config = scheduler_config(
-            extender_url=self.extender.url, node_cache_capable=node_cache_capable, pki=self.pki
+            extender_url=self.extender.url,
+            node_cache_capable=node_cache_capable,
+            preemption=preemption,
+            pki=self.pki,
         )
         self.scheduler = self.cp.start_scheduler(config=config)
         return self.scheduler
