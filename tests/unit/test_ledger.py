@@ -124,6 +124,25 @@ def test_reservation_holds_until_the_watch_shows_the_binding() -> None:
     assert ledger.state("n1") == NodeState()
 
 
+def test_relist_lets_go_of_a_reservation_whose_pod_was_deleted_meanwhile() -> None:
+    """A bind succeeded while the pod watch was down, and the pod was deleted before the watch
+    came back: no event will ever release the reservation, so the re-list must (issue 15's API
+    faults test leaked devices this way). One made after the list was asked for stays."""
+    now = [100.0]
+    ledger = Ledger(Catalog.builtin(), clock=lambda: now[0])
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    reserve(ledger, "gone", "n1", mask(0, 1))
+    now[0] = 101.0
+    reserve(ledger, "newer", "n1", mask(4, 5))  # its pod may be newer than the list
+    ledger.replace_pods([], listed_since=100.5)
+    assert ledger.reservation("gone") is None
+    assert ledger.reservation("newer") is not None
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    # A pending pod that is in the list keeps its reservation (its bind is still going on).
+    ledger.replace_pods([pod("newer", {CORE: 2}, uid="newer")], listed_since=102.0)
+    assert ledger.state("n1").used_cores == mask(4, 5)
+
+
 def test_relist_diff_forgets_deleted_pods_and_rebuilds_identically() -> None:
     pods = [
         pod("a", {CORE: 2}, node="n1", uid="a", annotations=ours("n1", "0,1", "0", "0,1")),

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
@@ -127,11 +128,17 @@ MAX_REQUEST_SHAPES = 64
 
 
 class Ledger:
-    def __init__(self, catalog: Catalog, report: Report | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        report: Report | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`report`: told about nodes and pods whose Neuron data cannot be used (the extender
-        turns it into warning events)."""
+        turns it into warning events); `clock`: the watches' (when a reservation was made)."""
         self.catalog = catalog
         self.report = report
+        self.clock = clock
         self.nodes: dict[str, NodeEntry] = {}
         self.facts: dict[str, NodeFacts] = {}  # labels and taints, for bind's re-check
         self.unusable: dict[str, Unusable] = {}
@@ -139,6 +146,7 @@ class Ledger:
         self._holdings: dict[str, Holding] = {}  # pod uid -> holding
         self._by_node: dict[str, dict[str, Holding]] = {}
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
+        self._reserved_at: dict[str, float] = {}  # pod uid -> clock() when reserved
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
         self.nominations: dict[str, Nomination] = {}  # pod uid -> the node it waits for
@@ -258,8 +266,15 @@ class Ledger:
             self.nominations[uid] = nomination
             self._invalidate(nomination.node)
 
-    def replace_pods(self, pods: Iterable[Pod]) -> None:
-        replace_all(pods, pod_uid, self.apply_pod, self._holdings, self.remove_pod)
+    def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
+        """A full list (asked for at `listed_since`, by `clock`): what it lacks was deleted while
+        the watch was down. That includes a reservation made before the list was asked for: its
+        bind read the pod first, so a list without it is one taken after the pod was deleted
+        (otherwise the reservation would wait for a watch event that never comes). A later
+        reservation stays: its pod may be newer than the list."""
+        known = [*self._holdings, *self.nominations]
+        known += [uid for uid, at in self._reserved_at.items() if at < listed_since]
+        replace_all(pods, pod_uid, self.apply_pod, dict.fromkeys(known), self.remove_pod)
 
     def _drop(self, uid: str, holding: Holding) -> None:
         del self._holdings[uid]
@@ -327,6 +342,7 @@ class Ledger:
     def reserve(self, pod: Pod, node: str, placement: Placement) -> None:
         uid = pod.metadata.uid
         self._reservations[uid] = Holding(node, cores=placement.core_mask, ours=True)
+        self._reserved_at[uid] = self.clock()
         self._pod_keys[uid] = pod.key
         self._invalidate(node)
 
@@ -337,6 +353,7 @@ class Ledger:
 
     def _release(self, uid: str) -> None:
         reservation = self._reservations.pop(uid, None)
+        self._reserved_at.pop(uid, None)
         if reservation is not None:
             self._invalidate(reservation.node)
 

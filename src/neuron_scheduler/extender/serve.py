@@ -76,7 +76,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         api,
         PODS,
         Pod,
-        on_list=each(lambda view, pods: view.replace_pods(pods)),
+        on_list=each(lambda view, listed: view.replace_pods(listed, pods.list_started)),
         on_change=each(lambda view, pod: view.apply_pod(pod)),
         on_delete=each(lambda view, pod: view.remove_pod(pod.metadata.uid)),
         # Finished pods hold nothing; when one finishes the watch reports it as deleted.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -76,6 +77,9 @@ class Watch(Generic[T]):
         self.on_list, self.on_change, self.on_delete = on_list, on_change, on_delete
         self.synced = asyncio.Event()
         self.lists = 0  # full lists done, for metrics and tests
+        # When the latest list was asked for (time.monotonic()): on_list may use it to tell
+        # objects deleted before the list from ones it could not have seen yet.
+        self.list_started = 0.0
         self.resource_version = ""
 
     async def run(self) -> None:
@@ -107,6 +111,7 @@ class Watch(Generic[T]):
     async def _list(self) -> None:
         items: list[T] = []
         token = ""
+        self.list_started = time.monotonic()
         while True:
             params = {**self.params, "limit": str(self.PAGE)}
             if token:

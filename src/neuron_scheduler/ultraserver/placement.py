@@ -152,7 +152,7 @@ class Occupancy:
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
         replace_all(nodes, node_name, self.apply_node, self.servers, self.remove_node)
 
-    def replace_pods(self, pods: Iterable[Pod]) -> None:
+    def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
         replace_all(pods, pod_uid, self.apply_pod, self.workers, self.remove_pod)
 
     # --- binds in flight ---------------------------------------------------------------------
