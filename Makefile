@@ -56,6 +56,7 @@ bench: sync $(KUBE_BIN)
 	$(UV) run python bench/extender.py
 	$(UV) run python bench/throughput.py
 	$(UV) run python bench/throughput.py --full-node-list
+	$(UV) run python bench/preemption.py
 
 clean:
 	rm -rf report .pytest_cache .mypy_cache .ruff_cache .hypothesis

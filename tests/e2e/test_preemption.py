@@ -15,88 +15,32 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import time
-from typing import Any
 
 import pytest
 
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NEURON
 from tests.e2e.harness import Scenario, ids, wait_for
-from tests.testbed.standin import KubeletStandIn
+from tests.e2e.preemption import (
+    HIGH,
+    LOW,
+    device_owners,
+    evicted_devices,
+    fill,
+    is_row,
+    replace_youngest,
+    row_world,
+)
 
-LOW, HIGH, GUARD = 10, 1000, 2000
+GUARD = 2000
 CACHED_ONLY = pytest.mark.parametrize("mode", [True], ids=["nodeCacheCapable"], indirect=True)
-
-
-def running(scenario: Scenario, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Wait until the named pods are bound and started; name -> pod."""
-
-    def check() -> dict[str, dict[str, Any]] | None:
-        pods = {p["metadata"]["name"]: p for p in scenario.pods()}
-        ready = {
-            n: pods[n]
-            for n in names
-            if n in pods and pods[n].get("status", {}).get("startTime") and ids(pods[n])
-        }
-        return ready if len(ready) == len(names) else None
-
-    return wait_for(check, f"{len(names)} pods running", 120)
-
-
-def fill(scenario: Scenario, prefix: str, count: int, priority_class: str) -> list[str]:
-    names = [f"{prefix}-{i}" for i in range(count)]
-    for name in names:
-        scenario.create_pod(name, {NEURON: 1}, priority_class=priority_class)
-    running(scenario, names)
-    return names
-
-
-def device_owners(scenario: Scenario, node: str) -> dict[int, str]:
-    return {
-        ids(p)[0]: p["metadata"]["name"]
-        for p in scenario.pods()
-        if p["spec"].get("nodeName") == node and ids(p) and len(ids(p)) == 1
-    }
-
-
-def replace_youngest(
-    scenario: Scenario, node: str, devices: list[int], prefix: str, priority_class: str
-) -> list[str]:
-    """Churn: the pods on `devices` go and new ones take their places, so the node's youngest
-    pods (kube-scheduler's first victims) sit on exactly those devices."""
-    owners = device_owners(scenario, node)
-    gone = [owners[d] for d in devices]
-    for name in gone:
-        scenario.delete_pod(name)
-    wait_for(lambda: not {p["metadata"]["name"] for p in scenario.pods()} & set(gone), "pods gone")
-    time.sleep(1.1)  # start times have second resolution: the new pods must be younger
-    names = fill(scenario, prefix, len(devices), priority_class)
-    owners = device_owners(scenario, node)
-    assert sorted(owners[d] for d in devices) == sorted(names)
-    return names
-
-
-def evicted_devices(stand_in: KubeletStandIn, owners: dict[int, str]) -> list[int]:
-    by_name = {name: device for device, name in owners.items()}
-    return sorted(by_name[name] for name in stand_in.finished if name in by_name)
-
-
-def is_row(devices: list[int]) -> bool:
-    first = devices[0] if devices else -1
-    return first % 4 == 0 and devices == list(range(first, first + 4))
 
 
 def test_one_whole_row_not_four_scattered_pods(scenario: Scenario) -> None:
     """(a) 16 one-device low-priority pods on a trn1.32xlarge, the youngest one per row; a
     high-priority 4-device pod. kube-scheduler alone would evict the four youngest (one per
     row) and still not fit; with the verb exactly the four pods of one row go."""
-    low, high = scenario.priority_class("low", LOW), scenario.priority_class("high", HIGH)
-    stand_in = scenario.kubelet_stand_in()
-    node = scenario.add_node("trn1.32xlarge")
-    fill(scenario, "low", 16, low)
-    replace_youngest(scenario, node, [0, 5, 10, 15], "young", low)
-    owners = device_owners(scenario, node)
+    _, stand_in, owners, high = row_world(scenario)
     extender = scenario.stack.extender
     replaced = extender.metric('neuron_scheduler_preempt_nodes_total{outcome="replaced"}')
 
@@ -121,12 +65,7 @@ def test_without_the_verb_kube_scheduler_evicts_by_count(scenario: Scenario) -> 
     stack = scenario.stack
     stack.use_scheduler(True, preemption=False)
     try:
-        low, high = scenario.priority_class("low", LOW), scenario.priority_class("high", HIGH)
-        stand_in = scenario.kubelet_stand_in()
-        node = scenario.add_node("trn1.32xlarge")
-        fill(scenario, "low", 16, low)
-        replace_youngest(scenario, node, [0, 5, 10, 15], "young", low)
-        owners = device_owners(scenario, node)
+        _, stand_in, owners, high = row_world(scenario)
         scenario.create_pod("big", {NEURON: 4}, priority_class=high)
         wait_for(lambda: len(stand_in.finished) >= 4, "kube-scheduler's victims", 120)
         assert evicted_devices(stand_in, owners) == [0, 5, 10, 15]

@@ -12,6 +12,7 @@ random cores, and a preemptor of random size and priority, every subset of the p
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from itertools import combinations
 
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.preempting import Preemptor, _epoch
+from neuron_scheduler.extender.preempting import Preemptor
 from neuron_scheduler.extender.wire import ExtenderPreemptionArgs, MetaVictims
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import node, pod
@@ -79,7 +80,7 @@ def key(victims: list[Pod]) -> tuple[int, int, float]:
     return (
         max((p.spec.priority or 0) for p in victims),
         len(victims),
-        -sum(_epoch(p.status.startTime or "") for p in victims),
+        -sum(datetime.fromisoformat(p.status.startTime or "").timestamp() for p in victims),
     )
 
 

@@ -17,6 +17,7 @@ from neuron_scheduler.core.allocation import NodeState, Placement, Policy, alloc
 from neuron_scheduler.core.catalog import CapacityError, Catalog, CatalogError
 from neuron_scheduler.core.ids import format_ids, ids_mask, parse_id_ranges
 from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit, resource_name
+from neuron_scheduler.sim.preemption import Preemption
 from neuron_scheduler.sim.scenario import ScenarioError, load_fleet, load_workload
 from neuron_scheduler.sim.simulation import SimResult, Simulation, default_fleet, generate_workload
 
@@ -112,7 +113,20 @@ def simulate(
         Path | None, typer.Option(help="write pictures and summary.json here")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="seed for a generated workload")] = None,
-    compare: Annotated[bool, typer.Option(help="run best-fit and first-fit, side by side")] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            help="run best-fit and first-fit side by side (and, when pods have priorities, "
+            "each with and without the preempt verb)"
+        ),
+    ] = False,
+    preemption: Annotated[
+        Preemption,
+        typer.Option(
+            help="verb: kube-scheduler asks the extender for victims; count: kube-scheduler "
+            "alone picks them by counting"
+        ),
+    ] = Preemption.VERB,
     topology_file: TopologyFile = None,
 ) -> None:
     """Run a fleet and a stream of pods through the extender's placement code, in memory."""
@@ -123,12 +137,17 @@ def simulate(
             events = load_workload(workload, seed)
         else:
             events = generate_workload(seed=7 if seed is None else seed)
-    policies = [Policy.BEST_FIT, Policy.FIRST_FIT] if compare else [policy]
+    runs = [(policy, preemption)]
+    if compare:
+        ways = [Preemption.VERB]
+        if any(event.priority for event in events):
+            ways.append(Preemption.COUNT)
+        runs = [(p, way) for p in (Policy.BEST_FIT, Policy.FIRST_FIT) for way in ways]
     results: list[SimResult] = []
-    for chosen in policies:
-        simulation = Simulation(fleet, catalog, chosen)
+    for chosen, way in runs:
+        simulation = Simulation(fleet, catalog, chosen, way)
         with Progress(
-            TextColumn(f"simulating ({chosen.value})"),
+            TextColumn(f"simulating ({_label(chosen, way)})"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} events"),
             TimeRemainingColumn(),
@@ -149,23 +168,32 @@ def simulate(
         except ImportError as error:  # matplotlib is the `sim` extra, not in the server image
             fail(f"--report needs matplotlib ({error}); install neuron-scheduler[sim]")
         for result in results:
-            label = result.policy.value if compare else ""
+            # A file name prefix: best-fit-no-verb-...
+            label = _label(result.policy, result.preemption).replace(", ", "-").replace(" ", "-")
+            label = label if compare else ""
             try:
                 written = write_report(result, report, label)
             except OSError as error:
                 fail(f"cannot write the report to {report}: {error.strerror or error}")
-            out.print(f"wrote {len(written)} files to {report}/ ({label or result.policy.value})")
+            out.print(
+                f"wrote {len(written)} files to {report}/ "
+                f"({label or _label(result.policy, result.preemption)})"
+            )
         if compare:
             (report / "compare.json").write_text(
                 json.dumps([summary(r) for r in results], indent=2) + "\n"
             )
 
 
+def _label(policy: Policy, preemption: Preemption) -> str:
+    return policy.value if preemption is Preemption.VERB else f"{policy.value}, no verb"
+
+
 def _print_results(results: list[SimResult]) -> None:
     table = Table(title="Simulation", show_lines=False)
     table.add_column("")
     for result in results:
-        table.add_column(result.policy.value, justify="right")
+        table.add_column(_label(result.policy, result.preemption), justify="right")
     rows: list[tuple[str, list[str]]] = [
         ("nodes", [str(len(r.nodes)) for r in results]),
         ("pods arrived", [str(r.arrivals) for r in results]),
@@ -179,6 +207,9 @@ def _print_results(results: list[SimResult]) -> None:
             [f"{100 * r.mean_device_utilization:.1f}%" for r in results],
         ),
         ("fragmentation at end", [f"{100 * r.fragmentation:.1f}%" for r in results]),
+        ("placed by preemption", [str(r.preempted) for r in results]),
+        ("pods evicted", [str(r.evictions) for r in results]),
+        ("evicted for nothing", [str(r.evictions_for_nothing) for r in results]),
     ]
     for name, values in rows:
         table.add_row(name, *values)
@@ -206,7 +237,8 @@ def _print_results(results: list[SimResult]) -> None:
         reasons: Counter[str] = result.pending_reasons()
         if not reasons:
             continue
-        pending = Table(title=f"Pending at end ({result.policy.value}), by reason")
+        label = _label(result.policy, result.preemption)
+        pending = Table(title=f"Pending at end ({label}), by reason")
         pending.add_column("pods", justify="right")
         pending.add_column("reason")
         for reason, count in reasons.most_common(5):

@@ -188,6 +188,10 @@ def summary(result: SimResult) -> dict[str, Any]:
         "core_utilization_at_end": round(result.core_utilization, 4),
         "mean_device_utilization": round(result.mean_device_utilization, 4),
         "fragmentation_at_end": round(result.fragmentation, 4),
+        "preemption": result.preemption.value,
+        "placed_by_preemption": result.preempted,
+        "evictions": result.evictions,
+        "evictions_for_nothing": result.evictions_for_nothing,
         "pending_reasons": dict(result.pending_reasons().most_common(10)),
         "pictures_capped_at": MAX_NODE_PICTURES if len(result.nodes) > MAX_NODE_PICTURES else None,
     }

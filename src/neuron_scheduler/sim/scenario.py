@@ -7,10 +7,14 @@ Fleet:
 
 Workload, either generated:
     generate: {pods: 600, seed: 7, mean_interarrival: 1.0, mean_lifetime: 90,
-               mix: [{resource: neuroncore, sizes: [1, 2, 4], weight: 1}]}
+               mix: [{resource: neuroncore, sizes: [1, 2, 4], weight: 1},
+                     {resource: neuron, sizes: [4, 8], weight: 0.2, priority: 1000}]}
 or listed (times in any unit; `duration` omitted means the pod never leaves):
     pods:
       - {name: a, resource: neuron, count: 3, arrive: 0, duration: 50}
+      - {name: b, resource: neuron, count: 4, arrive: 9, priority: 1000}
+`priority` is a PriorityClass value (default 0): a pod that fits nowhere may evict pods of lower
+priority (sim/preemption.py says how).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class _Mix(msgspec.Struct, forbid_unknown_fields=True):
     resource: str
     sizes: list[int]
     weight: float = 1.0
+    priority: int = 0
 
 
 class _Generate(msgspec.Struct, forbid_unknown_fields=True):
@@ -67,6 +72,7 @@ class _Pod(msgspec.Struct, forbid_unknown_fields=True):
     count: int
     arrive: float = 0.0
     duration: float | None = None
+    priority: int = 0
 
 
 class _Workload(msgspec.Struct, forbid_unknown_fields=True):
@@ -122,7 +128,12 @@ def load_workload(path: Path, seed: int | None = None) -> list[PodEvent]:
             mix: tuple[PodMix, ...] = DEFAULT_MIX
             if g.mix:
                 mix = tuple(
-                    PodMix(resource_name(m.resource), tuple(_positive(m.sizes, path)), m.weight)
+                    PodMix(
+                        resource_name(m.resource),
+                        tuple(_positive(m.sizes, path)),
+                        m.weight,
+                        _priority(m.priority, path),
+                    )
                     for m in g.mix
                 )
             return generate_workload(
@@ -131,13 +142,20 @@ def load_workload(path: Path, seed: int | None = None) -> list[PodEvent]:
         events: list[PodEvent] = []
         for pod in workload.pods or []:
             request = NeuronRequest(resource_name(pod.resource), pod.count)
-            events.append(PodEvent(pod.arrive, pod.name, request))
+            events.append(PodEvent(pod.arrive, pod.name, request, _priority(pod.priority, path)))
             if pod.duration is not None:
                 events.append(PodEvent(pod.arrive + pod.duration, pod.name, None))
     except RequestError as error:
         raise ScenarioError(f"{path}: {error}") from error
     events.sort(key=lambda e: (e.time, e.request is not None, e.pod))
     return events
+
+
+def _priority(value: int, path: Path) -> int:
+    # PriorityClass values are 32-bit; above 1e9 is reserved for system classes but allowed.
+    if not -(2**31) <= value < 2**31:
+        raise ScenarioError(f"{path}: priority {value} is outside a 32-bit integer")
+    return value
 
 
 def _positive(sizes: list[int], path: Path) -> list[int]:

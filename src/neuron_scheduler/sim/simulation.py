@@ -24,6 +24,13 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.sim.preemption import (
+    Preemption,
+    Resident,
+    count_victims,
+    pick_key,
+    verb_victims,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,7 @@ class PodEvent:
     time: float
     pod: str
     request: NeuronRequest | None  # None: the pod leaves
+    priority: int = 0  # PriorityClass value: may preempt pods of lower priority
 
 
 @dataclass(slots=True)
@@ -70,6 +78,10 @@ class SimResult:
     pending: dict[str, str] = field(default_factory=dict)  # pod -> last reason, at the end
     never_placed: int = 0  # pods that left (or the run ended) without ever being placed
     samples: list[Sample] = field(default_factory=list)
+    preemption: Preemption = Preemption.VERB
+    preempted: int = 0  # pods placed by evicting others
+    evictions: int = 0  # pods evicted
+    evictions_for_nothing: int = 0  # evicted, and the preemptor still did not fit there
 
     @property
     def device_utilization(self) -> float:
@@ -131,6 +143,7 @@ class PodMix:
     resource: str
     sizes: tuple[int, ...]
     weight: float
+    priority: int = 0
 
 
 DEFAULT_MIX = (
@@ -156,7 +169,8 @@ def generate_workload(
         now += rng.expovariate(1.0 / mean_interarrival)
         kind = rng.choices(mix, weights)[0]
         name = f"pod-{i:05d}"
-        events.append(PodEvent(now, name, NeuronRequest(kind.resource, rng.choice(kind.sizes))))
+        request = NeuronRequest(kind.resource, rng.choice(kind.sizes))
+        events.append(PodEvent(now, name, request, kind.priority))
         events.append(PodEvent(now + rng.expovariate(1.0 / mean_lifetime), name, None))
     # Pods still running when the last one arrives stay, so the run ends on a busy fleet: that
     # end state is what the pictures show.
@@ -181,8 +195,15 @@ class Simulation:
 
     SAMPLES = 400
 
-    def __init__(self, fleet: list[NodeSpec], catalog: Catalog, policy: Policy) -> None:
+    def __init__(
+        self,
+        fleet: list[NodeSpec],
+        catalog: Catalog,
+        policy: Policy,
+        preemption: Preemption = Preemption.VERB,
+    ) -> None:
         self.policy = policy
+        self.preemption = preemption
         self.nodes: list[SimNode] = []
         for spec in fleet:
             resolved = catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
@@ -196,17 +217,25 @@ class Simulation:
         self._to_find = feasible_nodes_to_find(len(self.nodes))
         self._where: dict[str, SimNode] = {}
         self._waiting: dict[str, NeuronRequest] = {}
+        self._residents: dict[str, Resident] = {}
+        self._priorities: dict[str, int] = {}
+        self._now = 0.0
 
     def run(
         self, events: list[PodEvent], progress: Callable[[int], None] | None = None
     ) -> SimResult:
-        result = SimResult(self.policy, self.nodes)
+        result = SimResult(self.policy, self.nodes, preemption=self.preemption)
         every = max(1, len(events) // self.SAMPLES)
         reasons: dict[str, str] = {}
         for index, event in enumerate(events):
+            self._now = event.time
             if event.request is not None:
                 result.arrivals += 1
+                self._priorities[event.pod] = event.priority
                 reason = self._try_place(event.pod, event.request)
+                if reason is not None and self._preempt(event.pod, event.request, result):
+                    reason = None
+                    result.preempted += 1
                 if reason is None:
                     result.placed += 1
                 else:
@@ -224,6 +253,8 @@ class Simulation:
                         result.placed += 1
             elif self._waiting.pop(event.pod, None) is not None:
                 result.never_placed += 1  # gave up while pending
+            if event.request is None:
+                self._priorities.pop(event.pod, None)
             if index % every == 0 or index == len(events) - 1:
                 devices, cores = _utilization(self.nodes)
                 result.samples.append(Sample(event.time, devices, cores, len(self._waiting)))
@@ -255,15 +286,54 @@ class Simulation:
         if best is None:
             return self._reason(request)
         _, placement, members = best
-        self._bind(next(iter(members.values())), pod, placement)
+        self._bind(next(iter(members.values())), pod, placement, request)
         return None
 
     def _place_on(self, node: SimNode, pod: str, request: NeuronRequest) -> bool:
         decision = allocate(node.topology, node.state, request, self.policy)
         if isinstance(decision, Refusal):
             return False
-        self._bind(node, pod, decision)
+        self._bind(node, pod, decision, request)
         return True
+
+    def _preempt(self, pod: str, request: NeuronRequest, result: SimResult) -> bool:
+        """kube-scheduler's PostFilter: evict lower-priority pods on one node and place the pod
+        there. Without the verb the victims may free no allowed block: the pod then stays
+        pending, their deletion makes kube-scheduler try again, and it may evict on another
+        node; each round removes pods, so the rounds are bounded by the fleet."""
+        priority = self._priorities.get(pod, 0)
+        for _ in range(len(self.nodes)):
+            best: tuple[tuple[int, int, int, float], SimNode, list[str]] | None = None
+            for node in self.nodes:
+                residents = {n: self._residents[n] for n in node.pods}
+                victims = count_victims(node.topology, residents, request, priority)
+                if victims and self.preemption is Preemption.VERB:
+                    answer = verb_victims(
+                        node.topology,
+                        node.state,
+                        residents,
+                        request,
+                        priority,
+                        victims,
+                        self.policy,
+                    )
+                    victims = answer or []
+                if not victims:
+                    continue
+                key = pick_key([residents[n] for n in victims])
+                if best is None or key < best[0]:
+                    best = (key, node, victims)
+            if best is None:
+                return False
+            _, node, victims = best
+            for victim in victims:
+                self._release(victim)
+                self._priorities.pop(victim, None)
+            result.evictions += len(victims)
+            if self._place_on(node, pod, request):
+                return True
+            result.evictions_for_nothing += len(victims)
+        return False
 
     def _reason(self, request: NeuronRequest) -> str:
         refusals: Counter[str] = Counter()
@@ -274,16 +344,19 @@ class Simulation:
                     refusals[decision.reason] += len(members)
         return _summarize(refusals, len(self.nodes))
 
-    def _bind(self, node: SimNode, pod: str, placement: Placement) -> None:
+    def _bind(self, node: SimNode, pod: str, placement: Placement, request: NeuronRequest) -> None:
         self._remove(node)
         node.state = node.state.with_used(placement.core_mask)
         self._add(node)
         node.pods[pod] = placement
         self._where[pod] = node
+        priority = self._priorities.get(pod, 0)
+        self._residents[pod] = Resident(request, priority, self._now, placement.core_mask)
 
     def _release(self, pod: str) -> SimNode:
         node = self._where.pop(pod)
         placement = node.pods.pop(pod)
+        del self._residents[pod]
         self._remove(node)
         node.state = node.state.without(placement.core_mask)
         self._add(node)
