@@ -311,6 +311,21 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
             (verb, "5,000 digits", args.replace('"1"', "1" + "0" * 5000).encode()),
             (verb, "1e100 cores", args.replace('"1"', '"1e100"').encode()),
         ]
+    preempt = json.dumps(
+        {
+            "Pod": pod_json("p", {CORE: 1}),
+            "NodeNameToMetaVictims": {"inf1-a": {"Pods": [{"UID": "v"}], "NumPDBViolations": 0}},
+        }
+    )
+    bodies += [
+        ("preempt", "invalid UTF-8", b'{"Pod": {}, "NodeNameToMetaVictims": {"\xff": {}}}'),
+        ("preempt", "nesting past the limit", b'{"Pod": {"x": ' + deep + b"}}"),
+        ("preempt", "a Unicode digit", preempt.replace('"1"', '"\u00b2k"').encode()),
+        ("preempt", "1e100 cores", preempt.replace('"1"', '"1e100"').encode()),
+        ("preempt", "a UID that is a number", preempt.replace('"v"', "7").encode()),
+        ("preempt", "victims that are a string", preempt.replace('[{"UID": "v"}]', '"v"').encode()),
+        ("preempt", "no victims map", b'{"Pod": {"metadata": {"name": "p"}}}'),
+    ]
     bodies += [
         ("bind", "invalid UTF-8", b'{"PodName": "\xff", "PodNamespace": "d", "PodUID": "u"}'),
         ("bind", "nesting past the limit", b'{"PodName": "p", "x": ' + deep + b"}"),
