@@ -6,7 +6,7 @@ from neuron_scheduler.core.ids import mask_ids
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import NeuronRequest
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from tests.builders import node, pod
 
 
@@ -141,6 +141,40 @@ def test_relist_lets_go_of_a_reservation_whose_pod_was_deleted_meanwhile() -> No
     # A pending pod that is in the list keeps its reservation (its bind is still going on).
     ledger.replace_pods([pod("newer", {CORE: 2}, uid="newer")], listed_since=102.0)
     assert ledger.state("n1").used_cores == mask(4, 5)
+
+
+def test_ids_a_bind_wrote_on_a_pending_pod_stay_held_until_its_binding_can_no_longer_land() -> None:
+    """The extender wrote a pod's ids, sent its Binding and was killed (or gave up waiting); the
+    Binding may still land. Until it can no longer (or the ids are removed, or the pod is bound
+    or deleted), no other pod gets those ids; the pod itself may (issue 15's API faults test
+    bound two pods to one core this way)."""
+    now = [1000.0]
+    ledger = Ledger(Catalog.builtin(), wall_clock=lambda: now[0])
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    written = ours("n1", "4,5", "1", "4,5") | {"NEURON_ALLOC_TIME": str(int(990e9))}
+    pending = pod("a", {CORE: 2}, uid="a", annotations=written)
+    ledger.apply_pod(pending)
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    assert ledger.state_for(Claimant.of(pending), "n1").used_cores == 0
+    # Ids for another node, or stale ones, hold nothing.
+    ledger.apply_pod(pod("b", {CORE: 1}, uid="b", annotations=written | {"NEURON_NODE": "x"}))
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    # Bound: the pod's own holding takes over; unbound again without ids: nothing held.
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a", node="n1", annotations=written))
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    ledger.apply_pod(pending)
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a"))
+    assert ledger.state("n1").used_cores == 0
+    # Held for ANNOUNCED_SECONDS after they were written, then let go, even with no event.
+    ledger.apply_pod(pending)
+    now[0] = 990 + ANNOUNCED_SECONDS - 1
+    verdicts = ledger.fill_verdicts(["n1"], NeuronRequest(CORE, 15), Policy.BEST_FIT)
+    assert "n1" not in verdicts.fits
+    now[0] = 990 + ANNOUNCED_SECONDS
+    verdicts = ledger.fill_verdicts(["n1"], NeuronRequest(CORE, 15), Policy.BEST_FIT)
+    assert "n1" in verdicts.fits
+    assert ledger.state("n1").used_cores == 0
 
 
 def test_relist_diff_forgets_deleted_pods_and_rebuilds_identically() -> None:

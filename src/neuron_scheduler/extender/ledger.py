@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
-from neuron_scheduler.core.handoff import AnnotationError, misfit
+from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
+from neuron_scheduler.core.handoff import decode as decode_annotations
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
@@ -122,6 +123,11 @@ class Verdicts:
             del self.scores[node]
 
 
+# How long the ids a bind wrote on a pod that is not bound (yet) stay held: its Binding may still
+# land that long after it was sent (kube-apiserver's request timeout is a minute), and after the
+# extender that sent it was killed or gave up on it.
+ANNOUNCED_SECONDS = 90.0
+
 # Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
 # they are not: 5,000 nodes x 64 shapes is ~30 MB at worst.
 MAX_REQUEST_SHAPES = 64
@@ -133,12 +139,15 @@ class Ledger:
         catalog: Catalog,
         report: Report | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`report`: told about nodes and pods whose Neuron data cannot be used (the extender
-        turns it into warning events); `clock`: the watches' (when a reservation was made)."""
+        turns it into warning events); `clock`: the watches' (when a reservation was made);
+        `wall_clock`: the one `NEURON_ALLOC_TIME` is written with."""
         self.catalog = catalog
         self.report = report
         self.clock = clock
+        self.wall_clock = wall_clock
         self.nodes: dict[str, NodeEntry] = {}
         self.facts: dict[str, NodeFacts] = {}  # labels and taints, for bind's re-check
         self.unusable: dict[str, Unusable] = {}
@@ -147,6 +156,10 @@ class Ledger:
         self._by_node: dict[str, dict[str, Holding]] = {}
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._reserved_at: dict[str, float] = {}  # pod uid -> clock() when reserved
+        # Pending pods carrying the ids a bind wrote (its Binding may still land): uid -> the
+        # ids, and until when (wall clock) they are held.
+        self._announced: dict[str, Holding] = {}
+        self._announced_until: dict[str, float] = {}
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
         self.nominations: dict[str, Nomination] = {}  # pod uid -> the node it waits for
@@ -214,12 +227,13 @@ class Ledger:
                 self._holdings[uid] = holding
                 self._by_node.setdefault(holding.node, {})[uid] = holding
                 self._invalidate(holding.node)
+        self._announce(uid, self._announced_of(pod))
         reservation = self._reservations.get(uid)
         if reservation is not None and (pod.finished or (holding is not None and holding.ours)):
             # The watch now shows what the bind wrote (or the pod is gone): the reservation has
             # done its job.
             self._release(uid)
-        if holding is None and uid not in self._reservations and uid not in self.nominations:
+        if holding is None and not self._keeps_key(uid):
             self._pod_keys.pop(uid, None)
         self._announce_holds()
 
@@ -228,6 +242,7 @@ class Ledger:
         if previous is not None:
             self._drop(uid, previous)
         self._release(uid)
+        self._announce(uid, None)
         nomination = self.nominations.pop(uid, None)
         if nomination is not None:
             self._invalidate(nomination.node)
@@ -272,7 +287,7 @@ class Ledger:
         bind read the pod first, so a list without it is one taken after the pod was deleted
         (otherwise the reservation would wait for a watch event that never comes). A later
         reservation stays: its pod may be newer than the list."""
-        known = [*self._holdings, *self.nominations]
+        known = [*self._holdings, *self.nominations, *self._announced]
         known += [uid for uid, at in self._reserved_at.items() if at < listed_since]
         replace_all(pods, pod_uid, self.apply_pod, dict.fromkeys(known), self.remove_pod)
 
@@ -283,6 +298,48 @@ class Ledger:
         if not on_node:
             self._by_node.pop(holding.node, None)
         self._invalidate(holding.node)
+
+    def _keeps_key(self, uid: str) -> bool:
+        return uid in self._reservations or uid in self.nominations or uid in self._announced
+
+    def _announced_of(self, pod: Pod) -> tuple[Holding, float] | None:
+        """The ids a bind wrote on this pending pod, and until when they are held: its Binding
+        was sent, or is about to be, and may land after this extender (or the one before it,
+        killed meanwhile) stopped waiting for it. Ids for another node, or from longer ago than
+        `ANNOUNCED_SECONDS`, hold nothing."""
+        if pod.spec.nodeName or pod.finished or ALLOC_TIME not in pod.metadata.annotations:
+            return None
+        annotations = pod.metadata.annotations
+        entry = self.nodes.get(annotations.get(NODE, ""))
+        if entry is None:
+            return None
+        try:
+            until = int(annotations[ALLOC_TIME][:20]) / 1e9 + ANNOUNCED_SECONDS
+            found = decode_annotations(annotations, entry.topology.cores_per_device)
+        except (ValueError, AnnotationError):
+            return None
+        if found is None or misfit(found, entry.topology) or until <= self.wall_clock():
+            return None
+        return Holding(entry.name, cores=found.core_mask, ours=True), until
+
+    def _announce(self, uid: str, announced: tuple[Holding, float] | None) -> None:
+        previous = self._announced.get(uid)
+        if announced is not None and announced[0] == previous:
+            return
+        if previous is not None:
+            del self._announced[uid], self._announced_until[uid]
+            self._invalidate(previous.node)
+        if announced is not None:
+            self._announced[uid], self._announced_until[uid] = announced
+            self._invalidate(announced[0].node)
+
+    def _expire_announced(self) -> None:
+        """Drops the held ids whose time is up (checked on every read: usually none are held)."""
+        if not self._announced:
+            return
+        now = self.wall_clock()
+        for uid in [u for u, until in self._announced_until.items() if until <= now]:
+            self._announce(uid, None)
 
     def _holding_of(self, pod: Pod) -> Holding | None:
         node = pod.spec.nodeName
@@ -372,7 +429,12 @@ class Ledger:
         not cover every node yet (`fill_verdicts` fills it in). Claimants that see the same holds
         share them: a nominated pod has its own, and so does each set of lower nomination
         priorities a claimant's priority passes over (usually none: no nominations)."""
-        owner = claimant.uid if claimant.uid in self.nominations else ""
+        self._expire_announced()
+        owner = (
+            claimant.uid
+            if claimant.uid in self.nominations or claimant.uid in self._announced
+            else ""
+        )
         passed = tuple(
             sorted(
                 {n.priority for n in self.nominations.values() if n.priority < claimant.priority}
@@ -415,6 +477,7 @@ class Ledger:
     def state(self, node: str) -> NodeState:
         """The node's cores in use: bound pods, in-flight binds, counts with unknown ids, and the
         blocks held for pods nominated to it."""
+        self._expire_announced()
         cached = self._states.get(node)
         if cached is not None:
             return cached
@@ -423,9 +486,12 @@ class Ledger:
         return state
 
     def state_for(self, claimant: Claimant, node: str) -> NodeState:
-        """The node as this pod sees it: without its own held block, and without the blocks
-        held for pods of lower priority."""
+        """The node as this pod sees it: without its own held block (nominated, or the ids an
+        earlier bind of it wrote), and without the blocks held for pods of lower priority."""
+        self._expire_announced()
         passed = self._passed_holds(claimant, node)
+        if claimant.uid in self._announced:
+            passed |= {claimant.uid}
         return self._state(node, passed) if passed else self.state(node)
 
     def _passed_holds(self, claimant: Claimant, node: str) -> frozenset[str]:
@@ -482,6 +548,9 @@ class Ledger:
         for uid, reservation in self._reservations.items():
             if reservation.node == node and uid not in holdings:
                 used |= reservation.cores
+        for uid, announced in self._announced.items():
+            if announced.node == node and uid not in excluded:
+                used |= announced.cores
         if entry is not None:
             used |= self._held_blocks(node, entry.topology, used, going, unknown, excluded)
         return NodeState(used, unknown)
@@ -544,3 +613,4 @@ class Ledger:
 
     def pods_on(self, node: str) -> list[str]:
         return sorted(self._pod_keys[uid] for uid in self._by_node.get(node, {}))
+
