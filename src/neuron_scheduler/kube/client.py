@@ -45,6 +45,22 @@ class ItemList(msgspec.Struct, Generic[T]):
     items: list[T] = []
 
 
+class ListMeta(msgspec.Struct):
+    # `continue` is a Python keyword: msgspec renames it.
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class ListPage(msgspec.Struct, Generic[T]):
+    """One page of a list answer: its items and the token for the next page."""
+
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[T] = []
+
+
+class ListTooLong(ValueError):
+    """A list that goes on past what the caller will hold (a server that never stops paging)."""
+
+
 class KubeAPI:
     """JSON over HTTPS to one API server, sharing a connection pool across callers."""
 
@@ -134,6 +150,33 @@ class KubeAPI:
 
     async def get_node(self, name: str) -> Node:
         return msgspec.json.decode(await self.request("GET", node_path(name)), type=Node)
+
+    async def list_all(
+        self,
+        path: str,
+        kind: type[T],
+        *,
+        params: dict[str, str] | None = None,
+        page: int = 500,
+        most: int = 1_000_000,
+    ) -> list[T]:
+        """Every object of a list, asked for `page` at a time (the API's `limit`/`continue`);
+        ListTooLong past `most` objects or as many pages, whatever the server says."""
+        items: list[T] = []
+        token = ""
+        for _ in range(most // page + 1):
+            asked = {**(params or {}), "limit": str(page)}
+            if token:
+                asked["continue"] = token
+            payload = await self.request("GET", path, params=asked)
+            answer = msgspec.json.decode(payload, type=ListPage[kind])  # type: ignore[valid-type]
+            items.extend(answer.items)
+            if len(items) > most:
+                break
+            token = answer.metadata.continue_
+            if not token:
+                return items
+        raise ListTooLong(f"GET {path}: more than {most} objects (or pages); not read")
 
     async def list_pods(self, field_selector: str) -> list[Pod]:
         payload = await self.request("GET", PODS, params={"fieldSelector": field_selector})

@@ -1,9 +1,11 @@
 """Where the API server is and how to authenticate: a kubeconfig file, or the pod's service
-account. Also which namespace this process runs in."""
+account. Also which namespace this process runs in, and where kubectl would look for a
+kubeconfig (for the commands a person runs, and the kubectl plugin)."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import ssl
 import tempfile
@@ -29,6 +31,7 @@ class KubeConfig:
     client_cert: Path | None = None
     client_key: Path | None = None
     insecure: bool = False
+    namespace: str = ""  # the current context's, for commands that default to it (as kubectl)
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -82,6 +85,7 @@ def load_kubeconfig(path: Path) -> KubeConfig:
             client_cert=file("client-certificate", "client-certificate-data", user, ".crt"),
             client_key=file("client-key", "client-key-data", user, ".key"),
             insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            namespace=str(context.get("namespace") or ""),
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"kubeconfig {path}: missing or malformed entry {error}") from error
@@ -110,6 +114,29 @@ def load_config(kubeconfig: Path | None) -> KubeConfig:
     if env and Path(env).exists() and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         return load_kubeconfig(Path(env))
     return in_cluster_config()
+
+
+def kubectl_config(kubeconfig: Path | None) -> KubeConfig:
+    """The API server kubectl would talk to: `--kubeconfig`, else the first file in $KUBECONFIG
+    that exists (a list, as kubectl takes it; files are not merged), else ~/.kube/config, else
+    the pod's service account. A kubectl plugin is run with kubectl's environment, so
+    `kubectl neuron ...` reaches the same cluster as `kubectl get pods`."""
+    if kubeconfig is not None:
+        return load_kubeconfig(kubeconfig)
+    for entry in os.environ.get("KUBECONFIG", "").split(os.pathsep):
+        if entry and Path(entry).expanduser().is_file():
+            return load_kubeconfig(Path(entry).expanduser())
+    home = Path("~/.kube/config").expanduser()
+    if home.is_file():
+        return load_kubeconfig(home)
+    try:
+        config = in_cluster_config()
+    except ConfigError:
+        raise ConfigError(
+            "no kubeconfig: give --kubeconfig, set KUBECONFIG, create ~/.kube/config, or run "
+            "in a pod with a service account"
+        ) from None
+    return dataclasses.replace(config, namespace=own_namespace("default"))
 
 
 def own_namespace(fallback: str) -> str:
