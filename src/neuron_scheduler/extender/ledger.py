@@ -24,9 +24,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
+from neuron_scheduler.core.eviction import Occupant
 from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
 from neuron_scheduler.core.handoff import decode as decode_annotations
 from neuron_scheduler.core.ids import format_ids
@@ -594,6 +596,27 @@ class Ledger:
             False,
         )
 
+    def eviction_view(self, claimant: Claimant, node: str) -> tuple[NodeState, dict[str, Occupant]]:
+        """The node as a preemptor finds it before anyone is evicted: its state as the claimant
+        sees it (`state_for`: its own held block and those of lower-priority nominated pods not
+        counted, as kube-scheduler clears those nominations on the node it picks) with the pods
+        already leaving taken out (neither victims nor obstacles), and the pods still there as
+        eviction weighs them, by uid."""
+        state = self.state_for(claimant, node)
+        entry = self.nodes.get(node)
+        if entry is None:
+            return state, {}
+        used, unknown = state.used_cores, state.unattributed_cores
+        occupants: dict[str, Occupant] = {}
+        for uid, holding in self._by_node.get(node, {}).items():
+            occupant = _occupant(entry.topology, holding)
+            if holding.terminating:
+                used &= ~occupant.cores
+                unknown -= occupant.unknown_cores
+            else:
+                occupants[uid] = occupant
+        return NodeState(used, max(unknown, 0)), occupants
+
     def pods_holding(self, node: str) -> dict[str, Holding]:
         """The pods holding Neuron resources on the node, by uid."""
         return dict(self._by_node.get(node, {}))
@@ -614,3 +637,21 @@ class Ledger:
     def pods_on(self, node: str) -> list[str]:
         return sorted(self._pod_keys[uid] for uid in self._by_node.get(node, {}))
 
+
+def _occupant(topology: Topology, holding: Holding) -> Occupant:
+    if holding.ours and not holding.cores >> topology.total_cores:
+        cores, unknown = holding.cores, 0
+    else:
+        size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
+        cores, unknown = 0, holding.unknown_count * size
+    return Occupant(cores, unknown, holding.priority, _epoch(holding.started))
+
+
+def _epoch(timestamp: str) -> float:
+    """RFC 3339 to seconds; 0 (the oldest) when missing or unreadable."""
+    if not timestamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -19,16 +19,14 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
-from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate, check_request
-from neuron_scheduler.core.eviction import Occupant, plan_eviction
+from neuron_scheduler.core.allocation import Placement, Policy, allocate, check_request
+from neuron_scheduler.core.eviction import plan_eviction
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.quantity import QuantityError
-from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit
-from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.ledger import Claimant, Holding, Ledger
+from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.wire import (
     BadRequest,
@@ -120,11 +118,7 @@ class Preemptor:
             return None
         topology = entry.topology
         on_node = self.ledger.pods_holding(node)
-        # Already leaving: neither victims nor obstacles (kube-scheduler skips them as victims).
-        occupants = {uid: _occupant(topology, h) for uid, h in on_node.items() if not h.terminating}
-        base = self._state_without(
-            node, pod, [_occupant(topology, h) for h in on_node.values() if h.terminating]
-        )
+        base, occupants = self.ledger.eviction_view(Claimant.of(pod), node)
         # kube-scheduler's victims that hold no Neuron device are there for its other resources
         # (CPU, memory, ports): they stay in every answer, after ours.
         others = tuple(uid for uid in given if uid not in on_node)
@@ -154,33 +148,3 @@ class Preemptor:
         if eviction is None:
             return None
         return Plan(eviction.victims + others, eviction.key[1], eviction.block, kept=eviction.kept)
-
-    def _state_without(self, node: str, pod: Pod, leaving: list[Occupant]) -> NodeState:
-        """The node's state as the preemptor would find it: the pods already leaving gone, its
-        own held block (if nominated here) and the blocks held for lower-priority pods not
-        counted (kube-scheduler clears those nominations on the node it picks)."""
-        state = self.ledger.state_for(Claimant.of(pod), node)
-        used, unknown = state.used_cores, state.unattributed_cores
-        for occupant in leaving:
-            used &= ~occupant.cores
-            unknown -= occupant.unknown_cores
-        return NodeState(used, max(unknown, 0))
-
-
-def _occupant(topology: Topology, holding: Holding) -> Occupant:
-    if holding.ours and not holding.cores >> topology.total_cores:
-        cores, unknown = holding.cores, 0
-    else:
-        size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
-        cores, unknown = 0, holding.unknown_count * size
-    return Occupant(cores, unknown, holding.priority, _epoch(holding.started))
-
-
-def _epoch(timestamp: str) -> float:
-    """RFC 3339 to seconds; 0 (the oldest) when missing or unreadable."""
-    if not timestamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
