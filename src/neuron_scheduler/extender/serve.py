@@ -19,6 +19,7 @@ from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
+from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import DISRUPTION_BUDGETS, NODES, PODS, KubeAPI
@@ -226,6 +227,8 @@ async def serve(options: ExtenderOptions) -> None:
             on_shutdown=on_shutdown,
         )
         tasks = start_watches(api, extender)
+        returner = MemoryReturner(trim=malloc_trim())
+        tasks.append(asyncio.get_running_loop().create_task(returner.run()))
         if elector is not None:
             tasks.append(asyncio.get_running_loop().create_task(elector.run()))
         log.info(
