@@ -1,0 +1,512 @@
+"""Issue 15, part 4: more than 10,000 hostile requests to the real extender, as a caller holding
+kube-scheduler's client certificate (the worst case: a leaked certificate) would send them.
+
+The extender is the shared Stack's (the chart's least-privilege ServiceAccount, HTTPS with client
+certificates). It must answer every request without a 5xx and without a traceback in its log,
+keep answering /healthz, grow by less than 50 MB, and leave the cluster and its ledger as they
+were: every bind here is for a pod that does not exist, or one it must refuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+from tests.builders import pod_json
+from tests.e2e import hostile
+from tests.e2e.harness import Scenario, ids
+from tests.e2e.hostile import NO_ANSWER, Caller, Tally, post
+from tests.testbed import ExtenderProcess, Stack
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA_EXAMPLES = 2000  # per verb family; each is also sent cut short
+RSS_GROWTH_MB = 50
+MANY = 100_000
+
+
+class Probe:
+    """/healthz sampled from a thread all along: every answer's latency, and every failure."""
+
+    def __init__(self, extender: ExtenderProcess) -> None:
+        self.extender = extender
+        self.samples: list[float] = []
+        self.failures: list[str] = []
+        self.answered_at: list[float] = []
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(self.extender.healthz_seconds())
+                self.answered_at.append(time.monotonic())
+            except OSError as error:
+                self.failures.append(str(error))
+            self._stop.wait(0.02)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        thread = threading.Thread(target=self._run, daemon=True)
+        started = time.monotonic()
+        self.answered_at.append(started)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            thread.join(60)
+
+    @property
+    def p99(self) -> float:
+        return statistics.quantiles(self.samples, n=100)[98]
+
+    @property
+    def longest_silence(self) -> float:
+        times = self.answered_at
+        return max(b - a for a, b in itertools.pairwise(times))
+
+
+def ledger_view(extender: ExtenderProcess) -> dict[str, float]:
+    """The extender's per-node view as it exports it."""
+    keep = ("neuron_scheduler_node_", "neuron_scheduler_cached_pods")
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in extender.metrics().splitlines()
+        if line.startswith(keep)
+    }
+
+
+def cluster_pods(scenario: Scenario) -> dict[str, Any]:
+    """Every pod's placement and annotations, and this test's pods' resourceVersions."""
+    listed = scenario.cp.request("GET", "/api/v1/pods")["items"]
+    view = {}
+    for pod in listed:
+        meta = pod["metadata"]
+        mine = meta["namespace"] == scenario.namespace
+        view[meta["uid"]] = (
+            pod["spec"].get("nodeName"),
+            meta.get("annotations", {}),
+            meta["resourceVersion"] if mine else None,
+        )
+    return view
+
+
+def peak_rss_mb(extender: ExtenderProcess) -> float:
+    for line in Path(f"/proc/{extender.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def traceback_lines(extender: ExtenderProcess, offset: int) -> list[str]:
+    text = extender.process.log_path.read_text(errors="replace")[offset:]
+    return [line for line in text.splitlines() if "Traceback (most recent call last)" in line]
+
+
+class World:
+    """The scenario's nodes and pods: some bound by the extender, the rest binds must refuse."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        extender = scenario.stack.extender
+        self.nodes = [
+            scenario.add_node("inf1.6xlarge"),
+            scenario.add_node("trn1.32xlarge"),
+            scenario.add_node("inf2.48xlarge"),
+        ]
+        self.bound = []
+        for i, (node, limits) in enumerate(
+            zip(self.nodes, [{NEURON: 2}, {NEURONCORE: 5}, {NEURONDEVICE: 3}], strict=True)
+        ):
+            pod = scenario.create_pod(f"held{i}", limits, scheduler="nobody")
+            assert extender.bind(pod, node) == ""
+            self.bound.append(scenario.pod(f"held{i}"))
+        namespace = scenario.namespace
+
+        def refusable(name: str, limits: dict[str, int], **kwargs: Any) -> dict[str, Any]:
+            body = pod_json(name, limits, namespace=namespace, **kwargs)
+            del body["metadata"]["uid"], body["status"]
+            created: dict[str, Any] = scenario.cp.request(
+                "POST", f"/api/v1/namespaces/{namespace}/pods", body
+            )
+            return created
+
+        # Each pending pod is one a bind must refuse, whatever node it names.
+        self.refusable = [
+            refusable("foreign", {NEURON: 1}, scheduler="other-scheduler"),
+            refusable(
+                "nowhere", {NEURONCORE: 1}, scheduler="nobody", node_selector={"no-such-label": "x"}
+            ),
+            refusable("cpu-only", {"cpu": 1}, scheduler="nobody"),
+        ]
+        self.pods = self.bound + self.refusable
+        self.strings = [
+            namespace,
+            *self.nodes,
+            *(p["metadata"]["name"] for p in self.pods),
+            *(p["metadata"]["uid"] for p in self.pods),
+        ]
+        self.filter_args = {
+            "Pod": pod_json("p", {NEURONCORE: 2}, namespace=namespace),
+            "NodeNames": self.nodes,
+        }
+
+    def binds(self) -> Iterator[dict[str, str]]:
+        """Binds with missing, wrong and right UIDs against real pods and nodes, all refused."""
+        for pod in self.pods:
+            meta = pod["metadata"]
+            uids = [meta["uid"], "", "0" * 36, meta["uid"].upper(), meta["uid"] + " ", None]
+            for node in [*self.nodes, "unknown-node", ""]:
+                for uid in uids:
+                    args = {
+                        "PodName": meta["name"],
+                        "PodNamespace": meta["namespace"],
+                        "Node": node,
+                    }
+                    if uid is not None:
+                        args["PodUID"] = uid
+                    yield args
+                    yield {**args, "PodNamespace": "default"}
+                    yield {k: v for k, v in args.items() if k != "PodName"}
+
+
+def quantity_bodies(world: World) -> Iterator[bytes]:
+    for verb_args in (world.filter_args,):
+        for value in hostile.QUANTITIES:
+            for resource in (NEURON, NEURONCORE, NEURONDEVICE):
+                for where in ("containers", "initContainers"):
+                    for kind in ("limits", "requests"):
+                        body = json.loads(json.dumps(verb_args))
+                        pod = body["Pod"]
+                        pod["spec"].setdefault(where, [{"name": "x", "resources": {}}])
+                        pod["spec"][where][0]["resources"] = {kind: {resource: value}}
+                        yield json.dumps(body).encode()
+
+
+def many_containers(world: World) -> Iterator[bytes]:
+    mixes = [
+        ([{NEURONCORE: 1}] * 50, [{NEURONCORE: 2}] * 50),
+        ([{NEURON: 1}] * 50, [{NEURON: 16}] * 50),
+        ([{NEURON: 1}] * 25 + [{NEURONCORE: 1}] * 25, [{NEURONDEVICE: 1}] * 50),
+        ([{"cpu": 1}] * 50, [{NEURONCORE: 10**6}] * 50),
+        ([{NEURONCORE: 0}] * 50, None),
+    ]
+    for containers, init in mixes:
+        pod = pod_json("wide", containers, namespace=world.scenario.namespace, init_limits=init)
+        for names in (world.nodes, [*world.nodes, "unknown"] * 10):
+            yield json.dumps({"Pod": pod, "NodeNames": names}).encode()
+            items = [{"metadata": {"name": n}} for n in names]
+            yield json.dumps({"Pod": pod, "Nodes": {"items": items}}).encode()
+
+
+def malformed(world: World) -> Iterator[bytes]:
+    good = json.dumps(world.filter_args).encode()
+    step = max(1, len(good) // 300)
+    for cut in range(0, len(good), step):
+        yield good[:cut]
+    yield from [
+        b"",
+        b"null",
+        b"[]",
+        b"{}",
+        b"0",
+        b'"x"',
+        b"true",
+        b"{,}",
+        b"{'Pod': 1}",
+        b"\xef\xbb\xbf{}",
+        b"NaN",
+        b"Infinity",
+        b'{"Pod": NaN}',
+        b'{"NodeNames": [1e999]}',
+        b"{}" * 1000,
+        b'{"Pod": {}, "Pod": null, "NodeNames": []}',
+        b"/* c */ {}",
+        b'{"NodeNames": ["a",]}',
+        b"\x00" * 100,
+        bytes(range(256)),
+        b'{"NodeNames": ["\\ud800"]}',
+        b'{"NodeNames": ["\\u0000"]}',
+        b'{"NodeNames": ["\xed\xa0\x80"]}',
+        b'{"Pod": {"metadata": {"name": "\xc0\xaf"}}, "NodeNames": []}',
+        b'{"NodeNames": "' + b"a" * 100_000 + b'"}',
+        b" " * 100_000,
+        b"\n" * 10_000,
+    ]
+
+
+def deep(world: World) -> Iterator[tuple[str, bytes]]:
+    for depth in (10, 100, 1000, 10_000, 100_000):
+        arrays, objects = b"[" * depth + b"]" * depth, b'{"a":' * depth + b"1" + b"}" * depth
+        for nested in (arrays, objects):
+            for verb in ("filter", "prioritize"):
+                yield verb, b'{"Pod": {"spec": ' + nested + b'}, "NodeNames": []}'
+                yield verb, b'{"Pod": {"metadata": {"labels": ' + nested + b"}}}"
+                yield verb, b'{"NodeNames": ' + nested + b"}"
+            yield "bind", b'{"PodName": ' + nested + b"}"
+
+
+def unicode_bodies(world: World) -> Iterator[tuple[str, bytes]]:
+    texts = [*hostile.HOSTILE_STRINGS, "\u0000" * 1000, "\U0010ffff", "\ud7ff", "\u2028\u2029"]
+    for text in texts:
+        pod = pod_json(
+            text or "x",
+            {NEURONCORE: 1},
+            namespace=text,
+            annotations={text: text, "AWS_NEURON_IDS": text},
+            labels={text: text},
+            node_selector={text: text},
+        )
+        pod["spec"]["containers"][0]["name"] = text
+        pod["spec"]["containers"][0]["resources"]["limits"][text] = text
+        for ascii_only in (True, False):
+            dump = json.dumps
+            yield (
+                "filter",
+                dump(
+                    {"Pod": pod, "NodeNames": [text, *world.nodes]}, ensure_ascii=ascii_only
+                ).encode(),
+            )
+            yield (
+                "prioritize",
+                dump({"Pod": pod, "NodeNames": [text] * 100}, ensure_ascii=ascii_only).encode(),
+            )
+            yield (
+                "bind",
+                dump(
+                    {"PodName": text, "PodNamespace": text, "PodUID": text, "Node": text},
+                    ensure_ascii=ascii_only,
+                ).encode(),
+            )
+            yield (
+                "bind",
+                dump(
+                    {
+                        "PodName": "held0",
+                        "PodNamespace": world.scenario.namespace,
+                        "PodUID": text,
+                        "Node": text,
+                    },
+                    ensure_ascii=ascii_only,
+                ).encode(),
+            )
+
+
+def odd_requests() -> Iterator[tuple[str, str, bytes]]:
+    methods = ["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "BREW", "CONNECT"]
+    paths = [
+        "/filter",
+        "/prioritize",
+        "/bind",
+        "/preempt",
+        "/",
+        "/unknown",
+        "/filter/",
+        "/filter/x",
+        "/FILTER",
+        "//filter",
+        "/filter?x=1",
+        "/filter#x",
+        "/%66ilter",
+        "/../filter",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        "/" + "a" * 4000,
+        "/filter%00",
+        "/%C3%A9",
+        "/%ff",
+    ]
+    for method in methods:
+        for path in paths:
+            yield method, path, b"{}"
+    for path in paths:
+        yield "POST", path, b'{"NodeNames": []}'
+
+
+def test_ten_thousand_hostile_requests(stack: Stack) -> None:
+    extender = stack.extender
+    scenario = Scenario(stack)
+    try:
+        world = World(scenario)
+        run_attack(scenario, world, extender)
+    finally:
+        scenario.cleanup()
+
+
+def run_attack(scenario: Scenario, world: World, extender: ExtenderProcess) -> None:
+    # kube-scheduler checks the certificate's name through tlsConfig.serverName; the chain is
+    # checked here too.
+    context = scenario.stack.pki.client_context(check_hostname=False)
+    log_offset = extender.process.log_path.stat().st_size
+    # Earlier tests' deletions may still be reaching the extender's watch: a view that holds still.
+    views = [ledger_view(extender)]
+    while len(views) < 2 or views[-1] != views[-2]:
+        time.sleep(0.5)
+        views.append(ledger_view(extender))
+        assert len(views) < 60, "the extender's ledger does not settle"
+    before_ledger = views[-1]
+    before_pods = cluster_pods(scenario)
+    assert any(world.nodes[0] in key for key in before_ledger)
+    rss_before = extender.rss_mb()
+    tally = Tally()
+    caller = Caller(extender.port, context, tally)
+    probe = Probe(extender)
+    began = time.monotonic()
+    with probe.running():
+        schema_attack(world, caller)
+        caller.send_all(
+            "malformed", [post(f"/{v}", b) for b in malformed(world) for v in ("filter", "bind")]
+        )
+        caller.send_all("deep", [post(f"/{v}", b) for v, b in deep(world)])
+        caller.send_all(
+            "quantities",
+            [post(f"/{v}", b) for b in quantity_bodies(world) for v in ("filter", "prioritize")],
+        )
+        caller.send_all(
+            "containers",
+            [post(f"/{v}", b) for b in many_containers(world) for v in ("filter", "prioritize")],
+        )
+        caller.send_all("unicode", [post(f"/{v}", b) for v, b in unicode_bodies(world)])
+        caller.send_all("binds", [post("/bind", b) for b in world.binds()])
+        caller.send_all("methods", list(odd_requests()))
+        many_nodes(world, caller)
+        over_limit(extender, context, tally)
+        slow(extender, context, world, tally)
+        concurrent(extender, context, world, tally)
+    seconds = time.monotonic() - began
+    peak = peak_rss_mb(extender)
+    # What the process still holds once it has given back what it freed (extender/memory.py
+    # looks every few seconds).
+    deadline = time.monotonic() + 30
+    while extender.rss_mb() - rss_before >= RSS_GROWTH_MB and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rss_after = extender.rss_mb()
+    print(
+        f"\nhostile requests in {seconds:.1f}s; RSS {rss_before:.0f} -> {rss_after:.0f} MB "
+        f"(peak {peak:.0f}); "
+        f"/healthz p99 {probe.p99 * 1000:.1f} ms over {len(probe.samples)} probes, longest "
+        f"silence {probe.longest_silence:.2f}s"
+    )
+    for kind, statuses in tally.statuses.items():
+        print(f"  {kind}: {sum(statuses.values())} {dict(sorted(statuses.items()))}")
+
+    assert tally.total() >= 10_000, tally.total()
+    assert not tally.server_errors(), tally.server_errors()
+    # Only a client that hangs up or overflows the limit may go without an answer.
+    assert set(tally.unanswered()) <= {"over-limit"}, tally.unanswered()
+    assert extender.process.alive(), extender.process.log_tail()
+    assert not traceback_lines(extender, log_offset), extender.process.log_tail(80)
+    assert not probe.failures, probe.failures[:5]
+    # kubelet restarts the extender after 3 failed probes 10 s apart (the chart's liveness probe).
+    assert probe.longest_silence < 30, probe.longest_silence
+    assert rss_after - rss_before < RSS_GROWTH_MB, (rss_before, rss_after)
+    assert ledger_view(extender) == before_ledger
+    assert cluster_pods(scenario) == before_pods
+    for pod in world.bound:
+        assert ids(scenario.pod(pod["metadata"]["name"])) == ids(pod)
+
+
+def schema_attack(world: World, caller: Caller) -> None:
+    """Bodies drawn from the wire schema with wrong types, nulls and missing fields in every
+    field, each also sent cut short; a 5xx or a dropped connection fails at once, and
+    hypothesis then shrinks the body to the smallest that does it."""
+    configured = settings(
+        max_examples=SCHEMA_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+
+    def send(kind: str, verb: str, body: Any, cut: float) -> None:
+        raw = json.dumps(body).encode()
+        for each, name in ((raw, kind), (raw[: int(len(raw) * cut)], "truncated")):
+            status, answer = caller.send(name, post(f"/{verb}", each))
+            assert status not in (NO_ANSWER, 500, 502, 503), (verb, each[:200], status, answer)
+
+    @configured
+    @given(
+        hostile.filter_bodies(world.strings),
+        st.sampled_from(["filter", "prioritize"]),
+        st.floats(0, 1),
+    )
+    def filters(body: Any, verb: str, cut: float) -> None:
+        send("schema-filter", verb, body, cut)
+
+    @configured
+    @given(hostile.bind_bodies(world.strings), st.floats(0, 1))
+    def binds(body: Any, cut: float) -> None:
+        send("schema-bind", "bind", body, cut)
+
+    filters()
+    binds()
+
+
+def many_nodes(world: World, caller: Caller) -> None:
+    """100,000 node names, unknown and known, as names and as a NodeList."""
+    pod = world.filter_args["Pod"]
+    unknown = [f"no-such-node-{i}" for i in range(MANY)]
+    known = (world.nodes * (MANY // len(world.nodes) + 1))[:MANY]
+    requests = []
+    for names in (unknown, known):
+        for verb in ("filter", "prioritize"):
+            requests.append(post(f"/{verb}", {"Pod": pod, "NodeNames": names}))
+            items = [{"metadata": {"name": n}} for n in names]
+            requests.append(post(f"/{verb}", {"Pod": pod, "Nodes": {"items": items}}))
+    for request in requests:
+        caller.send("100k-nodes", request)
+
+
+def over_limit(extender: ExtenderProcess, context: Any, tally: Tally) -> None:
+    limit = 64 * 1024 * 1024  # the extender's default --body-limit
+    for chunked in (False, True):
+        tally.add(
+            "over-limit", hostile.oversized(extender.port, context, "/filter", limit + 1, chunked)
+        )
+    for length in (limit + 1, 10**12, 10**30):
+        tally.add("over-limit", hostile.declared_only(extender.port, context, "/bind", length))
+
+
+def slow(extender: ExtenderProcess, context: Any, world: World, tally: Tally) -> None:
+    """Clients trickling their request (head and body) over about 3 s, and clients that stop
+    halfway through a body and hang up."""
+    body = json.dumps(world.filter_args).encode()
+    for status in hostile.trickle(
+        extender.port, context, "/filter", body, pieces=30, pause=0.1, connections=20, seconds=30
+    ):
+        tally.add("slow", status)
+    hostile.abandoned(extender.port, context, "/filter", connections=20, seconds=2)
+
+
+def concurrent(extender: ExtenderProcess, context: Any, world: World, tally: Tally) -> None:
+    """500 connections at once, each with a request of its own."""
+    requests = [
+        post("/filter" if i % 3 else "/prioritize", world.filter_args)
+        if i % 5
+        else post(
+            "/bind",
+            {
+                "PodName": f"ghost{i}",
+                "PodNamespace": world.scenario.namespace,
+                "PodUID": "u",
+                "Node": world.nodes[0],
+            },
+        )
+        for i in range(500)
+    ]
+    for status in hostile.burst(extender.port, context, requests, seconds=60):
+        tally.add("burst-500", status)
