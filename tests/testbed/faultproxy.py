@@ -1,0 +1,305 @@
+"""A TLS-terminating HTTP proxy between a client (the extender) and kube-apiserver that injects
+the faults a real control plane has: answers cut off mid-body, watches dropped, answers delayed,
+and writes answered 500, 409 or 429.
+
+The client trusts the proxy's own certificate (`kubeconfig()` writes what it needs); the proxy
+forwards each request, with the client's own Authorization header, to the real API server over
+TLS checked against the testbed's CA. Watches (`watch=1`) are streamed through as they arrive.
+Runs its own event loop in a thread; every fault it injects is counted in `counts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+import ssl
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import yarl
+
+from .client import write_kubeconfig
+from .pki import Pki
+
+# The two writes a bind makes: our annotation patch and the Binding.
+POD_PATCH = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+$")
+BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
+REASONS = {500: "InternalError", 409: "Conflict", 429: "TooManyRequests"}
+# Hop-by-hop and framing headers are the proxy's own business on each side.
+NOT_FORWARDED = {
+    "host",
+    "connection",
+    "keep-alive",
+    "content-length",
+    "transfer-encoding",
+    "accept-encoding",
+    "te",
+    "upgrade",
+}
+
+
+@dataclass
+class Faults:
+    """Fractions of requests that get each fault (0 everywhere: a plain proxy)."""
+
+    cut: float = 0.0  # a non-watch answer cut off mid-body (after the request was forwarded)
+    watch_cut: float = 0.0  # a watch dropped after `watch_seconds`
+    watch_seconds: tuple[float, float] = (1.0, 15.0)
+    delay: float = 0.0  # an answer delayed by `delay_seconds` (before or after forwarding)
+    delay_seconds: tuple[float, float] = (1.0, 10.0)
+    write_error: float = 0.0  # a pod PATCH or Binding answered 500/409/429, not forwarded
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, upstream_ca: Path, workdir: Path, seed: int = 0) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.upstream_ca = upstream_ca
+        self.pki = Pki.create(workdir)  # the proxy's serving certificate and its CA
+        self.faults = Faults()
+        self.counts: Counter[str] = Counter()
+        self.random = random.Random(seed)
+        self._errors = [500, 409, 429]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig for a client of the API server through this proxy."""
+        return write_kubeconfig(
+            path, server_url=self.url, token=token, user="through-proxy", cafile=self.pki.ca
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+
+    async def _start(self) -> None:
+        serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        serving.load_cert_chain(str(self.pki.server_cert), str(self.pki.server_key))
+        upstream = ssl.create_default_context(cafile=str(self.upstream_ca))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=upstream, limit=0),
+            auto_decompress=False,
+        )
+        self._server = await asyncio.start_server(
+            self._serve, "127.0.0.1", 0, ssl=serving, limit=1 << 20
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._connections):
+            writer.transport.abort()
+        if self._session is not None:
+            await self._session.close()
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+
+    # --- serving -----------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        name, value = line.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if not await self._handle(method, target, headers, body, writer):
+                    return
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+            ssl.SSLError,
+            ValueError,
+        ):
+            return
+        finally:
+            self._connections.discard(writer)
+            writer.transport.abort()
+
+    async def _handle(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """Forward one request (or answer it with a fault); False when the connection is cut."""
+        faults, rng = self.faults, self.random
+        parts = urlsplit(target)
+        watch = parse_qs(parts.query).get("watch", [""])[0] in ("1", "true")
+        write = (method == "PATCH" and POD_PATCH.match(parts.path)) or (
+            method == "POST" and BINDING.match(parts.path)
+        )
+        if write and rng.random() < faults.write_error:
+            status = self._errors[self.counts["write-error"] % 3]
+            self.counts["write-error"] += 1
+            self.counts[f"answered {status}"] += 1
+            await self._answer_error(writer, status, method, parts.path)
+            return True
+        delay_after = False
+        if rng.random() < faults.delay:
+            seconds = rng.uniform(*faults.delay_seconds)
+            self.counts["delay"] += 1
+            delay_after = rng.random() < 0.5
+            if not delay_after:
+                await asyncio.sleep(seconds)
+        forwarded = {k: v for k, v in headers.items() if k not in NOT_FORWARDED}
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                method,
+                yarl.URL(self.upstream + target, encoded=True),
+                headers=forwarded,
+                data=body or None,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                allow_redirects=False,
+            ) as answer:
+                if delay_after:
+                    await asyncio.sleep(seconds)
+                kept = [(k, v) for k, v in answer.headers.items() if k.lower() not in NOT_FORWARDED]
+                if watch:
+                    return await self._stream(answer, kept, writer)
+                payload = await answer.read()
+                cut = rng.random() < faults.cut and len(payload) > 1
+                head = self._head(answer.status, answer.reason or "", kept, len(payload))
+                if cut:
+                    self.counts["cut"] += 1
+                    self.counts[f"cut {method}"] += 1
+                    writer.write(head + payload[: len(payload) // 2])
+                    await writer.drain()
+                    return False
+                writer.write(head + payload)
+                await writer.drain()
+                self.counts["forwarded"] += 1
+                return True
+        except (aiohttp.ClientError, TimeoutError) as error:
+            payload = json.dumps(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": f"fault proxy: upstream failed: {error}",
+                    "code": 502,
+                }
+            ).encode()
+            writer.write(
+                self._head(502, "Bad Gateway", [("Content-Type", "application/json")], len(payload))
+                + payload
+            )
+            await writer.drain()
+            return True
+
+    async def _stream(
+        self,
+        answer: aiohttp.ClientResponse,
+        headers: list[tuple[str, str]],
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        faults, rng = self.faults, self.random
+        cut_at = None
+        if rng.random() < faults.watch_cut:
+            cut_at = asyncio.get_running_loop().time() + rng.uniform(*faults.watch_seconds)
+        lines = [
+            f"HTTP/1.1 {answer.status} {answer.reason or ''}",
+            *(f"{k}: {v}" for k, v in headers),
+            "Transfer-Encoding: chunked",
+            "",
+            "",
+        ]
+        writer.write("\r\n".join(lines).encode("latin-1"))
+        await writer.drain()
+        self.counts["watches"] += 1
+        content = answer.content
+        while True:
+            timeout = None
+            if cut_at is not None:
+                timeout = max(0.0, cut_at - asyncio.get_running_loop().time())
+            try:
+                data = await asyncio.wait_for(content.readany(), timeout)
+            except TimeoutError:
+                if not self.faults.watch_cut:  # the faults stopped meanwhile
+                    cut_at = None
+                    continue
+                self.counts["watch-cut"] += 1
+                return False
+            if not data:
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                return True
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+
+    @staticmethod
+    def _head(status: int, reason: str, headers: list[tuple[str, str]], length: int) -> bytes:
+        lines = [
+            f"HTTP/1.1 {status} {reason}",
+            *(f"{k}: {v}" for k, v in headers),
+            f"Content-Length: {length}",
+            "",
+            "",
+        ]
+        return "\r\n".join(lines).encode("latin-1")
+
+    async def _answer_error(
+        self, writer: asyncio.StreamWriter, status: int, method: str, path: str
+    ) -> None:
+        reason = REASONS[status]
+        payload = json.dumps(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f"fault proxy: {method} {path} answered {status} on purpose",
+                "reason": reason,
+                "code": status,
+            }
+        ).encode()
+        headers = [("Content-Type", "application/json")]
+        if status == 429:
+            headers.append(("Retry-After", "1"))
+        writer.write(self._head(status, reason, headers, len(payload)) + payload)
+        await writer.drain()
+
+    def __enter__(self) -> FaultProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
