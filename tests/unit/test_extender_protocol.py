@@ -330,6 +330,27 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
         ("bind", "invalid UTF-8", b'{"PodName": "\xff", "PodNamespace": "d", "PodUID": "u"}'),
         ("bind", "nesting past the limit", b'{"PodName": "p", "x": ' + deep + b"}"),
         ("bind", "5,000 digits", b'{"PodName": 1' + b"0" * 5000 + b"}"),
+        (
+            "bind",
+            "a path for a name",
+            b'{"PodName": "../../nodes/x", "PodNamespace": "d", "PodUID": "u", "Node": "n"}',
+        ),
+        (
+            "bind",
+            "a line break",
+            b'{"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": "n\\nTraceback"}',
+        ),
+        (
+            "bind",
+            "a 100 kB node name",
+            b'{"PodName": "p", "PodNamespace": "d", "PodUID": "u", '
+            b'"Node": "' + b"n" * 100_000 + b'"}',
+        ),
+        (
+            "bind",
+            "a UID with a space",
+            b'{"PodName": "p", "PodNamespace": "d", "PodUID": "u 1", "Node": "n"}',
+        ),
     ]
     return bodies
 

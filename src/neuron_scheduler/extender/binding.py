@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,6 +39,12 @@ ROLLBACK_ATTEMPTS = 3  # conflicts while removing our annotations: each re-reads
 
 
 DEFAULT_SCHEDULER_NAMES = ("my-scheduler",)
+
+# What kube-scheduler sends: object names (DNS-1123 subdomains) and UIDs. Anything else (a path,
+# control characters, megabytes) is refused before it reaches an API path, a log line, or the
+# event thinning's memory, which keys on messages naming the node.
+NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+UID = re.compile(r"[0-9A-Za-z-]{1,128}")
 
 
 class Binder:
@@ -70,6 +77,14 @@ class Binder:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
         if not (args.PodName and args.PodNamespace and args.PodUID and args.Node):
             raise BadRequest("bind needs PodName, PodNamespace, PodUID and Node")
+        for field, value, form in (
+            ("PodName", args.PodName, NAME),
+            ("PodNamespace", args.PodNamespace, NAME),
+            ("Node", args.Node, NAME),
+            ("PodUID", args.PodUID, UID),
+        ):
+            if not form.fullmatch(value):
+                raise BadRequest(f"bind: {field} {value[:80]!r} cannot be a Kubernetes {field}")
         if not self.synced.is_set():
             self.metrics.binds.labels("not_ready").inc()
             return "neuron-scheduler is starting: its cache of pods and nodes is not synced yet"
