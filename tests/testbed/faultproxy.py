@@ -72,6 +72,7 @@ class FaultProxy:
         self._server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
 
     @property
@@ -115,6 +116,9 @@ class FaultProxy:
             self._server.close()
         for writer in list(self._connections):
             writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -125,6 +129,9 @@ class FaultProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -148,6 +155,8 @@ class FaultProxy:
             return
         finally:
             self._connections.discard(writer)
+            if task is not None:
+                self._tasks.discard(task)
             writer.transport.abort()
 
     async def _handle(
