@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shlex
 import subprocess
 import tempfile
 from functools import cache
@@ -53,6 +54,19 @@ def helm_bin() -> Path:
     return path
 
 
+def helm_env(kubeconfig: Path | None = None) -> dict[str, str]:
+    # helm keeps caches and a registry config under these; keep them out of $HOME.
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-cache"),
+        "HELM_CONFIG_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-config"),
+        "HELM_DATA_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-data"),
+    }
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    return env
+
+
 def helm(*args: str, values: Doc | None = None) -> subprocess.CompletedProcess[str]:
     """Run helm on the chart with a values file; never raises, the caller checks."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="values-") as handle:
@@ -63,14 +77,42 @@ def helm(*args: str, values: Doc | None = None) -> subprocess.CompletedProcess[s
             capture_output=True,
             text=True,
             check=False,
-            # helm keeps caches and a registry config under these; keep them out of $HOME.
-            env={
-                **os.environ,
-                "HELM_CACHE_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-cache"),
-                "HELM_CONFIG_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-config"),
-                "HELM_DATA_HOME": str(Path(tempfile.gettempdir()) / "ns-helm-data"),
-            },
+            env=helm_env(),
         )
+
+
+# The upstream chart's reference in the AWS install commands; the tests put ours in its place.
+UPSTREAM_CHART = "oci://public.ecr.aws/neuron/neuron-helm-chart"
+
+
+def typed(command: str) -> list[str]:
+    """A helm command line as a user types it (shell quoting, line continuations), with only the
+    upstream chart reference replaced by this chart's directory and `helm` by the built binary."""
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[0] == "helm" and argv.count(UPSTREAM_CHART) == 1, argv
+    return [str(helm_bin()), *(str(CHART) if a == UPSTREAM_CHART else a for a in argv[1:])]
+
+
+def run_typed(command: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        typed(command), capture_output=True, text=True, check=False, env=helm_env(kubeconfig)
+    )
+
+
+def render_typed(command: str) -> list[Doc]:
+    """What `command` (helm upgrade --install RELEASE CHART ARGS...) would install: helm template
+    with the same release, chart and arguments, exactly as typed."""
+    argv = typed(command)
+    assert argv[1:3] == ["upgrade", "--install"], argv
+    result = subprocess.run(
+        [argv[0], "template", *argv[3:]],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=helm_env(),
+    )
+    assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def render(
@@ -200,3 +242,152 @@ def chart_extender_process(
         scheduler_names=(),
         check_hostname=False,  # the chart's certificate names the Service, not 127.0.0.1
     )
+
+
+# The AWS install commands of the seed documents (neuron-facts.md §8), as seed 001 prints them:
+# the custom-scheduler one (EKS) and the default-scheduler one (self-managed control planes).
+SEED_COMMANDS = {
+    "seed-custom-scheduler": (
+        "helm upgrade --install neuron-helm-chart "
+        "oci://public.ecr.aws/neuron/neuron-helm-chart \\\n"
+        '--set "scheduler.enabled=true" \\\n'
+        '--set "npd.enabled=false"'
+    ),
+    "seed-default-scheduler": (
+        "helm upgrade --install neuron-helm-chart "
+        "oci://public.ecr.aws/neuron/neuron-helm-chart \\\n"
+        '--set "scheduler.enabled=true" \\\n'
+        '--set "scheduler.customScheduler.enabled=false" \\\n'
+        '--set "scheduler.defaultScheduler.enabled=true" \\\n'
+        '--set "npd.enabled=false"'
+    ),
+}
+
+# A values file that sets every key of the upstream neuron-helm-chart (1.10.x, the superset of
+# 1.9.x; `monitor` from 1.1.x), as a migrating user's file would, with values of its own so each
+# key's effect can be seen. The three components get three namespaces of their own.
+UPSTREAM_NAMESPACES = {"scheduler": "neuron-ext", "custom": "neuron-sched", "plugin": "neuron-dp"}
+UPSTREAM_VALUES: Doc = yaml.safe_load(
+    """
+neuronInstances: [inf2.48xlarge, trn2.48xlarge, trn3.48xlarge]
+devicePlugin:
+  enabled: true
+  nameOverride: neuron-device-plugin
+  namespaceOverride: neuron-dp
+  fullnameOverride: aws-neuron-device-plugin
+  selectorLabelsOverride: {name: neuron-device-plugin-ds}
+  priorityClassName: system-node-critical
+  runtimeClassName: null
+  imagePullSecrets: [{name: plugin-pull}]
+  image:
+    repository: public.ecr.aws/neuron/neuron-device-plugin
+    pullPolicy: Always
+    tag: "2.32.0.0"
+  podSecurityContext: {}
+  serviceAccount:
+    create: true
+    annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::111122223333:role/plugin"}
+    name: plugin-account
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 2}}
+  podAnnotations: {team: ml}
+  securityContext: {}
+  resources: {}
+  nodeSelector: {}
+  tolerations:
+    - {key: CriticalAddonsOnly, operator: Exists}
+    - {key: aws.amazon.com/neuron, operator: Exists, effect: NoSchedule}
+  env:
+    - {name: KUBECONFIG, value: /etc/kubernetes/kubelet.conf}
+    - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - {key: "__INSTANCE_TYPE_KEY__", operator: In, values: "__NEURON_INSTANCES__"}
+              - key: eks.amazonaws.com/compute-type
+                operator: NotIn
+                values: [fargate, hybrid, auto]
+  volumeMounts:
+    - {name: device-plugin, mountPath: /var/lib/kubelet/device-plugins}
+    - {name: infa-map, mountPath: /run}
+    - {name: aws-config, mountPath: /opt/aws, readOnly: true}
+  volumes:
+    - {name: device-plugin, hostPath: {path: /var/lib/kubelet/device-plugins}}
+    - {name: infa-map, hostPath: {path: /run}}
+    - {name: aws-config, hostPath: {path: /opt/aws}}
+scheduler:
+  enabled: true
+  image:
+    repository: public.ecr.aws/neuron/neuron-scheduler
+    pullPolicy: IfNotPresent
+    tag: "2.32.0.0"
+  imagePullSecrets: [{name: extender-pull}]
+  nameOverride: neuron-scheduler
+  namespaceOverride: neuron-ext
+  fullnameOverride: neuron-extender
+  selectorLabelsOverride: {app: neuron-extender}
+  replicaCount: 2
+  strategy: {type: Recreate}
+  priorityClassName: system-node-critical
+  serviceAccount: {create: true, annotations: {}, name: ""}
+  podAnnotations: {team: ml}
+  podSecurityContext: {fsGroup: 65532}
+  securityContext: {runAsNonRoot: true}
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: []
+  affinity: {}
+  env:
+    - {name: PORT, value: "12345"}
+  resources: {}
+  customScheduler:
+    enabled: true
+    nameOverride: ""
+    namespaceOverride: neuron-sched
+    fullnameOverride: neuron-kube-scheduler
+    selectorLabelsOverride: {app: neuron-kube-scheduler}
+    extraArgs: ["--kube-api-qps=100", "--v=4"]
+    image:
+      repository: public.ecr.aws/eks-distro/kubernetes/kube-scheduler
+      pullPolicy: IfNotPresent
+      tag: v1.31.12-eks-1-31-30
+    replicaCount: 2
+    serviceAccount: {create: true, annotations: {}, name: ""}
+    livenessProbe:
+      httpGet: {path: /healthz, port: 10259, scheme: HTTPS}
+      initialDelaySeconds: 15
+    readinessProbe:
+      httpGet: {path: /healthz, port: 10259, scheme: HTTPS}
+    resources: {requests: {cpu: "0.1"}}
+    securityContext: {privileged: false}
+    nodeSelector: {}
+    tolerations: []
+    affinity: {}
+  defaultScheduler:
+    enabled: false
+    nodeSelector: {node-role.kubernetes.io/control-plane: ""}
+    tolerations:
+      - {effect: NoSchedule, operator: Exists, key: node-role.kubernetes.io/control-plane}
+npd:
+  enabled: true
+  updateStrategy: {type: RollingUpdate}
+  config: {name: node-problem-detector-config, kernelMonitor: "{}"}
+  namespaceOverride: neuron-healthcheck-system
+  nodeProblemDetector:
+    image: {repository: registry.k8s.io/node-problem-detector/node-problem-detector, tag: v1.36.0}
+  nodeRecovery: {enabled: false, startupDelaySeconds: 60, counters: [NeuronHasError_DMA_ERROR]}
+draDriver:
+  enabled: true
+  namespaceOverride: neuron-dra-driver
+  image: {repository: public.ecr.aws/neuron/neuron-dra-driver, tag: "1.2.0"}
+  livenessProbe: {grpc: {port: 51515, service: liveness}}
+ultraserverOperator:
+  enabled: true
+  image: {repository: public.ecr.aws/neuron/neuron-ultraserver-operator, tag: "0.2.0"}
+  leaderElect: true
+  healthPort: 8081
+monitor:
+  enabled: true
+  exporter: {port: 8000}
+"""
+)

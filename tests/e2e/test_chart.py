@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,9 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.metrics import Metrics
 from tests.builders import node_json
 from tests.e2e.chart import (
     RULES,
+    SEED_COMMANDS,
+    UPSTREAM_NAMESPACES,
+    UPSTREAM_VALUES,
     Doc,
     apply,
     chart_extender_process,
@@ -29,6 +36,7 @@ from tests.e2e.chart import (
     localize,
     refusal,
     render,
+    render_typed,
     scheduler_config,
 )
 from tests.testbed import (
@@ -57,6 +65,13 @@ COMBOS: dict[str, Doc] = {
     "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
     "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
     "custom-no-preemption": {"scheduler": {"preemption": False}},
+    "custom-monitored": {
+        "scheduler": {
+            "replicas": 2,
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "grafanaDashboard": {"enabled": True},
+        }
+    },
     "default": DEFAULT_MODE,
     "default-own-secrets-cidrs": {
         "scheduler": {
@@ -93,6 +108,38 @@ REFUSED: dict[str, tuple[Doc, str]] = {
         "scheduler.tls.certManager.enabled needs scheduler.tls.certManager.issuerRef.name",
     ),
     "tls-misspelt": ({"scheduler": {"tls": {"enable": False}}}, "'enable' not allowed"),
+    # Accepting the upstream chart's keys leaves our own blocks closed to typos.
+    "top-level-misspelt": ({"npdd": {"enabled": False}}, "'npdd' not allowed"),
+    "custom-scheduler-misspelt": (
+        {"scheduler": {"customScheduler": {"extraArg": ["--v=4"]}}},
+        "'extraArg' not allowed",
+    ),
+    "device-plugin-misspelt": (
+        {"devicePlugin": {"instanceType": ["inf2.48xlarge"]}},
+        "'instanceType' not allowed",
+    ),
+    "service-monitor-misspelt": (
+        {"scheduler": {"serviceMonitor": {"enable": True}}},
+        "'enable' not allowed",
+    ),
+    "upstream-image-misspelt": (
+        {"scheduler": {"image": {"repo": "example.com/neuron-scheduler"}}},
+        "'repo' not allowed",
+    ),
+    "replica-count-not-a-number": (
+        {"scheduler": {"replicaCount": "two"}},
+        "/scheduler/replicaCount",
+    ),
+    "no-instances": ({"neuronInstances": []}, "/neuronInstances"),
+    "npd-enabled-not-boolean": ({"npd": {"enabled": "no"}}, "/npd/enabled"),
+    "rolling-update": (
+        {"scheduler": {"strategy": {"type": "RollingUpdate"}}},
+        "scheduler.strategy.type is RollingUpdate: the extender only upgrades with Recreate",
+    ),
+    "existing-account-unnamed": (
+        {"devicePlugin": {"serviceAccount": {"create": False}}},
+        "devicePlugin.serviceAccount.create is false but devicePlugin.serviceAccount.name is empty",
+    ),
 }
 EXTENDER = [
     "ServiceAccount",
@@ -131,6 +178,11 @@ def expected_kinds(combo: str) -> list[str]:
             names += [f"{kind}/k8s-neuron-scheduler-tls", f"{kind}/k8s-neuron-scheduler-client-tls"]
         if scheduler.get("replicas", 1) > 1:
             names += ELECTION
+            names.append("PodDisruptionBudget/k8s-neuron-scheduler")
+        if scheduler.get("serviceMonitor", {}).get("enabled"):
+            names.append("ServiceMonitor/k8s-neuron-scheduler")
+        if scheduler.get("grafanaDashboard", {}).get("enabled"):
+            names.append("ConfigMap/k8s-neuron-scheduler-dashboard")
         if scheduler.get("defaultScheduler", {}).get("enabled"):
             names.append("ConfigMap/k8s-neuron-scheduler-extender")
         else:
@@ -347,17 +399,20 @@ def apply_cp(kubebin: Path) -> Iterator[ControlPlane]:
     """A control plane of its own: each combination is applied in its own namespace, and the
     cluster-scoped objects (same names in every combination) are applied over each other."""
     with ControlPlane(kubebin) as cp:
-        # cert-manager's Certificate, so the chart's Certificates are checked field by field.
-        crd = yaml.safe_load(
-            (ROOT / "tests" / "e2e" / "crds" / "cert-manager-certificate.yaml").read_text()
-        )
-        apply(cp, [crd])
-        cp.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/certificates.cert-manager.io",
-            "--timeout=60s",
-        )
+        # cert-manager's Certificate and the Prometheus Operator's ServiceMonitor, so the chart's
+        # objects of those kinds are checked field by field.
+        crds = [
+            yaml.safe_load((ROOT / "tests" / "e2e" / "crds" / name).read_text())
+            for name in ("cert-manager-certificate.yaml", "prometheus-operator-servicemonitor.yaml")
+        ]
+        apply(cp, crds)
+        for crd in crds:
+            cp.kubectl(
+                "wait",
+                "--for=condition=Established",
+                f"crd/{crd['metadata']['name']}",
+                "--timeout=60s",
+            )
         yield cp
 
 
@@ -382,6 +437,36 @@ class TestApply:
             apply_cp.request(
                 "DELETE", f"/api/v1/namespaces/{namespace}/services/k8s-neuron-scheduler"
             )
+
+    @pytest.mark.parametrize("seed", SEED_COMMANDS)
+    def test_seed_commands_apply_strictly(self, apply_cp: ControlPlane, seed: str) -> None:
+        """The seeds' AWS install commands, exactly as typed with our chart in place of AWS's:
+        what they install applies strictly, in the namespace they install into (the current
+        one, `default`)."""
+        docs = render_typed(SEED_COMMANDS[seed])
+        assert {d["metadata"].get("namespace") for d in docs} <= {"default", "kube-system", None}
+        assert "Deployment/k8s-neuron-scheduler" in kinds(docs)
+        assert "DaemonSet/neuron-device-plugin" in kinds(docs)
+        default_mode = "defaultScheduler.enabled=true" in SEED_COMMANDS[seed]
+        assert ("Deployment/my-scheduler" in kinds(docs)) is not default_mode
+        out = apply(apply_cp, docs)
+        assert out.count("serverside-applied") == len(docs), out
+        for doc in docs:
+            assert apply_cp.request("GET", api_path(doc))["metadata"]["uid"]
+        if default_mode:  # frees node port 32700 for the other default-mode combinations
+            apply_cp.request("DELETE", "/api/v1/namespaces/default/services/k8s-neuron-scheduler")
+
+    def test_upstream_values_apply_strictly(self, apply_cp: ControlPlane) -> None:
+        """A values file naming every upstream key, components in three namespaces of their own."""
+        for namespace in UPSTREAM_NAMESPACES.values():
+            apply_cp.client.ensure_namespace(namespace)
+        docs = render(UPSTREAM_VALUES, namespace="chart-upstream")
+        assert {d["metadata"].get("namespace") for d in docs} - {None} == {
+            *UPSTREAM_NAMESPACES.values(),
+            "kube-system",  # my-scheduler's authentication-reader RoleBinding
+        }
+        out = apply(apply_cp, docs)
+        assert out.count("serverside-applied") == len(docs), out
 
     def test_strict_validation_rejects_an_unknown_field(self, apply_cp: ControlPlane) -> None:
         """The check above can fail: a field the API does not know is refused, not dropped."""
@@ -461,6 +546,8 @@ def api_path(doc: Doc) -> str:
         "Secret": "secrets",
         "NetworkPolicy": "networkpolicies",
         "Certificate": "certificates",
+        "PodDisruptionBudget": "poddisruptionbudgets",
+        "ServiceMonitor": "servicemonitors",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -661,6 +748,120 @@ def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:
     assert default["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
     off = render({"scheduler": {"networkPolicy": {"enabled": False}}})
     assert not [d for d in off if d["kind"] == "NetworkPolicy"]
+
+
+# --- monitoring: ServiceMonitor, PodDisruptionBudget, Grafana dashboard ------------------------
+
+# PromQL's own words in the dashboard's queries; every other identifier left once label
+# matchers, ranges and grouping labels are removed is a metric name.
+PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "rate", "increase", "histogram_quantile"}
+PROMQL_WORDS |= {"vector", "by", "without", "or", "and", "unless", "on", "ignoring"}
+
+
+def metric_names(expr: str) -> set[str]:
+    text = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
+    text = re.sub(r"\b(by|without)\s*\([^)]*\)", "", text)  # grouping labels
+    return set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text)) - PROMQL_WORDS
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the extender's /metrics can carry, read from the running code: each
+    family in its registry, with the suffixes the exposition format adds for the family's type."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "gauge": ("",),
+    }
+    names: set[str] = set()
+    for family in Metrics(Ledger(Catalog.builtin())).registry.collect():
+        names.update(family.name + suffix for suffix in suffixes[family.type])
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def test_monitoring_objects_are_optional() -> None:
+    assert not {k for k in kinds(render()) if k.startswith(("PodDisruptionBudget", "ServiceM"))}
+    assert "ConfigMap/k8s-neuron-scheduler-dashboard" not in kinds(render())
+    # The budget comes with more than one replica, however the count is given.
+    for values in ({"scheduler": {"replicas": 2}}, {"scheduler": {"replicaCount": 3}}):
+        assert "PodDisruptionBudget/k8s-neuron-scheduler" in kinds(render(values))
+    one = {"scheduler": {"leaderElection": {"enabled": True}}}
+    assert "PodDisruptionBudget/k8s-neuron-scheduler" not in kinds(render(one))
+    off = {"scheduler": {"replicas": 2, "podDisruptionBudget": {"enabled": False}}}
+    assert "PodDisruptionBudget/k8s-neuron-scheduler" not in kinds(render(off))
+
+
+def test_disruption_budget_protects_the_leader_only() -> None:
+    docs = render(COMBOS["custom-monitored"])
+    budget = find(docs, "PodDisruptionBudget", "k8s-neuron-scheduler")["spec"]
+    deployment = find(docs, "Deployment", "k8s-neuron-scheduler")["spec"]
+    assert budget["selector"] == deployment["selector"]
+    # Only the leader is ready: it stays; the never-ready standbys may always be evicted.
+    assert budget["minAvailable"] == 1
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Before 1.27 the API server does not know the field.
+    older = render(COMBOS["custom-monitored"], kube_version="v1.26.5")
+    assert (
+        "unhealthyPodEvictionPolicy"
+        not in find(older, "PodDisruptionBudget", "k8s-neuron-scheduler")["spec"]
+    )
+
+
+def test_service_monitor_scrapes_the_metrics_port() -> None:
+    docs = render(COMBOS["custom-monitored"])
+    monitor = find(docs, "ServiceMonitor", "k8s-neuron-scheduler")
+    service = find(docs, "Service", "k8s-neuron-scheduler")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kube-system"]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+    assert port["port"] == 12346
+    assert (endpoint["path"], endpoint["scheme"], endpoint["interval"]) == (
+        "/metrics",
+        "http",
+        "30s",
+    )
+
+
+def test_dashboard_queries_name_metrics_the_extender_exports() -> None:
+    values = {"scheduler": {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}}}
+    configmap = find(render(values), "ConfigMap", "k8s-neuron-scheduler-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    dashboard = json.loads(configmap["data"]["neuron-scheduler.json"])
+    exported = exported_metric_names()
+    # The check can fail: a misspelt metric is caught.
+    assert metric_names("sum(rate(neuron_scheduler_bindz_total[5m]))") - exported == {
+        "neuron_scheduler_bindz_total"
+    }
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    used: set[str] = set()
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = metric_names(target["expr"])
+            assert names, (panel["title"], target["expr"])
+            assert names <= exported, (panel["title"], names - exported)
+            used |= names
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["query"]["query"])
+            assert match and match.group(1) in exported, variable
+    # Binds and failures, latency per verb, free devices and largest free block per node, filter
+    # outcomes, preemption outcomes.
+    assert {
+        "neuron_scheduler_binds_total",
+        "neuron_scheduler_rollbacks_total",
+        "neuron_scheduler_request_seconds_bucket",
+        "neuron_scheduler_node_free_devices",
+        "neuron_scheduler_node_largest_free_block",
+        "neuron_scheduler_filter_nodes_total",
+        "neuron_scheduler_preempt_nodes_total",
+    } <= used
 
 
 def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path: Path) -> None:

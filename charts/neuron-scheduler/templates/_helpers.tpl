@@ -1,7 +1,111 @@
-{{/* Names are fixed, as in the upstream chart, so its Service URL, pod opt-in and docs keep working. */}}
-{{- define "ns.extender" -}}k8s-neuron-scheduler{{- end -}}
-{{- define "ns.devicePlugin" -}}neuron-device-plugin{{- end -}}
-{{- define "ns.scheduler" -}}{{ .Values.scheduler.customScheduler.name }}{{- end -}}
+{{/*
+Names default to the upstream chart's, so its Service URL, pod opt-in and docs keep working. The
+upstream `fullnameOverride` and `nameOverride` keep their meaning: a non-empty fullnameOverride is
+the name; an empty one gives <release>-<nameOverride or the default> (the release name alone when
+it already contains that); unset, the default. Called with (list <values block> <default> $).
+*/}}
+{{- define "ns.fullname" -}}
+{{- $block := index . 0 -}}
+{{- $default := index . 1 -}}
+{{- $root := index . 2 -}}
+{{- if kindIs "invalid" $block.fullnameOverride -}}
+{{- $default -}}
+{{- else if $block.fullnameOverride -}}
+{{- $block.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := $block.nameOverride | default $default -}}
+{{- if contains $name $root.Release.Name -}}
+{{- $root.Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" $root.Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- define "ns.extender" -}}{{ include "ns.fullname" (list .Values.scheduler "k8s-neuron-scheduler" .) }}{{- end -}}
+{{- define "ns.devicePlugin" -}}{{ include "ns.fullname" (list .Values.devicePlugin "neuron-device-plugin" .) }}{{- end -}}
+{{/* customScheduler.fullnameOverride (upstream), when set, wins over customScheduler.name (ours). */}}
+{{- define "ns.scheduler" -}}{{ include "ns.fullname" (list .Values.scheduler.customScheduler .Values.scheduler.customScheduler.name .) }}{{- end -}}
+
+{{/* Each component's namespace: the upstream namespaceOverride, else the release namespace. */}}
+{{- define "ns.extenderNamespace" -}}{{ .Values.scheduler.namespaceOverride | default .Release.Namespace }}{{- end -}}
+{{- define "ns.schedulerNamespace" -}}{{ .Values.scheduler.customScheduler.namespaceOverride | default .Release.Namespace }}{{- end -}}
+{{- define "ns.devicePluginNamespace" -}}{{ .Values.devicePlugin.namespaceOverride | default .Release.Namespace }}{{- end -}}
+
+{{/*
+The ServiceAccount a component runs as: serviceAccount.name, else the component's name. With
+serviceAccount.create=false the chart binds its roles to that existing account (validated: a name
+is required, never the namespace's `default`). Called with (list <values block> <name>).
+*/}}
+{{- define "ns.serviceAccountName" -}}
+{{- $account := (index . 0).serviceAccount | default dict -}}
+{{- $account.name | default (index . 1) -}}
+{{- end -}}
+{{- define "ns.createServiceAccount" -}}
+{{- $account := (index . 0).serviceAccount | default dict -}}
+{{- if or (kindIs "invalid" $account.create) $account.create -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Pod selector labels: the upstream selectorLabelsOverride when given, else name and instance.
+Called with (list <values block> <name> $).
+*/}}
+{{- define "ns.selector" -}}
+{{- $override := (index . 0).selectorLabelsOverride -}}
+{{- if $override -}}
+{{ toYaml $override }}
+{{- else -}}
+app.kubernetes.io/name: {{ index . 1 }}
+app.kubernetes.io/instance: {{ (index . 2).Release.Name }}
+{{- end -}}
+{{- end -}}
+
+{{/* A pod template's labels: the chart's, name and component, and the selector override. Called
+with (list <values block> <name> <component> $). */}}
+{{- define "ns.podLabels" -}}
+{{- $root := index . 3 -}}
+{{- $labels := include "ns.labels" $root | fromYaml -}}
+{{- $_ := set $labels "app.kubernetes.io/name" (index . 1) -}}
+{{- $_ := set $labels "app.kubernetes.io/component" (index . 2) -}}
+{{- range $key, $value := (index . 0).selectorLabelsOverride | default dict -}}
+{{- $_ := set $labels $key $value -}}
+{{- end -}}
+{{ toYaml $labels }}
+{{- end -}}
+
+{{/*
+`base` with each key of `overrides` replacing its own (one level: a given `capabilities` replaces
+the chart's whole). Used for the upstream securityContext and podSecurityContext keys, given over
+the chart's hardened defaults. Called with (list <base dict> <overrides or nil>).
+*/}}
+{{- define "ns.overlay" -}}
+{{- $result := deepCopy (index . 0) -}}
+{{- range $key, $value := index . 1 | default dict -}}
+{{- $_ := set $result $key $value -}}
+{{- end -}}
+{{- if $result }}{{ toYaml $result }}{{ end -}}
+{{- end -}}
+
+{{/* A list of named items (env, volumes) with the user's items after the chart's, replacing the
+chart's items of the same `key`. Called with (list <chart's list> <user's list or nil> <key>). */}}
+{{- define "ns.mergeNamed" -}}
+{{- $key := index . 2 -}}
+{{- $given := index . 1 | default list -}}
+{{- $taken := dict -}}
+{{- range $given -}}{{- $_ := set $taken (toString (index . $key)) true -}}{{- end -}}
+{{- $result := list -}}
+{{- range index . 0 -}}
+{{- if not (hasKey $taken (toString (index . $key))) -}}{{- $result = append $result . -}}{{- end -}}
+{{- end -}}
+{{- $result = concat $result $given -}}
+{{- if $result }}{{ toYaml $result }}{{ end -}}
+{{- end -}}
+
+{{/* Image pull secrets: the chart-wide ones, then the component's (upstream
+<component>.imagePullSecrets). Called with (list <values block> $). */}}
+{{- define "ns.pullSecrets" -}}
+{{- $all := concat ((index . 1).Values.imagePullSecrets | default list) ((index . 0).imagePullSecrets | default list) | uniq -}}
+{{- if $all }}{{ toYaml $all }}{{ end -}}
+{{- end -}}
 
 {{- define "ns.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
@@ -15,6 +119,34 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/*
+AWS's own images: they cannot run this chart's commands, so a `scheduler.image` or
+`devicePlugin.image` naming one (an upstream values file does) is set aside for `image.*`, and the
+install notes say so.
+*/}}
+{{- define "ns.awsImages" -}}
+{"scheduler": "public.ecr.aws/neuron/neuron-scheduler", "devicePlugin": "public.ecr.aws/neuron/neuron-device-plugin"}
+{{- end -}}
+{{/* The component's own image block, or an empty one when it names AWS's image. Called with
+(list <component: scheduler|devicePlugin> $); returns JSON. */}}
+{{- define "ns.ownImage" -}}
+{{- $root := index . 1 -}}
+{{- $own := (index $root.Values (index . 0)).image | default dict -}}
+{{- $aws := index (include "ns.awsImages" $root | fromJson) (index . 0) -}}
+{{- if eq (toString $own.repository) $aws -}}{}{{- else -}}{{ toJson $own }}{{- end -}}
+{{- end -}}
+{{/* The extender's or device plugin's image: its own image.* keys (upstream), each falling back
+to the chart-wide image.* and the tag to the chart's appVersion. */}}
+{{- define "ns.componentImage" -}}
+{{- $root := index . 1 -}}
+{{- $own := include "ns.ownImage" . | fromJson -}}
+{{ $own.repository | default $root.Values.image.repository }}:{{ $own.tag | default $root.Values.image.tag | default $root.Chart.AppVersion }}
+{{- end -}}
+{{- define "ns.componentPullPolicy" -}}
+{{- $own := include "ns.ownImage" . | fromJson -}}
+{{ $own.pullPolicy | default (index . 1).Values.image.pullPolicy }}
+{{- end -}}
+
 {{/* registry.k8s.io tags are vX.Y.Z; managed clusters report e.g. v1.30.4-eks-a737599. */}}
 {{- define "ns.schedulerImage" -}}
 {{- $img := .Values.scheduler.customScheduler.image -}}
@@ -22,8 +154,19 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{ $img.repository }}:{{ $tag }}
 {{- end -}}
 
+{{/* Extender replicas: the upstream scheduler.replicaCount when given, else scheduler.replicas. */}}
+{{- define "ns.extenderReplicas" -}}
+{{- $s := .Values.scheduler -}}
+{{- if kindIs "invalid" $s.replicaCount }}{{ int $s.replicas }}{{ else }}{{ int $s.replicaCount }}{{ end -}}
+{{- end -}}
+{{/* my-scheduler replicas: customScheduler.replicaCount (upstream) when given, else .replicas. */}}
+{{- define "ns.schedulerReplicas" -}}
+{{- $c := .Values.scheduler.customScheduler -}}
+{{- if kindIs "invalid" $c.replicaCount }}{{ int $c.replicas }}{{ else }}{{ int $c.replicaCount }}{{ end -}}
+{{- end -}}
+
 {{- define "ns.leaderElect" -}}
-{{- if or (gt (int .Values.scheduler.replicas) 1) .Values.scheduler.leaderElection.enabled -}}true{{- end -}}
+{{- if or (gt (int (include "ns.extenderReplicas" .)) 1) .Values.scheduler.leaderElection.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{- define "ns.scheme" -}}{{ if .Values.scheduler.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
@@ -35,11 +178,17 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- define "ns.clientSecret" -}}
 {{- .Values.scheduler.tls.existingClientSecret | default (printf "%s-client-tls" (include "ns.extender" .)) -}}
 {{- end -}}
+{{/* The client certificate lives where its reader runs: my-scheduler's namespace in custom mode;
+in default-scheduler mode, next to the extender (an operator copies it onto the hosts). */}}
+{{- define "ns.clientSecretNamespace" -}}
+{{- if .Values.scheduler.customScheduler.enabled -}}{{ include "ns.schedulerNamespace" . }}{{- else -}}{{ include "ns.extenderNamespace" . }}{{- end -}}
+{{- end -}}
 
 {{/* The names the serving certificate must carry: the Service, however it is reached. */}}
 {{- define "ns.serviceNames" -}}
 {{- $svc := include "ns.extender" . -}}
-{{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.%s" $svc .Release.Namespace .Values.scheduler.clusterDomain) | toJson -}}
+{{- $ns := include "ns.extenderNamespace" . -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.scheduler.clusterDomain) | toJson -}}
 {{- end -}}
 
 {{/* The kube-scheduler profile whose binds the extender serves. */}}
@@ -56,7 +205,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if .Values.scheduler.defaultScheduler.enabled -}}
 {{ .Values.scheduler.defaultScheduler.urlPrefix | default (printf "%s://127.0.0.1:%d" (include "ns.scheme" .) (int .Values.scheduler.defaultScheduler.nodePort)) }}
 {{- else -}}
-{{ include "ns.scheme" . }}://{{ include "ns.extender" . }}.{{ .Release.Namespace }}.svc.{{ .Values.scheduler.clusterDomain }}:12345
+{{ include "ns.scheme" . }}://{{ include "ns.extender" . }}.{{ include "ns.extenderNamespace" . }}.svc.{{ .Values.scheduler.clusterDomain }}:12345
 {{- end -}}
 {{- end -}}
 
@@ -91,7 +240,7 @@ its kube-scheduler (tests/testbed/manifests.py).
   # kube-scheduler checks the extender's certificate and presents its own client certificate:
   # without it the extender's TLS handshake fails.
   tlsConfig:
-    serverName: {{ include "ns.extender" . }}.{{ .Release.Namespace }}.svc
+    serverName: {{ include "ns.extender" . }}.{{ include "ns.extenderNamespace" . }}.svc
     {{- if .Values.scheduler.customScheduler.enabled }}
     certFile: /etc/neuron-scheduler/client/tls.crt
     keyFile: /etc/neuron-scheduler/client/tls.key
@@ -123,5 +272,16 @@ its kube-scheduler (tests/testbed/manifests.py).
 {{- end -}}
 {{- else if not (or .Values.devicePlugin.enabled .Values.dra.enabled) -}}
 {{- fail "scheduler.enabled, devicePlugin.enabled and dra.enabled are all false: the chart would install nothing" -}}
+{{- end -}}
+{{- with $s.strategy -}}
+{{- if and .type (ne .type "Recreate") -}}
+{{- fail (printf "scheduler.strategy.type is %s: the extender only upgrades with Recreate (a rolling update runs two binding extenders side by side, and with leader election waits forever for a standby to become ready); leave scheduler.strategy out or set type: Recreate" .type) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $block := dict "scheduler" $s "scheduler.customScheduler" $s.customScheduler "devicePlugin" .Values.devicePlugin -}}
+{{- $account := $block.serviceAccount | default dict -}}
+{{- if and (not (kindIs "invalid" $account.create)) (not $account.create) (not $account.name) -}}
+{{- fail (printf "%s.serviceAccount.create is false but %s.serviceAccount.name is empty: name the existing ServiceAccount to bind the chart's roles to (never the namespace's default account)" $key $key) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
