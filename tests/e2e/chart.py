@@ -391,3 +391,14 @@ monitor:
   exporter: {port: 8000}
 """
 )
+
+
+def upstream_release_values() -> Doc:
+    """The upstream chart's own values.yaml (1.0.0, checked in verbatim) as a user who copied it
+    passes it, with the scheduler turned on as the seed commands do."""
+    values: Doc = yaml.safe_load(UPSTREAM_VALUES_FILE.read_text())
+    values["scheduler"]["enabled"] = True
+    return values
+
+
+UPSTREAM_VALUES_FILE = ROOT / "tests" / "e2e" / "upstream" / "neuron-helm-chart-1.0.0-values.yaml"

@@ -38,6 +38,7 @@ from tests.e2e.chart import (
     render,
     render_typed,
     scheduler_config,
+    upstream_release_values,
 )
 from tests.testbed import (
     ControlPlane,
@@ -465,6 +466,12 @@ class TestApply:
             *UPSTREAM_NAMESPACES.values(),
             "kube-system",  # my-scheduler's authentication-reader RoleBinding
         }
+        out = apply(apply_cp, docs)
+        assert out.count("serverside-applied") == len(docs), out
+        # The upstream chart's own values file, as a user copied it: its namespaceOverride puts
+        # everything in kube-system.
+        docs = render(upstream_release_values(), namespace="chart-upstream")
+        assert {d["metadata"].get("namespace") for d in docs} - {None} == {"kube-system"}
         out = apply(apply_cp, docs)
         assert out.count("serverside-applied") == len(docs), out
 

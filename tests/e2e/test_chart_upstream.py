@@ -24,6 +24,7 @@ from tests.e2e.chart import (
     render,
     run_typed,
     scheduler_config,
+    upstream_release_values,
 )
 from tests.testbed import ControlPlane, find_kubebin
 
@@ -208,6 +209,38 @@ def test_components_not_shipped_install_nothing(upstream: list[Doc]) -> None:
     assert not {k for k in kinds(upstream) if "dra" in k.lower() or k.startswith("DeviceClass")}
     namespaces = {d["metadata"].get("namespace") for d in upstream} - {None, "kube-system"}
     assert namespaces == set(UPSTREAM_NAMESPACES.values())
+
+
+def test_the_upstream_values_file_as_released() -> None:
+    """AWS's own values.yaml (chart 1.0.0), unchanged: accepted, and its settings kept."""
+    values = upstream_release_values()
+    lint = helm("lint", "--strict", values=values)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    docs = render(values, namespace="default")
+    workloads = {
+        f"{d['kind']}/{d['metadata']['name']}": d["metadata"]["namespace"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+    assert workloads == {
+        "Deployment/k8s-neuron-scheduler": "kube-system",
+        "Deployment/my-scheduler": "kube-system",
+        "DaemonSet/neuron-device-plugin": "kube-system",
+    }
+    (term,) = pod_spec(docs, "DaemonSet", "neuron-device-plugin")["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == values["neuronInstances"]
+    assert container(docs, "DaemonSet", "neuron-device-plugin")["image"] == OUR_IMAGE
+    assert container(docs, "Deployment", "k8s-neuron-scheduler")["image"] == OUR_IMAGE
+    assert pod_spec(docs, "Deployment", "k8s-neuron-scheduler")["nodeSelector"] == {
+        "node-role.kubernetes.io/master": ""
+    }
+    scheduler = container(docs, "Deployment", "my-scheduler")
+    assert scheduler["image"] == (
+        "public.ecr.aws/eks-distro/kubernetes/kube-scheduler:v1.28.5-eks-1-28-latest"
+    )
+    assert scheduler["resources"]["requests"]["cpu"] == "0.1"
 
 
 def test_overlapping_keys_upstream_wins_when_given() -> None:
