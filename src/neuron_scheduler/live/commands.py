@@ -1,0 +1,226 @@
+"""The `status` and `why` commands. `register(app)` adds them to a typer app: the project CLI, and
+the `kubectl-neuron` plugin (cli.py), so `kubectl neuron status` works too.
+
+Both only read (nodes and pods: get, list). The cluster is found as kubectl finds it
+(`--kubeconfig`, $KUBECONFIG, ~/.kube/config, the pod's service account); `why` takes its
+namespace from `-n`, else the kubeconfig context's, else `default`. The kube client, the ledger
+and matplotlib are imported inside the commands, so `--help` stays fast.
+
+Exit codes: 0 the answer was printed; 1 the cluster could not be read, or `why` has nothing to
+say (no such pod, not pending, no Neuron request); 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import json
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+from neuron_scheduler.commandline import UsageError, fail, out, user_errors
+
+if TYPE_CHECKING:
+    from neuron_scheduler.core.catalog import Catalog
+    from neuron_scheduler.kube.config import KubeConfig
+    from neuron_scheduler.kube.objects import Pod
+    from neuron_scheduler.live.snapshot import Snapshot
+
+Kubeconfig = Annotated[
+    Path | None,
+    typer.Option(
+        help="kubeconfig file (default: as kubectl: $KUBECONFIG, ~/.kube/config, in-cluster)"
+    ),
+]
+TopologyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--topology-file", help="the extender's YAML file adding or overriding instance types"
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+RBAC_HINT = "reading needs get and list on nodes and pods (docs/operations.md, 'Access')"
+# RFC 1123: what the API server accepts as a pod name (subdomain) and a namespace (label).
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+SERVER_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?", re.IGNORECASE)
+REQUEST_SECONDS = 30.0  # per API call (a page of 500 pods from a busy API server)
+
+
+def _quiet() -> None:
+    # The ledger logs what the extender would turn into events (unusable nodes, unreadable
+    # annotations); the views print those themselves.
+    logging.getLogger("neuron_scheduler").setLevel(logging.ERROR)
+
+
+def one_line(text: str) -> str:
+    """A message as one line (YAML and TLS errors come over several)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or text
+
+
+def _setup(kubeconfig: Path | None, topology_file: Path | None) -> tuple[KubeConfig, Catalog]:
+    from neuron_scheduler.core.catalog import Catalog, CatalogError
+    from neuron_scheduler.kube.config import ConfigError, kubectl_config
+
+    _quiet()
+    try:
+        config = kubectl_config(kubeconfig)
+        catalog = Catalog.load(topology_file)
+    except (CatalogError, ConfigError) as error:
+        fail(one_line(str(error)))
+    except binascii.Error as error:  # certificate or key data that is not base64
+        fail(f"kubeconfig: embedded certificate or key data is not base64 ({error})")
+    if not SERVER_URL.fullmatch(config.server):
+        fail(f"kubeconfig: server {shown_url(config.server)!r} is not an http(s) URL")
+    return config, catalog
+
+
+def shown_url(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text[:200])
+
+
+def _read_failed(error: BaseException, config: KubeConfig) -> NoReturn:
+    from neuron_scheduler.kube.errors import ApiError, error_text
+
+    if isinstance(error, TimeoutError):
+        text = f"no answer from {shown_url(config.server)} within {REQUEST_SECONDS:g}s"
+    else:
+        text = one_line(error_text(error))
+    hint = f"; {RBAC_HINT}" if isinstance(error, ApiError) and error.status in (401, 403) else ""
+    fail(f"cannot read the cluster: {text}{hint}", 1)
+
+
+def status(
+    kubeconfig: Kubeconfig = None,
+    node: Annotated[str | None, typer.Option(help="only this node")] = None,
+    as_json: AsJson = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(help="also write device maps (as simulate --report) and status.json here"),
+    ] = None,
+    topology_file: TopologyFile = None,
+) -> None:
+    """Which Neuron devices are free where: each node's pods and ids, from the live cluster."""
+    from neuron_scheduler.kube.client import KubeAPI, ListTooLong
+    from neuron_scheduler.kube.errors import READ_ERRORS
+    from neuron_scheduler.live.fleet import fleet_json, fleet_view
+    from neuron_scheduler.live.snapshot import read_cluster
+    from neuron_scheduler.live.terminal import shown, status_view
+
+    config, catalog = _setup(kubeconfig, topology_file)
+    unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
+
+    async def read() -> Snapshot:
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            return await read_cluster(api, catalog)
+
+    try:
+        snapshot = asyncio.run(read())
+    except unreadable as error:
+        _read_failed(error, config)
+    ledger = snapshot.ledger
+    names = None
+    if node is not None:
+        if node not in ledger.nodes and node not in ledger.unusable:
+            known = "advertises no Neuron resources" if node in snapshot.node_names else "not found"
+            fail(f"node {shown(node)}: {known}", 1)
+        names = [node]
+    fleet = fleet_view(ledger, names, snapshot.other_nodes if node is None else 0)
+    if as_json:
+        print(json.dumps(fleet_json(fleet), indent=2))
+    else:
+        for part in status_view(fleet):
+            out.print(part)
+    if report is not None:
+        try:
+            from neuron_scheduler.live.pictures import write_pictures
+        except ImportError as error:  # matplotlib is the `sim` extra, not in the server image
+            fail(f"--report needs matplotlib ({error}); install neuron-scheduler[sim]")
+        try:
+            written = write_pictures(fleet, report)
+        except OSError as error:
+            fail(f"cannot write the report to {report}: {error.strerror or error}")
+        # On stderr with --json: stdout stays one JSON document.
+        typer.echo(f"wrote {len(written)} files to {report}/", err=as_json)
+
+
+def _pod_name(text: str) -> str:
+    """`name`, `pod/name` or `pods/name`, as kubectl takes them."""
+    kind, slash, name = text.partition("/")
+    if slash:
+        if kind not in ("pod", "pods", "po"):
+            raise UsageError(f"{text!r}: only pods can be asked about (pod/NAME or NAME)")
+        text = name
+    if not SUBDOMAIN.fullmatch(text):
+        raise UsageError(f"{text!r} is not a pod name (lower-case letters, digits, '-' and '.')")
+    return text
+
+
+def why(
+    pod: Annotated[str, typer.Argument(help="the pending pod: NAME or pod/NAME")],
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", "-n", help="its namespace (default: the context's)"),
+    ] = None,
+    kubeconfig: Kubeconfig = None,
+    as_json: AsJson = False,
+    topology_file: TopologyFile = None,
+) -> None:
+    """Why a pod is pending: each Neuron node's answer, and what would have to be freed."""
+    from neuron_scheduler.kube.client import KubeAPI, ListTooLong
+    from neuron_scheduler.kube.errors import READ_ERRORS, NotFound
+    from neuron_scheduler.live.diagnosis import (
+        NotPending,
+        diagnose,
+        diagnosis_json,
+        pending_request,
+    )
+    from neuron_scheduler.live.snapshot import read_cluster
+    from neuron_scheduler.live.terminal import why_view
+
+    with user_errors():
+        name = _pod_name(pod)
+        if namespace is not None and not LABEL.fullmatch(namespace):
+            raise UsageError(f"-n {namespace!r} is not a namespace name")
+    config, catalog = _setup(kubeconfig, topology_file)
+    ns = namespace or config.namespace or "default"
+    unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
+    if not LABEL.fullmatch(ns):
+        fail(f"the kubeconfig's namespace {ns!r} is not a namespace name")
+
+    async def read_pod() -> Pod:
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            return await api.get_pod(ns, name)
+
+    async def read() -> Snapshot:
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            return await read_cluster(api, catalog)
+
+    try:
+        found = asyncio.run(read_pod())
+    except NotFound:
+        fail(f"pod {ns}/{name} not found", 1)
+    except READ_ERRORS as error:
+        _read_failed(error, config)
+    with user_errors(NotPending, code=1):
+        pending_request(found)  # before listing the whole cluster
+    try:
+        snapshot = asyncio.run(read())
+    except unreadable as error:
+        _read_failed(error, config)
+    snapshot.apply_pod(found)  # as read just now (the list may be older)
+    diagnosis = diagnose(snapshot.ledger, found, snapshot.other_nodes, occupancy=snapshot.occupancy)
+    if as_json:
+        print(json.dumps(diagnosis_json(diagnosis), indent=2))
+        return
+    for part in why_view(diagnosis):
+        out.print(part)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+    app.command("why")(why)

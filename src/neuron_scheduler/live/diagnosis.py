@@ -1,0 +1,326 @@
+"""Why a pending pod is not placed: each Neuron node's answer, from the extender's own rules.
+Pure: a fed ledger and the pod go in, a diagnosis comes out.
+
+Per node, in the order kube-scheduler and the extender apply them: a node whose Neuron capacity
+cannot be right is unusable; the pod's own nodeSelector, required node affinity and tolerations
+keep it off others (kube-scheduler filters those before asking the extender); then the allocator
+decides on the node as the pod sees it (blocks held for pods nominated by preemption count
+against it unless their priority is lower); on the nodes it fits, the extender's node filter
+(the UltraServer unit rule for MPI job workers) has the last word. Where the refusal can be
+resolved, it says what would have to be freed: the pods holding the cheapest allowed block,
+whatever their priority (what blocks it), and what the preempt verb would evict for this pod's
+priority (core/eviction, with the same view of the node as the verb; disruption budgets are not
+read here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
+from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
+from neuron_scheduler.core.topology import Topology, TopologyKind
+from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.kube.nodefit import why_not
+from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.live.fleet import JSON_VERSION
+from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+
+# Above every PriorityClass value (int32): every pod on the node counts as evictable.
+ANY_PRIORITY = 2**31
+
+
+class NotPending(ValueError):
+    """A pod `why` has nothing to say about: bound, finished, or asking for no Neuron resource."""
+
+
+class Verdict(StrEnum):
+    FITS = "fits"  # its devices fit now: it waits for something else
+    UNIT_RULE = "unit_rule"  # its devices fit, but the UltraServer unit rule keeps it off
+    BLOCKED = "blocked"  # pods (or held blocks) are in the way
+    NEVER = "never"  # no amount of freeing helps: a size the node does not allow, too big
+    EXCLUDED = "excluded"  # its own nodeSelector, affinity or tolerations keep it off
+    UNUSABLE = "unusable"  # the node's Neuron capacity cannot be right
+
+
+ORDER = list(Verdict)
+
+
+@dataclass(frozen=True, slots=True)
+class Freeing:
+    """Pods whose leaving frees an allowed block, and the block."""
+
+    pods: tuple[str, ...]  # namespace/name, by first id held on the node
+    holders: tuple[str, ...]  # those of them holding ids in the block
+    unknown: tuple[str, ...]  # those whose ids are unknown: their size must go somewhere
+    devices: tuple[int, ...]
+    cores: tuple[int, ...]
+    where: str  # "row 2", "rows 0-1", or "" when the ids say it all
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDiagnosis:
+    node: str
+    instance_type: str
+    verdict: Verdict
+    reason: str
+    placement: Placement | None = None  # FITS: what it would get
+    blocking: Freeing | None = None  # BLOCKED: the cheapest pods to free, any priority
+    preemption: Freeing | None = None  # BLOCKED: what the preempt verb would evict for it
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    pod: str
+    request: NeuronRequest | None
+    request_error: str | None  # a request no node can serve as written
+    priority: int
+    scheduler: str
+    nominated_node: str
+    nodes: tuple[NodeDiagnosis, ...]  # the closest to fitting first
+    other_nodes: int  # nodes with no Neuron resources (never candidates)
+
+    def count(self, verdict: Verdict) -> int:
+        return sum(1 for n in self.nodes if n.verdict is verdict)
+
+
+def pending_request(pod: Pod) -> NeuronRequest | None:
+    """The pod's Neuron request when `why` can answer for it; None when the request can never be
+    served as written (the diagnosis says why). NotPending otherwise."""
+    if pod.spec.nodeName:
+        raise NotPending(f"pod {pod.key} is not pending: it is bound to node {pod.spec.nodeName}")
+    if pod.finished:
+        raise NotPending(f"pod {pod.key} is not pending: it has {pod.status.phase.lower()}")
+    try:
+        request = neuron_request(pod)
+    except RequestError:
+        return None
+    if request is None:
+        names = ", ".join(sorted(RESOURCE_UNITS))
+        raise NotPending(
+            f"pod {pod.key} requests no Neuron resources ({names}); neuron-scheduler has no part "
+            "in placing it"
+        )
+    return request
+
+
+def diagnose(
+    ledger: Ledger,
+    pod: Pod,
+    other_nodes: int = 0,
+    policy: Policy = Policy.BEST_FIT,
+    occupancy: Occupancy | None = None,
+) -> Diagnosis:
+    """Every Neuron node's answer for the pod (the ledger and the occupancy hold the cluster,
+    this pod too)."""
+    request = pending_request(pod)
+    error = None
+    if request is None:
+        try:
+            neuron_request(pod)
+        except RequestError as problem:
+            error = str(problem)
+    nodes: list[NodeDiagnosis] = []
+    if request is not None:
+        claimant = Claimant.of(pod)
+        for name in sorted({*ledger.nodes, *ledger.unusable}):
+            nodes.append(_node(ledger, pod, claimant, request, name, policy))
+    if occupancy is not None:
+        nodes = _unit_rule(occupancy, pod, nodes)
+    nodes.sort(key=_closeness)
+    return Diagnosis(
+        pod=pod.key,
+        request=request,
+        request_error=error,
+        priority=pod.spec.priority or 0,
+        scheduler=pod.spec.schedulerName,
+        nominated_node=pod.status.nominatedNodeName,
+        nodes=tuple(nodes),
+        other_nodes=other_nodes,
+    )
+
+
+def _unit_rule(occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis]) -> list[NodeDiagnosis]:
+    """The extender's node filter on the nodes the allocator lets the pod have. The extender
+    also holds, in memory, the unit a job's first worker opened for the next ones (for two
+    minutes); a viewer cannot see those claims."""
+    fits = [n.node for n in nodes if n.verdict is Verdict.FITS]
+    # A fresh rule each time: the claim it may make stays in this viewer's copy.
+    _, refused = UnitPlacement(occupancy).filter(pod, fits, now=0.0)
+    return [
+        dataclasses.replace(n, verdict=Verdict.UNIT_RULE, reason=refused[n.node], placement=None)
+        if n.node in refused
+        else n
+        for n in nodes
+    ]
+
+
+def _closeness(node: NodeDiagnosis) -> tuple[int, int, str]:
+    """Fits first, then the fewest pods to free, then the rest by verdict; by name within."""
+    pods = len(node.blocking.pods) if node.blocking else sys.maxsize
+    return (ORDER.index(node.verdict), pods, node.node)
+
+
+def _node(
+    ledger: Ledger,
+    pod: Pod,
+    claimant: Claimant,
+    request: NeuronRequest,
+    name: str,
+    policy: Policy,
+) -> NodeDiagnosis:
+    unusable = ledger.unusable.get(name)
+    entry = ledger.nodes.get(name)
+    if unusable is not None or entry is None:
+        reason = unusable.reason if unusable else "not read"
+        return NodeDiagnosis(
+            name, "", Verdict.UNUSABLE, f"node is unusable for Neuron pods: {reason}"
+        )
+    topology = entry.topology
+    instance_type = topology.instance_type
+    facts = ledger.facts.get(name)
+    excluded = why_not(pod, facts) if facts is not None else None
+    if excluded is not None:
+        return NodeDiagnosis(name, instance_type, Verdict.EXCLUDED, excluded)
+    decision = allocate(topology, ledger.state_for(claimant, name), request, policy)
+    if isinstance(decision, Placement):
+        return NodeDiagnosis(
+            name,
+            instance_type,
+            Verdict.FITS,
+            f"devices {format_ids(list(decision.devices))} are free for it",
+            placement=decision,
+        )
+    if decision.unresolvable:
+        return NodeDiagnosis(name, instance_type, Verdict.NEVER, decision.reason)
+    held = ledger.hold_reason(claimant, name, request, policy)
+    base, occupants = ledger.eviction_view(claimant, name)
+    blocking = plan_eviction(topology, base, request, ANY_PRIORITY, occupants, policy=policy)
+    preemption = plan_eviction(
+        topology, base, request, pod.spec.priority or 0, occupants, policy=policy
+    )
+    return NodeDiagnosis(
+        name,
+        instance_type,
+        Verdict.BLOCKED,
+        held or decision.reason,
+        blocking=_freeing(ledger, topology, occupants, blocking),
+        preemption=_freeing(ledger, topology, occupants, preemption),
+    )
+
+
+def _freeing(
+    ledger: Ledger,
+    topology: Topology,
+    occupants: Mapping[str, Occupant],
+    eviction: Eviction | None,
+) -> Freeing | None:
+    if eviction is None:
+        return None
+    block = eviction.block
+    mask = block.core_mask
+    # In the order of their ids on the node (those of unknown ids last), as the map shows them.
+    victims = sorted(
+        eviction.victims, key=lambda uid: _first_core(occupants[uid].cores, ledger.pod_key(uid))
+    )
+    return Freeing(
+        pods=tuple(ledger.pod_key(uid) for uid in victims),
+        holders=tuple(ledger.pod_key(uid) for uid in victims if occupants[uid].cores & mask),
+        unknown=tuple(ledger.pod_key(uid) for uid in victims if occupants[uid].unknown_cores),
+        devices=tuple(sorted(block.devices)),
+        cores=tuple(sorted(block.cores)),
+        where=block_place(topology, block.devices),
+    )
+
+
+def _first_core(cores: int, key: str) -> tuple[int, str]:
+    return ((cores & -cores).bit_length() - 1 if cores else sys.maxsize, key)
+
+
+def block_place(topology: Topology, devices: tuple[int, ...] | list[int]) -> str:
+    """Where a block is on a torus, when it is whole rows of the grid: `row 2`, `rows 0-1`."""
+    if topology.kind is not TopologyKind.TORUS or not devices:
+        return ""
+    side = math.isqrt(topology.devices)
+    if side < 2 or side * side != topology.devices:
+        return ""
+    rows = sorted({d // side for d in devices})
+    if len(devices) != len(rows) * side:
+        return ""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return f"rows {rows[0]}-{rows[-1]}"
+    return f"rows {format_ids(rows)}"
+
+
+def freeing_text(freeing: Freeing, name: Callable[[str], str] = str) -> str:
+    """`rows 2-3 (devices 8-15) are held by pods ns/x, ns/y` (`devices 3,5 ...` when the block is
+    not whole rows), and the pods of unknown ids that must go too; `name` shows each pod's name."""
+    devices = f"devices {format_ids(list(freeing.devices))}"
+    block = f"{freeing.where} ({devices})" if freeing.where else devices
+    if freeing.holders:
+        text = f"{block} are held by pods {', '.join(name(p) for p in freeing.holders)}"
+    else:
+        text = f"{block} are free by id"
+    if freeing.unknown:
+        pods = ", ".join(name(p) for p in freeing.unknown)
+        text += f"; pods {pods} (ids unknown) hold cores on the node that must be freed too"
+    return text
+
+
+def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    """What `why --json` prints (docs/operations.md)."""
+    request = diagnosis.request
+    return {
+        "version": JSON_VERSION,
+        "pod": diagnosis.pod,
+        "request": (
+            {"resource": request.resource, "count": request.count} if request is not None else None
+        ),
+        "request_error": diagnosis.request_error,
+        "priority": diagnosis.priority,
+        "scheduler": diagnosis.scheduler,
+        "nominated_node": diagnosis.nominated_node or None,
+        "summary": {v.value: diagnosis.count(v) for v in Verdict}
+        | {"nodes_without_neuron": diagnosis.other_nodes},
+        "nodes": [_node_json(n) for n in diagnosis.nodes],
+    }
+
+
+def _node_json(node: NodeDiagnosis) -> dict[str, Any]:
+    def freeing(value: Freeing | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        return {
+            "pods": list(value.pods),
+            "holding_the_block": list(value.holders),
+            "ids_unknown": list(value.unknown),
+            "devices": list(value.devices),
+            "cores": list(value.cores),
+            "where": value.where or None,
+        }
+
+    placement = node.placement
+    return {
+        "node": node.node,
+        "instance_type": node.instance_type or None,
+        "verdict": node.verdict.value,
+        "reason": node.reason,
+        "placement": (
+            {"devices": list(placement.devices), "cores": list(placement.cores)}
+            if placement is not None
+            else None
+        ),
+        "blocking": freeing(node.blocking),
+        "preemption": freeing(node.preemption),
+    }

@@ -1,0 +1,244 @@
+"""The fleet as the extender's ledger sees it. Pure: a fed ledger goes in, values come out.
+
+Per node: who holds which ids, what is free, the largest free block (the extender's metrics use
+the same definitions: a device is free when none of its cores is in use). Per request size: how
+many nodes the allocator would give one to now, and how many allow that size at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_scheduler.core.allocation import (
+    Placement,
+    Policy,
+    busy_devices,
+    check_request,
+    largest_free_run,
+)
+from neuron_scheduler.core.ids import devices_of_cores, mask_ids
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.extender.ledger import Ledger, Unusable
+
+# The request sizes the fleet summary asks about: every device count a torus allows (and 2, which
+# rings and chains allow), and the usual core counts.
+DEVICE_SIZES = (1, 2, 4, 8, 16)
+CORE_SIZES = (1, 2, 4, 8, 16, 32)
+SUMMARY_REQUESTS = tuple(NeuronRequest(NEURON, n) for n in DEVICE_SIZES) + tuple(
+    NeuronRequest(NEURONCORE, n) for n in CORE_SIZES
+)
+
+
+JSON_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PodIds:
+    """A pod's ids on its node, from our annotations."""
+
+    pod: str  # namespace/name
+    unit: Unit
+    devices: tuple[int, ...]
+    cores: tuple[int, ...]
+    priority: int
+    terminating: bool
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """In the pod's unit, as its AWS_NEURON_IDS annotation."""
+        return self.devices if self.unit is Unit.DEVICE else self.cores
+
+
+@dataclass(frozen=True, slots=True)
+class PodCount:
+    """A pod whose ids are unknown (placed without neuron-scheduler, or annotations that could
+    not be its own): its size stays held somewhere on the node."""
+
+    pod: str
+    unit: Unit
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    topology: Topology
+    used_cores: int  # mask, as the allocator sees it
+    unattributed_cores: int  # cores held somewhere without known ids (pods, withheld capacity)
+    withheld_cores: int  # capacity the node does not offer (allocatable below capacity)
+    pods: tuple[PodIds, ...]  # by first core
+    unknown: tuple[PodCount, ...]
+    # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight.
+    held_cores: int
+    nominated: tuple[str, ...]  # pods preemption nominated to this node, waiting for it
+    warning: str | None  # e.g. an instance type the catalog does not know
+
+    @property
+    def busy_devices(self) -> int:
+        return busy_devices(self.topology, self.used_cores)
+
+    @property
+    def free_devices(self) -> int:
+        return self.topology.devices - self.busy_devices.bit_count()
+
+    @property
+    def free_cores(self) -> int:
+        total = self.topology.total_cores
+        return max(total - self.used_cores.bit_count() - self.unattributed_cores, 0)
+
+    @property
+    def largest_free_block(self) -> int:
+        return largest_free_run(self.topology, self.busy_devices)
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    request: NeuronRequest
+    now: int  # nodes the allocator would place one on now
+    allowed: int  # nodes that allow this size at all (an empty one would take it)
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    nodes: tuple[NodeView, ...]
+    unusable: tuple[tuple[str, Unusable], ...]
+    capacity: tuple[Capacity, ...]
+    other_nodes: int  # nodes that advertise no Neuron resources
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of free devices that a request could not get in one block with the others on
+        their node (the simulator's definition): 0 when every node's free devices are one
+        block."""
+        free = sum(n.free_devices for n in self.nodes)
+        stranded = sum(n.free_devices - n.largest_free_block for n in self.nodes)
+        return stranded / free if free else 0.0
+
+
+def node_view(ledger: Ledger, name: str) -> NodeView:
+    entry = ledger.nodes[name]
+    topology = entry.topology
+    state = ledger.state(name)
+    pods: list[PodIds] = []
+    unknown: list[PodCount] = []
+    attributed = 0
+    for uid, holding in ledger.pods_holding(name).items():
+        key = ledger.pod_key(uid)
+        if holding.ours and not holding.cores >> topology.total_cores:
+            cores = tuple(mask_ids(holding.cores))
+            devices = devices_of_cores(cores, topology.cores_per_device)
+            unit = holding.unknown_unit
+            pods.append(PodIds(key, unit, devices, cores, holding.priority, holding.terminating))
+            attributed |= holding.cores
+        else:
+            unknown.append(PodCount(key, holding.unknown_unit, holding.unknown_count))
+    nominated = sorted(
+        ledger.pod_key(uid) for uid, n in ledger.nominations.items() if n.node == name
+    )
+    return NodeView(
+        name=name,
+        topology=topology,
+        used_cores=state.used_cores,
+        unattributed_cores=state.unattributed_cores,
+        withheld_cores=entry.withheld_cores,
+        pods=tuple(sorted(pods, key=lambda p: (p.cores[:1], p.pod))),
+        unknown=tuple(sorted(unknown, key=lambda p: p.pod)),
+        held_cores=state.used_cores & ~attributed,
+        nominated=tuple(nominated),
+        warning=entry.warning,
+    )
+
+
+def fleet_view(
+    ledger: Ledger,
+    names: Iterable[str] | None = None,
+    other_nodes: int = 0,
+    policy: Policy = Policy.BEST_FIT,
+) -> Fleet:
+    """The named nodes (default: every Neuron node, usable or not), in name order."""
+    wanted = sorted(set(names) if names is not None else {*ledger.nodes, *ledger.unusable})
+    usable = [n for n in wanted if n in ledger.nodes]
+    capacity = []
+    for request in SUMMARY_REQUESTS:
+        verdicts = ledger.fill_verdicts(usable, request, policy)
+        now = sum(1 for n in usable if isinstance(verdicts.decisions.get(n), Placement))
+        allowed = sum(1 for n in usable if check_request(ledger.nodes[n].topology, request) is None)
+        capacity.append(Capacity(request, now, allowed))
+    return Fleet(
+        nodes=tuple(node_view(ledger, n) for n in usable),
+        unusable=tuple((n, ledger.unusable[n]) for n in wanted if n in ledger.unusable),
+        capacity=tuple(capacity),
+        other_nodes=other_nodes,
+    )
+
+
+def fleet_json(fleet: Fleet) -> dict[str, Any]:
+    """What `status --json` prints: ids as lists, in the annotations' units. Its fields are
+    documented in docs/operations.md; JSON_VERSION changes when one changes meaning or goes."""
+    return {
+        "version": JSON_VERSION,
+        "nodes": [_node_json(n) for n in fleet.nodes],
+        "unusable_nodes": [
+            {"name": name, "code": u.code, "reason": u.reason} for name, u in fleet.unusable
+        ],
+        "summary": {
+            "nodes": len(fleet.nodes),
+            "unusable_nodes": len(fleet.unusable),
+            "nodes_without_neuron": fleet.other_nodes,
+            "devices": sum(n.topology.devices for n in fleet.nodes),
+            "free_devices": sum(n.free_devices for n in fleet.nodes),
+            "cores": sum(n.topology.total_cores for n in fleet.nodes),
+            "free_cores": sum(n.free_cores for n in fleet.nodes),
+            "fragmentation": round(fleet.fragmentation, 4),
+            "could_take_one_now": [
+                {
+                    "resource": c.request.resource,
+                    "count": c.request.count,
+                    "nodes_now": c.now,
+                    "nodes_allowing": c.allowed,
+                }
+                for c in fleet.capacity
+            ],
+        },
+    }
+
+
+def _node_json(node: NodeView) -> dict[str, Any]:
+    topology = node.topology
+    held = mask_ids(node.held_cores)
+    return {
+        "name": node.name,
+        "instance_type": topology.instance_type,
+        "topology": topology.kind.value,
+        "devices": topology.devices,
+        "cores_per_device": topology.cores_per_device,
+        "free_devices": node.free_devices,
+        "free_cores": node.free_cores,
+        "largest_free_block": node.largest_free_block,
+        "unattributed_cores": node.unattributed_cores,
+        "withheld_cores": node.withheld_cores,
+        "pods": [
+            {
+                "pod": p.pod,
+                "unit": p.unit.value,
+                "ids": list(p.ids),
+                "devices": list(p.devices),
+                "cores": list(p.cores),
+                "priority": p.priority,
+                "terminating": p.terminating,
+            }
+            for p in node.pods
+        ],
+        "ids_unknown": [
+            {"pod": p.pod, "unit": p.unit.value, "count": p.count} for p in node.unknown
+        ],
+        "held": {
+            "cores": held,
+            "devices": list(devices_of_cores(held, topology.cores_per_device)),
+            "nominated_pods": list(node.nominated),
+        },
+        "warning": node.warning,
+    }

@@ -1,0 +1,58 @@
+"""The live cluster read into the extender's views (its ledger, and the UltraServer occupancy its
+node filter reads): every node and every unfinished pod, a page at a time, as the extender's
+watches list them. The only I/O of the live views; it writes nothing.
+
+What the API returns is untrusted: lists are bounded (`list_all`), and the ledger already bounds
+and checks what it reads (capacities, annotations, ids against the node's topology).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.kube.client import NODES, PODS, KubeAPI
+from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.ultraserver.placement import Occupancy
+
+PAGE = 500
+# Far above Kubernetes' tested limits (5,000 nodes, 150,000 pods): a list longer than this is
+# refused rather than held in memory.
+MOST_NODES = 50_000
+MOST_PODS = 1_000_000
+# Finished pods hold nothing (the extender's pod watch leaves them out the same way).
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    ledger: Ledger
+    occupancy: Occupancy  # UltraServer units and MPI job workers: the extender's node filter
+    node_names: frozenset[str]  # every node listed, with Neuron resources or not
+
+    @property
+    def other_nodes(self) -> int:
+        """Nodes that advertise no Neuron resources."""
+        ledger = self.ledger
+        return len(self.node_names - ledger.nodes.keys() - ledger.unusable.keys())
+
+    def apply_pod(self, pod: Pod) -> None:
+        """A pod read after the list (the list may be older)."""
+        self.ledger.apply_pod(pod)
+        self.occupancy.apply_pod(pod)
+
+
+async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
+    """Nodes first, then pods (a pod's ids are checked against its node's topology)."""
+    nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
+    pods = await api.list_all(
+        PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
+    )
+    # No report: the extender turns the ledger's findings into events; a viewer stays silent.
+    ledger = Ledger(catalog)
+    occupancy = Occupancy()
+    for view in (ledger, occupancy):  # the extender's views, fed as its watches feed them
+        view.replace_nodes(nodes)
+        view.replace_pods(pods)
+    return Snapshot(ledger, occupancy, frozenset(n.metadata.name for n in nodes))

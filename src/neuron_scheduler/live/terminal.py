@@ -1,0 +1,275 @@
+"""What a person reads from `status` and `why`: rich renderables, built from the pure views.
+
+Every string that came from the cluster (names, instance types, reasons) goes through `shown`:
+control characters cannot reach the terminal and a long name cannot push everything else off
+the screen. Nothing from the cluster is ever parsed as rich markup.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from neuron_scheduler.core.ids import format_ids, mask_ids
+from neuron_scheduler.core.resources import NeuronRequest, Unit
+from neuron_scheduler.live.devicemap import (
+    HELD,
+    HELD_COLOUR,
+    HELD_LABEL,
+    USED,
+    draw,
+    pod_colours,
+)
+from neuron_scheduler.live.diagnosis import (
+    Diagnosis,
+    Freeing,
+    NodeDiagnosis,
+    Verdict,
+    freeing_text,
+)
+from neuron_scheduler.live.fleet import Fleet, NodeView
+
+NAME_LIMIT = 120
+REASON_LIMIT = 400
+MAX_MAPS = 48  # node maps drawn in one status; more are listed (use --node for one)
+MAX_PODS_LISTED = 64  # per node, in the legend
+MAX_NODES_EXPLAINED = 25  # per why; the rest are counted by verdict
+
+
+def shown(text: str, limit: int = NAME_LIMIT) -> str:
+    """Text from the cluster, safe to print: no control or format characters, bounded."""
+    clean = "".join("?" if unicodedata.category(c)[0] == "C" else c for c in text[: limit + 1])
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def _units(count: int, unit: Unit) -> str:
+    return f"{count} {unit.value}{'s' if count != 1 else ''}"
+
+
+def _request_text(request: NeuronRequest) -> str:
+    return f"{_units(request.count, request.unit)} ({request.resource})"
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def node_header(node: NodeView) -> Text:
+    topology = node.topology
+    text = Text.assemble(
+        (shown(node.name), "bold"),
+        "  ",
+        shown(topology.instance_type),
+        f"  {topology.kind.value}, {topology.devices} devices x {topology.cores_per_device} cores",
+    )
+    text.append(
+        f"\n  free: {node.free_devices} of {topology.devices} devices (largest block "
+        f"{node.largest_free_block}), {node.free_cores} of {topology.total_cores} cores"
+    )
+    if node.unattributed_cores:
+        text.append(f"; {node.unattributed_cores} cores held with ids unknown")
+        if node.withheld_cores:
+            text.append(f" ({node.withheld_cores} not offered by the node)")
+    return text
+
+
+def node_block(node: NodeView) -> RenderableType:
+    """A node's header, map and legend."""
+    first_cores = {p.pod: p.cores[0] for p in node.pods if p.cores}
+    if node.held_cores:
+        first_cores[HELD_LABEL] = (node.held_cores & -node.held_cores).bit_length() - 1
+    colours = pod_colours(first_cores)
+    owners = {core: p.pod for p in node.pods for core in p.cores}
+    parts: list[RenderableType] = [node_header(node)]
+    parts.extend(
+        Text("  ") + line for line in draw(node.topology, owners, colours, node.held_cores)
+    )
+    for p in node.pods[:MAX_PODS_LISTED]:
+        line = Text.assemble(
+            "  ",
+            (USED, colours.get(p.pod, "")),
+            " ",
+            shown(p.pod),
+            f"  devices {format_ids(list(p.devices))}  cores {format_ids(list(p.cores))}",
+        )
+        if p.priority:
+            line.append(f"  priority {p.priority}")
+        if p.terminating:
+            line.append("  terminating", "italic")
+        parts.append(line)
+    if len(node.pods) > MAX_PODS_LISTED:
+        parts.append(Text(f"  ... and {len(node.pods) - MAX_PODS_LISTED} more pods"))
+    for u in node.unknown[:MAX_PODS_LISTED]:
+        parts.append(
+            Text.assemble(
+                "  ? ",
+                shown(u.pod),
+                f"  {_units(u.count, u.unit)}, ids unknown (placed without neuron-scheduler, "
+                "or annotations that could not be its own)",
+            )
+        )
+    if node.held_cores:
+        held = mask_ids(node.held_cores)
+        line = Text.assemble("  ", (HELD, HELD_COLOUR), f" cores {format_ids(held)} held")
+        if node.nominated:
+            names = ", ".join(shown(n) for n in node.nominated[:5])
+            more = f" and {len(node.nominated) - 5} more" if len(node.nominated) > 5 else ""
+            line.append(f" for {names}{more} (nominated here by preemption)")
+        else:
+            line.append(" for a bind in flight")
+        parts.append(line)
+    if node.warning:
+        parts.append(Text.assemble("  ", ("warning:", "yellow"), " ", shown(node.warning)))
+    return Group(*parts)
+
+
+def fleet_summary(fleet: Fleet) -> RenderableType:
+    devices = sum(n.topology.devices for n in fleet.nodes)
+    free = sum(n.free_devices for n in fleet.nodes)
+    cores = sum(n.topology.total_cores for n in fleet.nodes)
+    free_cores = sum(n.free_cores for n in fleet.nodes)
+    line = Text.assemble(
+        ("Fleet: ", "bold"),
+        f"{len(fleet.nodes)} Neuron nodes",
+        f" ({len(fleet.unusable)} unusable)" if fleet.unusable else "",
+        f", {fleet.other_nodes} without Neuron resources" if fleet.other_nodes else "",
+        f"; {free} of {devices} devices free, {free_cores} of {cores} cores; "
+        f"fragmentation {100 * fleet.fragmentation:.1f}% (free devices outside their node's "
+        "largest free block)",
+    )
+    table = Table(title="Nodes that could take one request now", title_justify="left")
+    table.add_column("request")
+    table.add_column("nodes now", justify="right")
+    table.add_column("nodes allowing the size", justify="right")
+    for c in fleet.capacity:
+        table.add_row(Text(_request_text(c.request)), Text(str(c.now)), Text(str(c.allowed)))
+    parts: list[RenderableType] = [line, table]
+    if fleet.unusable:
+        unusable = Table(title="Unusable nodes (left out of placement)", title_justify="left")
+        unusable.add_column("node")
+        unusable.add_column("reason")
+        for name, problem in fleet.unusable:
+            unusable.add_row(Text(shown(name)), Text(shown(problem.reason, REASON_LIMIT)))
+        parts.append(unusable)
+    return Group(*parts)
+
+
+def status_view(fleet: Fleet) -> Iterator[RenderableType]:
+    for node in fleet.nodes[:MAX_MAPS]:
+        yield node_block(node)
+        yield Text()
+    if len(fleet.nodes) > MAX_MAPS:
+        rest = Table(title=f"{len(fleet.nodes) - MAX_MAPS} more nodes (maps: --node NAME)")
+        for column in ("node", "instance type", "free devices", "largest block", "free cores"):
+            rest.add_column(
+                column, justify="left" if column in ("node", "instance type") else "right"
+            )
+        for node in fleet.nodes[MAX_MAPS:]:
+            rest.add_row(
+                Text(shown(node.name)),
+                Text(shown(node.topology.instance_type)),
+                Text(str(node.free_devices)),
+                Text(str(node.largest_free_block)),
+                Text(str(node.free_cores)),
+            )
+        yield rest
+    yield fleet_summary(fleet)
+
+
+# --- why -------------------------------------------------------------------------------------
+
+
+VERDICT_STYLES = {
+    Verdict.FITS: "green",
+    Verdict.UNIT_RULE: "magenta",
+    Verdict.BLOCKED: "yellow",
+    Verdict.NEVER: "red",
+    Verdict.EXCLUDED: "grey50",
+    Verdict.UNUSABLE: "red",
+}
+
+
+def _freeing_line(label: str, freeing: Freeing) -> Text:
+    return Text(f"      {label}: {freeing_text(freeing, shown)}")
+
+
+def node_diagnosis(node: NodeDiagnosis, priority: int) -> RenderableType:
+    head = Text.assemble(
+        "  ",
+        (shown(node.node), "bold"),
+        f" ({shown(node.instance_type)})" if node.instance_type else "",
+        ": ",
+        (node.verdict.value, VERDICT_STYLES[node.verdict]),
+        " - ",
+        shown(node.reason, REASON_LIMIT),
+    )
+    parts: list[RenderableType] = [head]
+    if node.verdict is Verdict.BLOCKED:
+        if node.blocking is None:
+            parts.append(
+                Text(
+                    "      no set of pods frees a block: the devices in the way are held for "
+                    "pods nominated by preemption, or for binds in flight"
+                )
+            )
+        else:
+            parts.append(_freeing_line("to fit", node.blocking))
+            if node.preemption is None:
+                parts.append(
+                    Text(
+                        f"      preemption (priority {priority}): no set of pods of lower "
+                        "priority frees a block"
+                    )
+                )
+            elif node.preemption.pods != node.blocking.pods:
+                parts.append(_freeing_line(f"preemption (priority {priority})", node.preemption))
+            else:
+                parts.append(
+                    Text(f"      preemption (priority {priority}) could evict exactly these")
+                )
+    return Group(*parts)
+
+
+def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
+    head = Text.assemble(("pod ", "bold"), (shown(diagnosis.pod), "bold"))
+    if diagnosis.request is not None:
+        head.append(f": {_request_text(diagnosis.request)}")
+    head.append(f", priority {diagnosis.priority}, scheduler {shown(diagnosis.scheduler)}")
+    if diagnosis.nominated_node:
+        head.append(f", nominated to {shown(diagnosis.nominated_node)}")
+    yield head
+    if diagnosis.request_error is not None:
+        yield Text.assemble(
+            ("no node can take it: ", "red"), shown(diagnosis.request_error, REASON_LIMIT)
+        )
+        return
+    counts = Text(
+        ", ".join(f"{diagnosis.count(v)} {v.value}" for v in Verdict)
+        + f" (of {len(diagnosis.nodes)} Neuron nodes)"
+    )
+    if diagnosis.other_nodes:
+        counts.append(f"; {diagnosis.other_nodes} nodes without Neuron resources")
+    yield counts
+    if not diagnosis.nodes:
+        yield Text("no node advertises Neuron resources")
+        return
+    for node in diagnosis.nodes[:MAX_NODES_EXPLAINED]:
+        yield node_diagnosis(node, diagnosis.priority)
+    rest = diagnosis.nodes[MAX_NODES_EXPLAINED:]
+    if rest:
+        by_verdict = Counter(n.verdict.value for n in rest)
+        yield Text(
+            f"  ... and {len(rest)} more nodes: "
+            + ", ".join(f"{count} {verdict}" for verdict, count in by_verdict.items())
+            + " (--json lists every one)"
+        )
+    if diagnosis.count(Verdict.FITS):
+        yield Text(
+            "Its Neuron request fits now: it is pending for something else (CPU, memory, "
+            "ports, taints checked by kube-scheduler, or its next scheduling attempt); "
+            "see `kubectl describe pod`."
+        )
