@@ -21,6 +21,7 @@ import yaml
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
+from tests.builders import node as node_object
 from tests.builders import node_json
 from tests.e2e.chart import (
     RULES,
@@ -772,19 +773,38 @@ def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text)) - PROMQL_WORDS
 
 
-def exported_metric_names() -> set[str]:
-    """Every series name the extender's /metrics can carry, read from the running code: each
-    family in its registry, with the suffixes the exposition format adds for the family's type."""
-    suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_count", "_sum", "_created"),
-        "gauge": ("",),
-    }
-    names: set[str] = set()
-    for family in Metrics(Ledger(Catalog.builtin())).registry.collect():
-        names.update(family.name + suffix for suffix in suffixes[family.type])
-        names.update(sample.name for sample in family.samples)
+def label_names(expr: str) -> set[str]:
+    """The labels a query matches on or groups by."""
+    names = set()
+    for matchers in re.findall(r"\{([^}]*)\}", expr):
+        names |= set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers))
+    for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+        names |= {label.strip() for label in grouping.split(",") if label.strip()}
     return names
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Every series the extender's /metrics carries, with its label names, read from the running
+    code: the registry's samples once each labelled family has a child, the ledger a node, an
+    unusable node and a rejected annotation."""
+    ledger = Ledger(Catalog.builtin())
+    ledger.apply_node(node_object("n1", "inf2.48xlarge"))
+    ledger.apply_node(node_object("n2", "inf2.48xlarge", devices=5))  # unusable: not 12 devices
+    ledger.rejected_assignments["example"] += 1
+    metrics = Metrics(ledger)
+    for labelled in (
+        metrics.latency,
+        metrics.filter_outcomes,
+        metrics.binds,
+        metrics.preempt_nodes,
+    ):
+        labelled.labels("example")
+    series: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        assert family.samples, f"{family.name}: no samples; give it a child above"
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).update(sample.labels)
+    return series
 
 
 def test_monitoring_objects_are_optional() -> None:
@@ -839,11 +859,13 @@ def test_dashboard_queries_name_metrics_the_extender_exports() -> None:
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert configmap["metadata"]["namespace"] == "monitoring"
     dashboard = json.loads(configmap["data"]["neuron-scheduler.json"])
-    exported = exported_metric_names()
-    # The check can fail: a misspelt metric is caught.
+    series = exported_series()
+    exported = set(series)
+    # The check can fail: a misspelt metric or label is caught.
     assert metric_names("sum(rate(neuron_scheduler_bindz_total[5m]))") - exported == {
         "neuron_scheduler_bindz_total"
     }
+    assert label_names('sum by (reslt) (x{node=~"$node"})') == {"reslt", "node"}
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     used: set[str] = set()
@@ -853,11 +875,13 @@ def test_dashboard_queries_name_metrics_the_extender_exports() -> None:
             names = metric_names(target["expr"])
             assert names, (panel["title"], target["expr"])
             assert names <= exported, (panel["title"], names - exported)
+            labels = set().union(*(series[name] for name in names))
+            assert label_names(target["expr"]) <= labels, (panel["title"], target["expr"])
             used |= names
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["query"]["query"])
-            assert match and match.group(1) in exported, variable
+            assert match and match.group(2) in series.get(match.group(1), set()), variable
     # Binds and failures, latency per verb, free devices and largest free block per node, filter
     # outcomes, preemption outcomes.
     assert {
