@@ -6,14 +6,23 @@
 
 ARG PYTHON_VERSION=3.11
 ARG DEBIAN=bookworm
+# Both stages' base and the image uv is copied from. The published build takes the defaults; a
+# build that pulls nothing (tools/image/build.sh, `make image`) passes a local Debian base with
+# Python ${PYTHON_VERSION} in it and a local image holding the same uv release.
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-${DEBIAN}
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
+
+FROM ${UV_IMAGE} AS uv
 
 # --- build: resolve nothing, install exactly uv.lock into a virtualenv -------------------------
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS build
-COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /usr/local/bin/uv
+FROM ${BASE_IMAGE} AS build
+ARG PYTHON_VERSION
+COPY --from=uv /uv /usr/local/bin/uv
+# UV_PYTHON by version, not by path: the slim image has it in /usr/local/bin, Debian in /usr/bin.
 ENV UV_COMPILE_BYTECODE=1 \
     UV_LINK_MODE=copy \
     UV_PYTHON_DOWNLOADS=never \
-    UV_PYTHON=/usr/local/bin/python3 \
+    UV_PYTHON=python${PYTHON_VERSION} \
     UV_PROJECT_ENVIRONMENT=/opt/neuron-scheduler
 WORKDIR /build
 # Dependencies first, in their own layer: source changes do not reinstall them.
@@ -24,7 +33,7 @@ COPY src ./src
 RUN uv sync --locked --no-dev --no-editable
 
 # --- runtime: the virtualenv on a clean slim Python, as a non-root user -----------------------
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS runtime
+FROM ${BASE_IMAGE} AS runtime
 # 65532 is the uid the chart's securityContext names (the device plugin overrides it with 0: the
 # kubelet's device-plugins directory is root-owned).
 RUN groupadd --system --gid 65532 neuron \
