@@ -18,6 +18,7 @@ include tools/kube.mk
 include tools/kubeletpeer.mk
 include tools/sshd.mk
 include tools/helm.mk
+include tools/image.mk
 
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
@@ -31,7 +32,7 @@ lint: sync
 typecheck: sync
 	$(UV) run mypy --strict src
 
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) image
 	$(UV) run pytest $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
@@ -40,7 +41,7 @@ test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
 cluster: sync $(KUBE_BIN)
 	$(UV) run python -m tests.testbed.cluster $(CLUSTER_ARGS)
 
-e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN)
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) image
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync
