@@ -25,7 +25,8 @@ from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from neuron_scheduler.sim.preemption import Preemption
-from neuron_scheduler.sim.simulation import PodMix, Simulation, default_fleet, generate_workload
+from neuron_scheduler.sim.simulation import Simulation
+from neuron_scheduler.sim.workloads import PodMix, default_fleet, generate_workload
 from tests.e2e.harness import Scenario
 from tests.e2e.preemption import row_world
 from tests.testbed import ControlPlane, Stack, find_kubebin

@@ -13,7 +13,8 @@ import time
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.sim.simulation import NodeSpec, Simulation, generate_workload
+from neuron_scheduler.sim.simulation import NodeSpec, Simulation
+from neuron_scheduler.sim.workloads import generate_workload
 
 MIX = [
     ("inf1.6xlarge", 0.10),
@@ -42,19 +43,18 @@ def main() -> None:
     specs = fleet(args.nodes)
     # Lifetimes sized so the fleet runs near full: arrivals outpace departures at times.
     lifetime = args.nodes * 4.0
-    pods = args.events // 2
-    events = generate_workload(pods=pods, seed=1, mean_lifetime=lifetime)
-    while len(events) < args.events:  # departures after the last arrival are dropped
-        pods += (args.events - len(events)) // 2 + 1
-        events = generate_workload(pods=pods, seed=1, mean_lifetime=lifetime)
+    # Each pod is two events: its arrival and, once placed and run, its departure.
+    events = generate_workload(pods=args.events // 2, seed=1, mean_lifetime=lifetime)
     start = time.perf_counter()
     result = Simulation(specs, Catalog.builtin(), Policy(args.policy)).run(events)
     elapsed = time.perf_counter() - start
+    handled = result.arrivals + result.departed
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")
     print(
-        f"{len(specs)} nodes, {len(events)} events ({result.arrivals} arrivals), "
-        f"policy {args.policy}: {elapsed:.1f} s wall, {len(events) / elapsed:,.0f} events/s, "
+        f"{len(specs)} nodes, {handled} events ({result.arrivals} arrivals, "
+        f"{result.departed} departures), "
+        f"policy {args.policy}: {elapsed:.1f} s wall, {handled / elapsed:,.0f} events/s, "
         f"peak RSS {rss:.0f} MB"
     )
     print(

@@ -232,9 +232,10 @@ def test_simulate_compare_and_files(tmp_path: Path) -> None:
         str(tmp_path / "out"),
     )
     assert r.returncode == 0, r.stderr
-    assert "best-fit" in r.stdout and "first-fit" in r.stdout
-    both = json.loads((tmp_path / "out" / "compare.json").read_text())
-    assert [s["placed"] for s in both] == [3, 3]
+    assert "neuron-scheduler" in r.stdout and "first-fit" in r.stdout
+    runs = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert [s["label"] for s in runs] == ["neuron-scheduler", "first-fit", "no-topology bound"]
+    assert [s["placed"] for s in runs] == [3, 3, 3]
 
 
 @pytest.mark.parametrize(
@@ -255,6 +256,17 @@ def test_simulate_compare_and_files(tmp_path: Path) -> None:
             "unknown Neuron resource",
         ),
         ("nodes:\n  - {instance_type: inf1.6xlarge}", "{}", "exactly one of"),
+        (
+            "nodes:\n  - {instance_type: inf1.6xlarge}",
+            "pods:\n  - {name: a, resource: neuron, count: 1}\n"
+            "  - {name: a, resource: neuron, count: 2}",
+            "pod names repeat",
+        ),
+        (
+            "nodes:\n  - {instance_type: inf1.6xlarge}",
+            "pods:\n  - {name: a, resource: neuron, count: 1, duration: -3}",
+            "duration must be >= 0",
+        ),
     ],
 )
 def test_simulate_bad_files(tmp_path: Path, fleet: str, workload: str, message: str) -> None:

@@ -93,14 +93,12 @@ def test_simulate_compare_shows_evictions_with_and_without_the_verb(tmp_path: Pa
     )
     assert result.exit_code == 0, result.output
     runs = json.loads((tmp_path / "r" / "compare.json").read_text())
-    figures = {
-        (r["policy"], r["preemption"]): (r["evictions"], r["evictions_for_nothing"]) for r in runs
-    }
+    figures = {r["label"]: (r["evictions"], r["evictions_for_nothing"]) for r in runs}
     # 16 pods of one age: kube-scheduler's four may or may not share a row; the verb's do.
-    assert figures[("best-fit", "verb")] == (4, 0)
-    assert figures[("best-fit", "count")][0] >= 4
+    assert figures["neuron-scheduler"] == (4, 0)
+    assert figures["neuron-scheduler, no verb"][0] >= 4
     names = {p.name for p in (tmp_path / "r").iterdir()}
-    assert any(n.startswith("best-fit-no-verb-") for n in names), names
+    assert any(n.startswith("neuron-scheduler-no-verb-") for n in names), names
     bad = tmp_path / "bad.yaml"
     bad.write_text("pods:\n  - {name: a, resource: neuron, count: 1, priority: 99999999999}\n")
     result = CliRunner().invoke(app, ["simulate", "--workload", str(bad)])

@@ -3,14 +3,9 @@ from __future__ import annotations
 from neuron_scheduler.core.allocation import Policy, is_valid_core_set, is_valid_device_set
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
-from neuron_scheduler.sim.simulation import (
-    NodeSpec,
-    PodEvent,
-    Simulation,
-    default_fleet,
-    feasible_nodes_to_find,
-    generate_workload,
-)
+from neuron_scheduler.sim.kubescheduler import feasible_nodes_to_find
+from neuron_scheduler.sim.simulation import NodeSpec, PodEvent, Simulation
+from neuron_scheduler.sim.workloads import default_fleet, generate_workload
 
 
 def test_default_run_never_overlaps_and_obeys_topology(catalog: Catalog) -> None:

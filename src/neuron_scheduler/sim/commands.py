@@ -17,9 +17,12 @@ from neuron_scheduler.core.allocation import NodeState, Placement, Policy, alloc
 from neuron_scheduler.core.catalog import CapacityError, Catalog, CatalogError
 from neuron_scheduler.core.ids import format_ids, ids_mask, parse_id_ranges
 from neuron_scheduler.core.resources import NeuronRequest, RequestError, Unit, resource_name
+from neuron_scheduler.sim.contenders import FIRST_FIT, NEURON_SCHEDULER, NO_TOPOLOGY, Contender
+from neuron_scheduler.sim.kubescheduler import PROFILES
 from neuron_scheduler.sim.preemption import Preemption
 from neuron_scheduler.sim.scenario import ScenarioError, load_fleet, load_workload
-from neuron_scheduler.sim.simulation import SimResult, Simulation, default_fleet, generate_workload
+from neuron_scheduler.sim.simulation import SimResult
+from neuron_scheduler.sim.workloads import default_fleet, generate_workload
 
 TopologyFile = Annotated[
     Path | None,
@@ -109,6 +112,13 @@ def simulate(
         Path | None, typer.Option(help="workload YAML (default: built-in seeded stream)")
     ] = None,
     policy: Annotated[Policy, typer.Option(help="placement policy")] = Policy.BEST_FIT,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="kube-scheduler profile: chart (the chart's my-scheduler), default "
+            "(kube-scheduler defaults, extender weight 1) or filter-only (no prioritize)"
+        ),
+    ] = "chart",
     report: Annotated[
         Path | None, typer.Option(help="write pictures and summary.json here")
     ] = None,
@@ -116,8 +126,9 @@ def simulate(
     compare: Annotated[
         bool,
         typer.Option(
-            help="run best-fit and first-fit side by side (and, when pods have priorities, "
-            "each with and without the preempt verb)"
+            help="run neuron-scheduler, first-fit (as AWS's extension places) and the "
+            "no-topology bound side by side (and, when pods have priorities, each without the "
+            "preempt verb too)"
         ),
     ] = False,
     preemption: Annotated[
@@ -131,23 +142,24 @@ def simulate(
 ) -> None:
     """Run a fleet and a stream of pods through the extender's placement code, in memory."""
     with user_errors(*USER_ERRORS):
+        if profile not in PROFILES:
+            raise UsageError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
         catalog = Catalog.load(topology_file)
         fleet = load_fleet(cluster, catalog) if cluster else default_fleet()
         if workload:
             events = load_workload(workload, seed)
         else:
             events = generate_workload(seed=7 if seed is None else seed)
-    runs = [(policy, preemption)]
+    chosen = Contender(policy.value, policy, PROFILES[profile], preemption=preemption)
+    contenders = [chosen]
     if compare:
-        ways = [Preemption.VERB]
+        contenders = [NEURON_SCHEDULER, FIRST_FIT, NO_TOPOLOGY]
         if any(event.priority for event in events):
-            ways.append(Preemption.COUNT)
-        runs = [(p, way) for p in (Policy.BEST_FIT, Policy.FIRST_FIT) for way in ways]
+            contenders = [run for c in contenders for run in (c, c.without_verb())]
     results: list[SimResult] = []
-    for chosen, way in runs:
-        simulation = Simulation(fleet, catalog, chosen, way)
+    for contender in contenders:
         with Progress(
-            TextColumn(f"simulating ({_label(chosen, way)})"),
+            TextColumn(f"simulating ({contender.label})"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} events"),
             TimeRemainingColumn(),
@@ -160,7 +172,7 @@ def simulate(
             def advance(done: int, task: TaskID = task) -> None:
                 progress.update(task, completed=done)
 
-            results.append(simulation.run(events, advance))
+            results.append(contender.run(fleet, catalog, events, seed or 0, advance))
     _print_results(results)
     if report is not None:
         try:
@@ -168,32 +180,28 @@ def simulate(
         except ImportError as error:  # matplotlib is the `sim` extra, not in the server image
             fail(f"--report needs matplotlib ({error}); install neuron-scheduler[sim]")
         for result in results:
-            # A file name prefix: best-fit-no-verb-...
-            label = _label(result.policy, result.preemption).replace(", ", "-").replace(" ", "-")
-            label = label if compare else ""
+            # A file name prefix: first-fit-no-verb-...
+            prefix = result.label.replace(", ", "-").replace(" ", "-") if compare else ""
             try:
-                written = write_report(result, report, label)
+                written = write_report(result, report, prefix)
             except OSError as error:
                 fail(f"cannot write the report to {report}: {error.strerror or error}")
-            out.print(
-                f"wrote {len(written)} files to {report}/ "
-                f"({label or _label(result.policy, result.preemption)})"
-            )
+            out.print(f"wrote {len(written)} files to {report}/ ({result.label})")
         if compare:
             (report / "compare.json").write_text(
                 json.dumps([summary(r) for r in results], indent=2) + "\n"
             )
 
 
-def _label(policy: Policy, preemption: Preemption) -> str:
-    return policy.value if preemption is Preemption.VERB else f"{policy.value}, no verb"
+def _percent(value: float | None) -> str:
+    return "never" if value is None else f"{100 * value:.1f}%"
 
 
 def _print_results(results: list[SimResult]) -> None:
     table = Table(title="Simulation", show_lines=False)
     table.add_column("")
     for result in results:
-        table.add_column(_label(result.policy, result.preemption), justify="right")
+        table.add_column(result.label, justify="right")
     rows: list[tuple[str, list[str]]] = [
         ("nodes", [str(len(r.nodes)) for r in results]),
         ("pods arrived", [str(r.arrivals) for r in results]),
@@ -207,6 +215,11 @@ def _print_results(results: list[SimResult]) -> None:
             [f"{100 * r.mean_device_utilization:.1f}%" for r in results],
         ),
         ("fragmentation at end", [f"{100 * r.fragmentation:.1f}%" for r in results]),
+        (
+            "devices in use at 1st fragmentation refusal",
+            [_percent(r.utilization_at_first_fragmentation) for r in results],
+        ),
+        ("large pods (8+ devices): mean wait", [f"{r.large_wait_mean():.1f}" for r in results]),
         ("placed by preemption", [str(r.preempted) for r in results]),
         ("pods evicted", [str(r.evictions) for r in results]),
         ("evicted for nothing", [str(r.evictions_for_nothing) for r in results]),
@@ -216,7 +229,7 @@ def _print_results(results: list[SimResult]) -> None:
     out.print(table)
 
     first = results[0]
-    by_type = Table(title=f"Nodes by instance type ({first.policy.value})")
+    by_type = Table(title=f"Nodes by instance type ({first.label})")
     for column in ("instance type", "nodes", "topology", "devices in use", "pods"):
         by_type.add_column(column, justify="left" if column == "instance type" else "right")
     groups: dict[str, list[int]] = {}
@@ -237,8 +250,7 @@ def _print_results(results: list[SimResult]) -> None:
         reasons: Counter[str] = result.pending_reasons()
         if not reasons:
             continue
-        label = _label(result.policy, result.preemption)
-        pending = Table(title=f"Pending at end ({label}), by reason")
+        pending = Table(title=f"Pending at end ({result.label}), by reason")
         pending.add_column("pods", justify="right")
         pending.add_column("reason")
         for reason, count in reasons.most_common(5):

@@ -177,7 +177,9 @@ def write_report(result: SimResult, directory: Path, label: str = "") -> list[Pa
 
 def summary(result: SimResult) -> dict[str, Any]:
     return {
+        "label": result.label,
         "policy": result.policy.value,
+        "profile": result.profile,
         "nodes": len(result.nodes),
         "arrivals": result.arrivals,
         "placed": result.placed,
@@ -188,6 +190,16 @@ def summary(result: SimResult) -> dict[str, Any]:
         "core_utilization_at_end": round(result.core_utilization, 4),
         "mean_device_utilization": round(result.mean_device_utilization, 4),
         "fragmentation_at_end": round(result.fragmentation, 4),
+        "utilization_at_first_fragmentation": (
+            None
+            if result.utilization_at_first_fragmentation is None
+            else round(result.utilization_at_first_fragmentation, 4)
+        ),
+        "fragmentation_refusals": result.fragmentation_refusals,
+        "large_pods_placed": len(result.large_waits),
+        "large_pods_waiting_at_end": len(result.large_pending_waits),
+        "large_wait_mean": round(result.large_wait_mean(), 3),
+        "large_wait_p95": round(result.large_wait_p95(), 3),
         "preemption": result.preemption.value,
         "placed_by_preemption": result.preempted,
         "evictions": result.evictions,

@@ -9,7 +9,8 @@ Workload, either generated:
     generate: {pods: 600, seed: 7, mean_interarrival: 1.0, mean_lifetime: 90,
                mix: [{resource: neuroncore, sizes: [1, 2, 4], weight: 1},
                      {resource: neuron, sizes: [4, 8], weight: 0.2, priority: 1000}]}
-or listed (times in any unit; `duration` omitted means the pod never leaves):
+or listed (times in any unit; `duration` is how long the pod runs once placed, omitted: until the
+end):
     pods:
       - {name: a, resource: neuron, count: 3, arrive: 0, duration: 50}
       - {name: b, resource: neuron, count: 4, arrive: 9, priority: 1000}
@@ -27,13 +28,8 @@ import msgspec
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NeuronRequest, RequestError, resource_name
 from neuron_scheduler.core.yamlfile import read_yaml
-from neuron_scheduler.sim.simulation import (
-    DEFAULT_MIX,
-    NodeSpec,
-    PodEvent,
-    PodMix,
-    generate_workload,
-)
+from neuron_scheduler.sim.simulation import NodeSpec, PodEvent
+from neuron_scheduler.sim.workloads import DEFAULT_MIX, PodMix, generate_workload
 
 
 class ScenarioError(ValueError):
@@ -142,12 +138,16 @@ def load_workload(path: Path, seed: int | None = None) -> list[PodEvent]:
         events: list[PodEvent] = []
         for pod in workload.pods or []:
             request = NeuronRequest(resource_name(pod.resource), pod.count)
-            events.append(PodEvent(pod.arrive, pod.name, request, _priority(pod.priority, path)))
-            if pod.duration is not None:
-                events.append(PodEvent(pod.arrive + pod.duration, pod.name, None))
+            if pod.duration is not None and pod.duration < 0:
+                raise ScenarioError(f"{path}: pod {pod.name}: duration must be >= 0")
+            priority = _priority(pod.priority, path)
+            events.append(PodEvent(pod.arrive, pod.name, request, priority, pod.duration))
     except RequestError as error:
         raise ScenarioError(f"{path}: {error}") from error
-    events.sort(key=lambda e: (e.time, e.request is not None, e.pod))
+    names = [e.pod for e in events]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"{path}: pod names repeat; each pod needs its own name")
+    events.sort(key=lambda e: (e.time, e.pod))
     return events
 
 

@@ -1,29 +1,51 @@
-"""An in-memory fleet run through the same filter, score and allocate code as the extender.
+"""An in-memory fleet run through the extender's placement code and a model of kube-scheduler.
 
 Pure: a fleet and an event stream go in, a result comes out. Reading files and drawing pictures
-live in `scenario` and `report`.
+live in `scenario` and `report`; the standard fleets and streams in `workloads`.
+
+Each pod goes through what a cluster does (sim/kubescheduler.py): kube-scheduler's resource
+counts, the extender's filter (the allocator), the profile's scores plus the extender's, a random
+pick among equals. A pod that fits nowhere may preempt (sim/preemption.py) and otherwise waits; it
+is tried again, highest priority and then oldest first, whenever a pod leaves the node that could
+take it. A placed pod runs for its duration, then leaves.
+
+Fleets of 100 nodes or more: kube-scheduler stops at `numFeasibleNodesToFind` nodes; here nodes
+alike are judged together, so the cut-off is applied to feasible nodes in the order of a
+fullness index rather than kube-scheduler's rotating node order.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from neuron_scheduler.core.allocation import (
+    Decision,
     NodeState,
     Placement,
     Policy,
     Refusal,
     allocate,
     busy_devices,
-    largest_free_core_run,
+    check_request,
     largest_free_run,
 )
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
+from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.sim.kubescheduler import (
+    CHART,
+    CPU,
+    MEMORY,
+    NodeResources,
+    Profile,
+    extender_score,
+    feasible_nodes_to_find,
+    in_tree_score,
+)
 from neuron_scheduler.sim.preemption import (
     Preemption,
     Resident,
@@ -31,6 +53,17 @@ from neuron_scheduler.sim.preemption import (
     pick_key,
     verb_victims,
 )
+
+# A node as the testbed's fake nodes advertise it (tests/builders.py).
+DEFAULT_MILLI_CPU = 192_000
+DEFAULT_MEMORY = 768 * 1024**3
+# Pods of 8 devices or more: the ones fragmentation makes wait.
+LARGE_DEVICES = 8
+
+Allocator = Callable[[Topology, NodeState, NeuronRequest, Policy], Decision]
+# Everything that decides a pod's fate on a node: its cores in use, its pods' requests by
+# resource, its pod count, its allocatable.
+NodeKey = tuple[NodeState, tuple[tuple[str, int], ...], int, NodeResources]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +77,20 @@ class NodeSpec:
 class PodEvent:
     time: float
     pod: str
-    request: NeuronRequest | None  # None: the pod leaves
+    request: NeuronRequest | None  # None: the pod leaves (or, still pending, gives up)
     priority: int = 0  # PriorityClass value: may preempt pods of lower priority
+    duration: float | None = None  # how long it runs once placed; None: until told to leave
 
 
 @dataclass(slots=True)
 class SimNode:
     spec: NodeSpec
     topology: Topology
+    resources: NodeResources
     state: NodeState = field(default_factory=NodeState)
     pods: dict[str, Placement] = field(default_factory=dict)
+    requested: dict[str, int] = field(default_factory=dict)  # by resource name, as counted
+    key: NodeKey | None = None  # its place in the simulation's index
 
     @property
     def name(self) -> str:
@@ -72,16 +109,24 @@ class Sample:
 class SimResult:
     policy: Policy
     nodes: list[SimNode]
+    label: str = ""  # what ran, for tables and file names
+    profile: str = CHART.name
     arrivals: int = 0
     placed: int = 0
     departed: int = 0
     pending: dict[str, str] = field(default_factory=dict)  # pod -> last reason, at the end
-    never_placed: int = 0  # pods that left (or the run ended) without ever being placed
+    never_placed: int = 0  # pods that gave up (or the run ended) without ever being placed
     samples: list[Sample] = field(default_factory=list)
     preemption: Preemption = Preemption.VERB
     preempted: int = 0  # pods placed by evicting others
     evictions: int = 0  # pods evicted
     evictions_for_nothing: int = 0  # evicted, and the preemptor still did not fit there
+    large_waits: list[float] = field(default_factory=list)  # placed large pods' waits
+    large_pending_waits: list[float] = field(default_factory=list)  # still waiting at the end
+    # Devices in use when a pod was first refused although some node had that many free.
+    utilization_at_first_fragmentation: float | None = None
+    fragmentation_refusals: int = 0
+    invalid_placements: int = 0  # placements the topology does not allow (counted, never 0 here)
 
     @property
     def device_utilization(self) -> float:
@@ -107,6 +152,16 @@ class SimResult:
             stranded += free - largest_free_run(node.topology, busy)
         return stranded / free_total if free_total else 0.0
 
+    def large_wait_mean(self) -> float:
+        """Mean wait of large pods, counting those still waiting at the end by how long they
+        had waited (leaving them out would reward never placing them)."""
+        waits = self.large_waits + self.large_pending_waits
+        return sum(waits) / len(waits) if waits else 0.0
+
+    def large_wait_p95(self) -> float:
+        waits = sorted(self.large_waits + self.large_pending_waits)
+        return waits[min(len(waits) - 1, int(0.95 * len(waits)))] if waits else 0.0
+
     def pending_reasons(self) -> Counter[str]:
         return Counter(self.pending.values())
 
@@ -121,73 +176,52 @@ def _utilization(nodes: Iterable[SimNode]) -> tuple[float, float]:
     return (busy / devices if devices else 0.0, used / cores if cores else 0.0)
 
 
-def default_fleet() -> list[NodeSpec]:
-    """A small mixed fleet whose every node still fits in one picture."""
-    mix = [
-        ("inf1.6xlarge", 2),
-        ("inf1.24xlarge", 1),
-        ("inf2.24xlarge", 2),
-        ("inf2.48xlarge", 3),
-        ("trn1.32xlarge", 3),
-        ("trn2.48xlarge", 2),
-    ]
-    return [
-        NodeSpec(f"{instance_type.replace('.', '-')}-{i}", instance_type)
-        for instance_type, count in mix
-        for i in range(count)
-    ]
+def topology_allocator(
+    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+) -> Decision:
+    return allocate(topology, state, request, policy)
 
 
-@dataclass(frozen=True, slots=True)
-class PodMix:
-    resource: str
-    sizes: tuple[int, ...]
-    weight: float
-    priority: int = 0
+def count_allocator(
+    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+) -> Decision:
+    """The no-topology bound: any free devices or cores, connected or not (counts only; the
+    counts a topology never allows are still refused)."""
+    del policy
+    refusal = check_request(topology, request)
+    if refusal is not None:
+        return refusal
+    per_device = topology.cores_per_device
+    used = state.used_cores
+    if request.unit is Unit.DEVICE:
+        busy = busy_devices(topology, used)
+        free = [d for d in range(topology.devices) if not busy >> d & 1]
+        if len(free) < request.count:
+            return Refusal(f"needs {request.count} devices; only {len(free)} free")
+        devices = tuple(free[: request.count])
+        cores = tuple(c for d in devices for c in range(d * per_device, (d + 1) * per_device))
+        return Placement(devices, cores, 10)
+    # Cores on devices already in use first: leaves whole devices whole, as a bound should.
+    busy = busy_devices(topology, used)
+    free_cores = [c for c in range(topology.total_cores) if not used >> c & 1]
+    free_cores.sort(key=lambda c: (not busy >> (c // per_device) & 1, c))
+    if len(free_cores) < request.count:
+        return Refusal(f"needs {request.count} cores; only {len(free_cores)} free")
+    chosen = tuple(sorted(free_cores[: request.count]))
+    devices = tuple(sorted({c // per_device for c in chosen}))
+    return Placement(devices, chosen, 10)
 
 
-DEFAULT_MIX = (
-    PodMix(NEURONCORE, (1, 2, 2, 4, 8, 9, 16), 5.0),
-    PodMix(NEURON, (1, 1, 2, 3, 4, 4, 8, 12, 16), 4.0),
-    PodMix(NEURONDEVICE, (1, 2), 1.0),
-)
+GroupKey = tuple[Topology, int, int]  # topology, free devices, free cores
 
 
-def generate_workload(
-    pods: int = 600,
-    seed: int = 7,
-    mean_interarrival: float = 1.0,
-    mean_lifetime: float = 90.0,
-    mix: tuple[PodMix, ...] = DEFAULT_MIX,
-) -> list[PodEvent]:
-    """A seeded stream of pod arrivals and departures (Poisson arrivals, exponential lifetimes)."""
-    rng = random.Random(seed)
-    weights = [m.weight for m in mix]
-    events: list[PodEvent] = []
-    now = 0.0
-    for i in range(pods):
-        now += rng.expovariate(1.0 / mean_interarrival)
-        kind = rng.choices(mix, weights)[0]
-        name = f"pod-{i:05d}"
-        request = NeuronRequest(kind.resource, rng.choice(kind.sizes))
-        events.append(PodEvent(now, name, request, kind.priority))
-        events.append(PodEvent(now + rng.expovariate(1.0 / mean_lifetime), name, None))
-    # Pods still running when the last one arrives stay, so the run ends on a busy fleet: that
-    # end state is what the pictures show.
-    events = [e for e in events if e.request is not None or e.time <= now]
-    events.sort(key=lambda e: (e.time, e.request is not None, e.pod))
-    return events
-
-
-def feasible_nodes_to_find(nodes: int) -> int:
-    """kube-scheduler's percentageOfNodesToScore default: stop filtering after this many fits."""
-    if nodes < 100:
-        return nodes
-    percentage = max(5, 50 - nodes // 125)
-    return max(100, nodes * percentage // 100)
-
-
-GroupKey = tuple[Topology, int, int]  # topology, largest free device block, largest free core run
+@dataclass(slots=True)
+class _Waiting:
+    request: NeuronRequest
+    priority: int
+    arrived: float
+    duration: float | None
+    reason: str
 
 
 class Simulation:
@@ -199,109 +233,233 @@ class Simulation:
         self,
         fleet: list[NodeSpec],
         catalog: Catalog,
-        policy: Policy,
+        policy: Policy = Policy.BEST_FIT,
         preemption: Preemption = Preemption.VERB,
+        profile: Profile = CHART,
+        allocator: Allocator = topology_allocator,
+        seed: int = 0,
     ) -> None:
         self.policy = policy
         self.preemption = preemption
+        self.profile = profile
+        self.allocator = allocator
+        self._rng = random.Random(seed)
         self.nodes: list[SimNode] = []
         for spec in fleet:
             resolved = catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
-            self.nodes.append(SimNode(spec, resolved.topology))
-        # Nodes grouped by state (one decision serves every node in the same state), and states
-        # grouped by their largest free blocks, so a request skips nodes too full for it without
-        # asking the allocator: on a full fleet that is nearly every node.
-        self._index: dict[GroupKey, dict[NodeState, dict[str, SimNode]]] = {}
+            topology = resolved.topology
+            resources = NodeResources(
+                (
+                    (CPU, DEFAULT_MILLI_CPU),
+                    (MEMORY, DEFAULT_MEMORY),
+                    ("aws.amazon.com/neuron", topology.devices),
+                    ("aws.amazon.com/neurondevice", topology.devices),
+                    ("aws.amazon.com/neuroncore", topology.total_cores),
+                )
+            )
+            self.nodes.append(SimNode(spec, topology, resources))
+        # Nodes grouped by everything that decides a pod's fate on them (one decision and one
+        # score serve every node of a group), and groups by free devices and cores, so a request
+        # skips nodes too full for it without asking the allocator.
+        self._index: dict[GroupKey, dict[NodeKey, dict[str, SimNode]]] = {}
         for node in self.nodes:
             self._add(node)
-        self._to_find = feasible_nodes_to_find(len(self.nodes))
+        self._to_find = feasible_nodes_to_find(
+            len(self.nodes), profile.percentage_of_nodes_to_score
+        )
         self._where: dict[str, SimNode] = {}
-        self._waiting: dict[str, NeuronRequest] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self._residents: dict[str, Resident] = {}
-        self._priorities: dict[str, int] = {}
+        self._durations: dict[str, float | None] = {}
+        self._departures: list[tuple[float, int, str]] = []
+        self._sequence = 0
         self._now = 0.0
+
+    # --- the run ------------------------------------------------------------------------------
 
     def run(
         self, events: list[PodEvent], progress: Callable[[int], None] | None = None
     ) -> SimResult:
-        result = SimResult(self.policy, self.nodes, preemption=self.preemption)
-        every = max(1, len(events) // self.SAMPLES)
-        reasons: dict[str, str] = {}
-        for index, event in enumerate(events):
+        result = SimResult(
+            self.policy, self.nodes, profile=self.profile.name, preemption=self.preemption
+        )
+        ordered = sorted(events, key=lambda e: (e.time, e.request is not None, e.pod))
+        every = max(1, len(ordered) // self.SAMPLES)
+        leaving: list[str] = []  # pods deleted together: released before any pod is retried
+        for index, event in enumerate(ordered):
+            self._leave_until(event.time, result)
             self._now = event.time
             if event.request is not None:
-                result.arrivals += 1
-                self._priorities[event.pod] = event.priority
-                reason = self._try_place(event.pod, event.request)
-                if reason is not None and self._preempt(event.pod, event.request, result):
-                    reason = None
-                    result.preempted += 1
-                if reason is None:
-                    result.placed += 1
-                else:
-                    reasons[event.pod] = reason
-                    self._waiting[event.pod] = event.request
+                self._arrive(event, result)
             elif event.pod in self._where:
-                node = self._release(event.pod)
-                result.departed += 1
-                # Waiting pods fit nowhere before; only this node changed, so only it can take
-                # them now. Oldest first, like kube-scheduler's queue.
-                for pod, request in list(self._waiting.items()):
-                    if self._place_on(node, pod, request):
-                        del self._waiting[pod]
-                        reasons.pop(pod, None)
-                        result.placed += 1
+                leaving.append(event.pod)
             elif self._waiting.pop(event.pod, None) is not None:
                 result.never_placed += 1  # gave up while pending
-            if event.request is None:
-                self._priorities.pop(event.pod, None)
-            if index % every == 0 or index == len(events) - 1:
+            last = index == len(ordered) - 1
+            if leaving and (last or ordered[index + 1].time != event.time):
+                self._leave_together(leaving, result)
+                leaving = []
+            if index % every == 0 or last:
                 devices, cores = _utilization(self.nodes)
                 result.samples.append(Sample(event.time, devices, cores, len(self._waiting)))
                 if progress is not None:
                     progress(index + 1)
-        result.pending = {pod: reasons[pod] for pod in self._waiting}
+        # The run ends at the last event, on a busy fleet: that end state is what the pictures
+        # show. Pods still waiting count as never placed.
+        result.pending = {pod: w.reason for pod, w in self._waiting.items()}
         result.never_placed += len(self._waiting)
+        for waiting in self._waiting.values():
+            if _is_large(waiting.request):
+                result.large_pending_waits.append(self._now - waiting.arrived)
         return result
 
-    def _try_place(self, pod: str, request: NeuronRequest) -> str | None:
-        """Place the pod on the best node; the reason it fits nowhere otherwise."""
-        best: tuple[int, Placement, dict[str, SimNode]] | None = None
-        found = 0
-        by_cores = request.unit is Unit.CORE
-        for (topology, block, run), states in self._index.items():
-            if (run if by_cores else block) < request.count:
+    def _arrive(self, event: PodEvent, result: SimResult) -> None:
+        assert event.request is not None
+        result.arrivals += 1
+        waiting = _Waiting(event.request, event.priority, event.time, event.duration, "")
+        self._waiting[event.pod] = waiting
+        reason = self._try_place(event.pod, waiting)
+        if reason is not None and self._preempt(event.pod, waiting, result):
+            reason = None
+            result.preempted += 1
+        if reason is None:
+            self._placed(event.pod, waiting, result)
+            return
+        waiting.reason = reason
+        if self._free_somewhere(event.request):
+            result.fragmentation_refusals += 1
+            if result.utilization_at_first_fragmentation is None:
+                result.utilization_at_first_fragmentation = _utilization(self.nodes)[0]
+
+    def _placed(self, pod: str, waiting: _Waiting, result: SimResult) -> None:
+        del self._waiting[pod]
+        result.placed += 1
+        if _is_large(waiting.request):
+            result.large_waits.append(self._now - waiting.arrived)
+        if waiting.duration is not None:
+            self._sequence += 1
+            heapq.heappush(self._departures, (self._now + waiting.duration, self._sequence, pod))
+
+    def _leave_until(self, time: float, result: SimResult) -> None:
+        while self._departures and self._departures[0][0] <= time:
+            when, _, pod = heapq.heappop(self._departures)
+            if pod in self._where:  # not evicted meanwhile
+                self._now = when
+                self._leave(pod, result)
+
+    def _leave(self, pod: str, result: SimResult) -> None:
+        node = self._release(pod)
+        result.departed += 1
+        # Waiting pods fit nowhere before; only this node changed, so only it can take them
+        # now. In kube-scheduler's queue order: highest priority, then oldest.
+        refused: set[NeuronRequest] = set()  # alike requests fail alike until the node changes
+        for name in sorted(self._waiting, key=lambda p: self._queue_order(p)):
+            waiting = self._waiting[name]
+            if waiting.request in refused:
                 continue
-            for state, members in states.items():
-                decision = allocate(topology, state, request, self.policy)
+            if self._place_on(node, name, waiting.request):
+                self._placed(name, waiting, result)
+                refused.clear()
+            else:
+                refused.add(waiting.request)
+
+    def _leave_together(self, pods: list[str], result: SimResult) -> None:
+        """Pods deleted at one instant (kube-scheduler sees one change): release them all, then
+        retry every waiting pod in queue order against the whole fleet."""
+        if len(pods) == 1:
+            self._leave(pods[0], result)
+            return
+        for pod in pods:
+            self._release(pod)
+            result.departed += 1
+        for name in sorted(self._waiting, key=lambda p: self._queue_order(p)):
+            waiting = self._waiting[name]
+            reason = self._try_place(name, waiting)
+            if reason is None:
+                self._placed(name, waiting, result)
+            else:
+                waiting.reason = reason
+
+    def _queue_order(self, pod: str) -> tuple[int, float]:
+        waiting = self._waiting[pod]
+        return (-waiting.priority, waiting.arrived)
+
+    # --- one pod --------------------------------------------------------------------------------
+
+    def _try_place(self, pod: str, waiting: _Waiting) -> str | None:
+        """Place the pod where kube-scheduler would; the reason it fits nowhere otherwise."""
+        request = waiting.request
+        by_cores = request.unit is Unit.CORE
+        pod_request = {request.resource: request.count}
+        feasible: list[tuple[int, Placement, dict[str, SimNode]]] = []  # extender score, ...
+        found = 0
+        for (topology, free_devices, free_cores), groups in self._index.items():
+            if (free_cores if by_cores else free_devices) < request.count:
+                continue
+            for key, members in groups.items():
+                state, requested, pods, resources = key
+                if not _counts_fit(resources, requested, pods, request):
+                    continue
+                decision = self.allocator(topology, state, request, self.policy)
                 if isinstance(decision, Refusal):
                     continue
-                if best is None or decision.score > best[0]:
-                    best = (decision.score, decision, members)
+                feasible.append((decision.score, decision, members))
                 found += len(members)
-                if found >= self._to_find or decision.score == 10:
-                    break
-            if best is not None and (found >= self._to_find or best[0] == 10):
+            if found >= self._to_find:
                 break
-        if best is None:
+        if not feasible:
             return self._reason(request)
-        _, placement, members = best
-        self._bind(next(iter(members.values())), pod, placement, request)
-        return None
+        if found == 1:
+            _, placement, members = feasible[0]
+            self._bind(next(iter(members.values())), pod, placement, request)
+            return None
+        best_total: int | None = None
+        best: list[tuple[Placement, dict[str, SimNode]]] = []
+        for score, placement, members in feasible:
+            _, requested, pods, resources = _key(next(iter(members.values())))
+            total = in_tree_score(
+                self.profile, resources, dict(requested), pods, pod_request
+            ) + extender_score(self.profile, score)
+            if best_total is None or total > best_total:
+                best_total, best = total, [(placement, members)]
+            elif total == best_total:
+                best.append((placement, members))
+        # kube-scheduler breaks ties uniformly at random among the nodes.
+        pick = self._rng.randrange(sum(len(members) for _, members in best))
+        for placement, members in best:
+            if pick < len(members):
+                node = list(members.values())[pick]
+                self._bind(node, pod, placement, request)
+                return None
+            pick -= len(members)
+        raise AssertionError("unreachable: the pick is within the tied nodes")
 
     def _place_on(self, node: SimNode, pod: str, request: NeuronRequest) -> bool:
-        decision = allocate(node.topology, node.state, request, self.policy)
+        state, requested, pods, resources = _key(node)
+        if not _counts_fit(resources, requested, pods, request):
+            return False
+        decision = self.allocator(node.topology, state, request, self.policy)
         if isinstance(decision, Refusal):
             return False
         self._bind(node, pod, decision, request)
         return True
 
-    def _preempt(self, pod: str, request: NeuronRequest, result: SimResult) -> bool:
+    def _free_somewhere(self, request: NeuronRequest) -> bool:
+        """Some node has the request's count free (ignoring contiguity), and allows the count."""
+        by_cores = request.unit is Unit.CORE
+        for (topology, free_devices, free_cores), _ in self._index.items():
+            if (free_cores if by_cores else free_devices) >= request.count and (
+                check_request(topology, request) is None
+            ):
+                return True
+        return False
+
+    def _preempt(self, pod: str, waiting: _Waiting, result: SimResult) -> bool:
         """kube-scheduler's PostFilter: evict lower-priority pods on one node and place the pod
         there. Without the verb the victims may free no allowed block: the pod then stays
         pending, their deletion makes kube-scheduler try again, and it may evict on another
         node; each round removes pods, so the rounds are bounded by the fleet."""
-        priority = self._priorities.get(pod, 0)
+        request, priority = waiting.request, waiting.priority
         for _ in range(len(self.nodes)):
             best: tuple[tuple[int, int, int, float], SimNode, list[str]] | None = None
             for node in self.nodes:
@@ -328,7 +486,6 @@ class Simulation:
             _, node, victims = best
             for victim in victims:
                 self._release(victim)
-                self._priorities.pop(victim, None)
             result.evictions += len(victims)
             if self._place_on(node, pod, request):
                 return True
@@ -337,52 +494,96 @@ class Simulation:
 
     def _reason(self, request: NeuronRequest) -> str:
         refusals: Counter[str] = Counter()
-        for (topology, _, _), states in self._index.items():
-            for state, members in states.items():
-                decision = allocate(topology, state, request, self.policy)
-                if isinstance(decision, Refusal):
-                    refusals[decision.reason] += len(members)
+        for (topology, _, _), groups in self._index.items():
+            for key, members in groups.items():
+                state, requested, pods, resources = key
+                if not _counts_fit(resources, requested, pods, request):
+                    reason = f"Insufficient {request.resource}"
+                else:
+                    decision = self.allocator(topology, state, request, self.policy)
+                    if not isinstance(decision, Refusal):
+                        continue  # fit, but beyond the cut-off
+                    reason = decision.reason
+                refusals[reason] += len(members)
         return _summarize(refusals, len(self.nodes))
+
+    # --- bookkeeping ----------------------------------------------------------------------------
 
     def _bind(self, node: SimNode, pod: str, placement: Placement, request: NeuronRequest) -> None:
         self._remove(node)
         node.state = node.state.with_used(placement.core_mask)
-        self._add(node)
+        node.requested[request.resource] = node.requested.get(request.resource, 0) + request.count
         node.pods[pod] = placement
+        self._add(node)
         self._where[pod] = node
-        priority = self._priorities.get(pod, 0)
+        priority = self._waiting[pod].priority if pod in self._waiting else 0
         self._residents[pod] = Resident(request, priority, self._now, placement.core_mask)
 
     def _release(self, pod: str) -> SimNode:
         node = self._where.pop(pod)
-        placement = node.pods.pop(pod)
-        del self._residents[pod]
+        resident = self._residents.pop(pod)
         self._remove(node)
+        placement = node.pods.pop(pod)
         node.state = node.state.without(placement.core_mask)
+        resource = resident.request.resource
+        node.requested[resource] -= resident.request.count
+        if not node.requested[resource]:
+            del node.requested[resource]
         self._add(node)
         return node
 
-    def _key(self, node: SimNode) -> GroupKey:
+    def _group(self, node: SimNode) -> GroupKey:
         topology, used = node.topology, node.state.used_cores
+        busy = busy_devices(topology, used)
         return (
             topology,
-            largest_free_run(topology, busy_devices(topology, used)),
-            largest_free_core_run(topology.total_cores, used),
+            topology.devices - busy.bit_count(),
+            topology.total_cores - used.bit_count(),
         )
 
     def _add(self, node: SimNode) -> None:
-        states = self._index.setdefault(self._key(node), {})
-        states.setdefault(node.state, {})[node.name] = node
+        node.key = _node_key(node)
+        groups = self._index.setdefault(self._group(node), {})
+        groups.setdefault(node.key, {})[node.name] = node
 
     def _remove(self, node: SimNode) -> None:
-        key = self._key(node)
-        states = self._index[key]
-        members = states[node.state]
+        group = self._group(node)
+        groups = self._index[group]
+        node_key = _key(node)
+        members = groups[node_key]
         del members[node.name]
         if not members:
-            del states[node.state]
-            if not states:
-                del self._index[key]
+            del groups[node_key]
+            if not groups:
+                del self._index[group]
+
+
+def _key(node: SimNode) -> NodeKey:
+    assert node.key is not None  # every node is indexed from the start
+    return node.key
+
+
+def _node_key(node: SimNode) -> NodeKey:
+    requested = tuple(sorted(node.requested.items()))
+    pods = len(node.pods)
+    return (node.state, requested, pods, node.resources)
+
+
+def _counts_fit(
+    resources: NodeResources,
+    requested: tuple[tuple[str, int], ...],
+    pods: int,
+    request: NeuronRequest,
+) -> bool:
+    """kube-scheduler's NodeResourcesFit filter for this request (each resource by name)."""
+    if pods + 1 > resources.pods:
+        return False
+    already = dict(requested).get(request.resource, 0)
+    return already + request.count <= resources.get(request.resource)
+
+
+def _is_large(request: NeuronRequest) -> bool:
+    return request.unit is Unit.DEVICE and request.count >= LARGE_DEVICES
 
 
 def _summarize(refusals: Counter[str], nodes: int) -> str:
@@ -393,3 +594,16 @@ def _summarize(refusals: Counter[str], nodes: int) -> str:
         parts.append(f"{sum(count for _, count in common[3:])} with other reasons")
     text = f"0/{nodes} nodes are available: " + "; ".join(parts)
     return text if text.endswith(".") else text + "."
+
+
+__all__ = [
+    "Allocator",
+    "NodeSpec",
+    "PodEvent",
+    "Sample",
+    "SimNode",
+    "SimResult",
+    "Simulation",
+    "count_allocator",
+    "topology_allocator",
+]
