@@ -1,0 +1,286 @@
+"""`status` and `why` as commands: what they make of bad kubeconfigs and of API servers that
+cannot be reached, refuse, stall or lie (a stand-in HTTP server for each), and the JSON fields
+docs/operations.md documents. Against the real cluster: tests/e2e/test_status.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from neuron_scheduler.cli import app, kubectl_plugin
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.handoff import encode
+from neuron_scheduler.core.resources import NEURON, NeuronRequest
+from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.live import commands, snapshot
+from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json
+from neuron_scheduler.live.fleet import fleet_json, fleet_view
+from tests.builders import node, node_json, pod, pod_json
+from tests.testbed.process import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+Answer = Callable[[str], tuple[int, bytes]]  # path with query -> (status, body)
+
+
+def kubeconfig(tmp_path: Path, server: str, **cluster: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    document = {
+        "apiVersion": "v1",
+        "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+@contextmanager
+def api_server(answer: Answer) -> Iterator[str]:
+    """A plain-HTTP stand-in for kube-apiserver that answers every GET with `answer`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answer(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def listing(items: list[dict[str, Any]], token: str = "") -> bytes:
+    return json.dumps({"metadata": {"continue": token}, "items": items}).encode()
+
+
+def cluster_answer(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Answer:
+    def answer(path: str) -> tuple[int, bytes]:
+        if path.startswith("/api/v1/nodes"):
+            return 200, listing(nodes)
+        if path.startswith("/api/v1/pods"):
+            return 200, listing(pods)
+        for p in pods:
+            meta = p["metadata"]
+            if path == f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}":
+                return 200, json.dumps(p).encode()
+        status = {"kind": "Status", "reason": "NotFound", "message": "not found"}
+        return 404, json.dumps(status).encode()
+
+    return answer
+
+
+def run(*args: str, plugin: bool = False) -> Result:
+    return CliRunner().invoke(kubectl_plugin if plugin else app, list(args))
+
+
+def one_error_line(result: Result, code: int) -> str:
+    """The result is exactly one `error:` line on stderr and exit `code`, nothing raised."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), result.exception
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2", "is not valid YAML"),
+        ("just a string", "missing or malformed entry"),
+        (None, "cannot read kubeconfig"),
+    ],
+    ids=["not-yaml", "not-a-mapping", "missing"],
+)
+def test_a_kubeconfig_that_cannot_be_read_is_one_line_exit_2(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    for command in (["status"], ["why", "some-pod"]):
+        assert message in one_error_line(run(*command, "--kubeconfig", str(path)), 2)
+
+
+def test_certificate_data_that_is_not_base64_and_a_server_that_is_not_a_url(
+    tmp_path: Path,
+) -> None:
+    bad_data = kubeconfig(tmp_path, "https://127.0.0.1:1", **{"certificate-authority-data": "!x"})
+    line = one_error_line(run("status", "--kubeconfig", str(bad_data)), 2)
+    assert "not base64" in line
+    not_url = kubeconfig(tmp_path, "not a url\x1b[31m")
+    line = one_error_line(run("status", "--kubeconfig", str(not_url)), 2)
+    assert "'not a url?[31m' is not an http(s) URL" in line
+
+
+def test_names_the_api_server_would_refuse_are_refused_before_asking(tmp_path: Path) -> None:
+    config = str(kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"))
+    assert "is not a pod name" in one_error_line(run("why", "Bad_Name", "--kubeconfig", config), 2)
+    assert "only pods" in one_error_line(run("why", "node/x", "--kubeconfig", config), 2)
+    line = one_error_line(run("why", "p", "-n", "a/b", "--kubeconfig", config), 2)
+    assert "is not a namespace name" in line
+
+
+# --- API servers that do not answer as they should -------------------------------------------
+
+
+def test_an_unreachable_api_server_is_one_line_exit_1(tmp_path: Path) -> None:
+    config = str(kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"))
+    for command in (["status"], ["why", "p"]):
+        line = one_error_line(run(*command, "--kubeconfig", config), 1)
+        assert line.startswith("error: cannot read the cluster: Cannot connect to host")
+
+
+def test_refused_access_says_which_access_is_needed(tmp_path: Path) -> None:
+    forbidden = json.dumps({"kind": "Status", "reason": "Forbidden", "message": "no\nway"})
+    with api_server(lambda _: (403, forbidden.encode())) as url:
+        line = one_error_line(run("status", "--kubeconfig", str(kubeconfig(tmp_path, url))), 1)
+    assert line == (f"error: cannot read the cluster: no way; {commands.RBAC_HINT}"), line
+
+
+def test_answers_that_are_not_lists_or_never_end_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with api_server(lambda _: (200, b'{"items": "not a list"')) as url:
+        config = str(kubeconfig(tmp_path, url))
+        assert "cannot read the cluster" in one_error_line(run("status", "--kubeconfig", config), 1)
+    monkeypatch.setattr(snapshot, "PAGE", 2)
+    monkeypatch.setattr(snapshot, "MOST_NODES", 10)
+    pages = 0
+
+    def endless(_: str) -> tuple[int, bytes]:
+        nonlocal pages
+        pages += 1
+        items = [node_json(f"n{pages}-{i}", "trn1.32xlarge") for i in range(2)]
+        return 200, listing(items, token=f"page-{pages}")
+
+    with api_server(endless) as url:
+        line = one_error_line(run("status", "--kubeconfig", str(kubeconfig(tmp_path, url))), 1)
+    assert "more than 10 objects" in line
+    assert pages <= 10 // 2 + 1
+
+
+def test_an_api_server_that_never_answers_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(commands, "REQUEST_SECONDS", 0.3)
+    release = threading.Event()
+
+    def stall(_: str) -> tuple[int, bytes]:
+        release.wait(10)
+        return 200, listing([])
+
+    with api_server(stall) as url:
+        try:
+            result = run("status", "--kubeconfig", str(kubeconfig(tmp_path, url)))
+        finally:
+            release.set()
+    assert (
+        one_error_line(result, 1)
+        == f"error: cannot read the cluster: no answer from {url} within 0.3s"
+    )
+
+
+# --- answers ---------------------------------------------------------------------------------
+
+
+def test_status_and_why_through_the_plugin_entry_point(tmp_path: Path) -> None:
+    nodes = [node_json("trn-a", "trn1.32xlarge"), node_json("cpu", "m5.large")]
+    waiting = pod_json("big", {NEURON: 32}, namespace="ml")
+    with api_server(cluster_answer(nodes, [waiting])) as url:
+        config = str(kubeconfig(tmp_path, url))
+        status = run("status", "--json", "--kubeconfig", config, plugin=True)
+        why = run("why", "big", "-n", "ml", "--json", "--kubeconfig", config, plugin=True)
+        missing = run("why", "gone", "-n", "ml", "--kubeconfig", config, plugin=True)
+        no_node = run("status", "--node", "cpu", "--kubeconfig", config)
+    assert status.exit_code == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert [n["name"] for n in document["nodes"]] == ["trn-a"]
+    assert document["summary"]["nodes_without_neuron"] == 1
+    assert why.exit_code == 0, why.stderr
+    (answer,) = json.loads(why.stdout)["nodes"]
+    assert (answer["node"], answer["verdict"]) == ("trn-a", "never")
+    assert one_error_line(missing, 1) == "error: pod ml/gone not found"
+    assert one_error_line(no_node, 1) == "error: node cpu: advertises no Neuron resources"
+
+
+def test_report_writes_the_simulators_pictures_and_the_json(tmp_path: Path) -> None:
+    nodes = [node_json("trn-a", "trn1.32xlarge"), node_json("a/../../x", "inf2.48xlarge")]
+    with api_server(cluster_answer(nodes, [])) as url:
+        config = str(kubeconfig(tmp_path, url))
+        result = run("status", "--report", str(tmp_path / "report"), "--kubeconfig", config)
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        unwritable = run("status", "--report", str(blocked), "--kubeconfig", config)
+    assert result.exit_code == 0, result.stderr
+    pictures = sorted(p.name for p in (tmp_path / "report" / "nodes").iterdir())
+    assert pictures == ["a_.._.._x.png", "trn-a.png"]  # a node's name never leaves the directory
+    assert (tmp_path / "report" / "device-maps.png").is_file()
+    written = json.loads((tmp_path / "report" / "status.json").read_text())
+    assert written["pictures_capped_at"] is None and len(written["nodes"]) == 2
+    assert "cannot write the report" in one_error_line(unwritable, 2)
+
+
+# --- the JSON is documented ------------------------------------------------------------------
+
+
+def keys(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in keys(v)}
+    return set()
+
+
+def test_every_json_field_is_documented() -> None:
+    ledger = Ledger(Catalog.builtin())
+    ledger.replace_nodes([node(n, "trn1.32xlarge") for n in ("known", "unknown", "empty")])
+    devices = tuple(range(16))
+    placement = Placement(devices, tuple(range(32)), 0)
+    ours = encode("known", NeuronRequest(NEURON, 16), placement, ["c0"], 1)
+    waiting = pod("waiting", {NEURON: 4}, namespace="ml")
+    ledger.replace_pods(
+        [
+            pod("ours", {NEURON: 16}, node="known", annotations=ours, phase="Running"),
+            pod("theirs", {NEURON: 16}, node="unknown", phase="Running"),
+            waiting,
+        ]
+    )
+    diagnosis = diagnosis_json(diagnose(ledger, waiting))
+    assert {n["verdict"] for n in diagnosis["nodes"]} == {"fits", "blocked"}
+    fields = keys(fleet_json(fleet_view(ledger))) | keys(diagnosis)
+    fields.add("pictures_capped_at")
+    text = (ROOT / "docs" / "operations.md").read_text()
+    # `nodes[].pods[].cores` documents nodes, pods and cores.
+    documented = {
+        w for quoted in re.findall(r"`([^`\n]+)`", text) for w in re.findall(r"\w+", quoted)
+    }
+    assert fields - documented == set()
+    assert {"nodes_now", "holding_the_block", "where", "version", "placement"} <= fields
