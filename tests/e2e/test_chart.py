@@ -21,6 +21,7 @@ import yaml
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
 from tests.builders import node as node_object
 from tests.builders import node_json
 from tests.e2e.chart import (
@@ -296,7 +297,11 @@ def test_extender_entry_matches_the_testbed(combo: str) -> None:
 def test_my_scheduler_configuration() -> None:
     docs = render()
     config = scheduler_config(docs)
-    assert config["profiles"] == [{"schedulerName": "my-scheduler"}]
+    # The profile the simulator models and the e2e suite runs (sim/kubescheduler.py CHART).
+    assert config["profiles"] == [scheduler_profile(CHART, "my-scheduler")]
+    assert config["extenders"][0]["weight"] == CHART.extender_weight == 20
+    spreading = scheduler_config(render({"scheduler": {"scoring": {"packNeuron": False}}}))
+    assert spreading["profiles"] == [scheduler_profile(DEFAULT_WITH_PRIORITIZE, "my-scheduler")]
     assert config["leaderElection"] == {
         "leaderElect": True,
         "resourceNamespace": "kube-system",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+from neuron_scheduler.sim.kubescheduler import CHART, Profile, scheduler_profile
 
 if TYPE_CHECKING:
     from .pki import Pki
@@ -18,8 +19,12 @@ def scheduler_config(
     preemption: bool = True,
     kubeconfig: str | None = None,
     pki: Pki | None = None,
+    profile: Profile = CHART,
 ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with one profile and, optionally, our extender.
+
+    The profile's scoring is the chart's (sim/kubescheduler.py CHART) unless told otherwise,
+    so the e2e suite schedules as a chart install does.
 
     Without kubeconfig the scheduler uses its in-cluster service account, which
     is what the Helm chart deploys; the testbed passes one. With `pki`, kube-scheduler calls
@@ -29,7 +34,11 @@ def scheduler_config(
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": scheduler_name}],
+        "profiles": [scheduler_profile(profile, scheduler_name)],
+        # Refused pods are retried within a second (the default backs off up to 10 s): tests
+        # and the sim-vs-real replay wait for kube-scheduler to settle, not for its back-off.
+        "podInitialBackoffSeconds": 1,
+        "podMaxBackoffSeconds": 1,
     }
     if kubeconfig is not None:
         config["clientConnection"] = {"kubeconfig": kubeconfig}
@@ -39,7 +48,7 @@ def scheduler_config(
                 "urlPrefix": extender_url,
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
-                "weight": 1,
+                "weight": profile.extender_weight,
                 "bindVerb": "bind",
                 "nodeCacheCapable": node_cache_capable,
                 # A down extender must fail scheduling, not silently bypass it.
@@ -52,6 +61,8 @@ def scheduler_config(
                 ],
             }
         ]
+        if not profile.extender_prioritizes:
+            del config["extenders"][0]["prioritizeVerb"]
         if preemption:
             config["extenders"][0]["preemptVerb"] = "preempt"
         if pki is not None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from neuron_scheduler.sim.kubescheduler import CHART, Profile
+
 from .controlplane import ControlPlane, Scheduler
 from .manifests import scheduler_config
 from .pki import Pki
@@ -215,21 +217,26 @@ class Stack:
         self.scheduler: Scheduler | None = None
         self.node_cache_capable = True
         self.preemption = True
+        self._scheduler_setup: tuple[bool, bool, Profile] | None = None
 
-    def use_scheduler(self, node_cache_capable: bool, preemption: bool = True) -> Scheduler:
+    def use_scheduler(
+        self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART
+    ) -> Scheduler:
         """(Re)start `my-scheduler` with the extender in the given node mode, with or without
-        the preempt verb."""
-        wanted = (node_cache_capable, preemption)
-        if self.scheduler is not None and (self.node_cache_capable, self.preemption) == wanted:
+        the preempt verb, scoring as `profile` says (the chart's by default)."""
+        wanted = (node_cache_capable, preemption, profile)
+        if self.scheduler is not None and self._scheduler_setup == wanted:
             return self.scheduler
         if self.scheduler is not None:
             self.scheduler.stop()
-        self.node_cache_capable, self.preemption = wanted
+        self._scheduler_setup = wanted
+        self.node_cache_capable, self.preemption = node_cache_capable, preemption
         config = scheduler_config(
             extender_url=self.extender.url,
             node_cache_capable=node_cache_capable,
             preemption=preemption,
             pki=self.pki,
+            profile=profile,
         )
         self.scheduler = self.cp.start_scheduler(config=config)
         return self.scheduler

@@ -221,7 +221,8 @@ its kube-scheduler (tests/testbed/manifests.py).
   # Victims that free a contiguous block (docs/preemption.md).
   preemptVerb: preempt
   {{- end }}
-  weight: 1
+  # At 20 one point of topology score outweighs any in-tree score (values.yaml scheduler.scoring).
+  weight: {{ .Values.scheduler.scoring.extenderWeight }}
   bindVerb: bind
   nodeCacheCapable: {{ .Values.scheduler.nodeCacheCapable }}
   # A down extender must fail scheduling, not silently bypass it.
@@ -252,6 +253,30 @@ its kube-scheduler (tests/testbed/manifests.py).
     keyFile: /etc/kubernetes/neuron-scheduler/client.key
     caFile: /etc/kubernetes/neuron-scheduler/ca.crt
     {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+my-scheduler's profile; the same the testbed's kube-scheduler runs (sim/kubescheduler.py CHART,
+rendered by scheduler_profile; tests/e2e/test_chart.py compares them).
+*/}}
+{{- define "ns.schedulerProfile" -}}
+- schedulerName: {{ include "ns.scheduler" . }}
+  {{- if .Values.scheduler.scoring.packNeuron }}
+  plugins:
+    score:
+      disabled:
+        - name: NodeResourcesBalancedAllocation
+  pluginConfig:
+    - name: NodeResourcesFit
+      args:
+        scoringStrategy:
+          type: MostAllocated
+          resources:
+            - name: aws.amazon.com/neuron
+              weight: 1
+            - name: aws.amazon.com/neuroncore
+              weight: 1
   {{- end }}
 {{- end -}}
 
