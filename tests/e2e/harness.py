@@ -80,14 +80,16 @@ class Scenario:
         annotations: dict[str, str] | None = None,
         scheduler: str = "my-scheduler",
         priority_class: str = "",
+        isolated: bool = True,
     ) -> dict[str, Any]:
+        """isolated: a nodeSelector keeps the pod on this test's nodes."""
         body = pod_json(
             name,
             limits,
             namespace=self.namespace,
             annotations=annotations,
             scheduler=scheduler,
-            node_selector={"neuron-test": self.id},
+            node_selector={"neuron-test": self.id} if isolated else None,
         )
         for server_side in ("uid", "labels"):
             del body["metadata"][server_side]

@@ -134,6 +134,15 @@ class Scheduler:
         self.stop()
         self.start()
 
+    def metrics(self, token: str) -> str:
+        """Its /metrics text (the admin token passes the delegated authorization; the serving
+        certificate is the self-signed one it made for 127.0.0.1)."""
+        req = urllib.request.Request(f"https://127.0.0.1:{self.port}/metrics")
+        req.add_header("Authorization", f"Bearer {token}")
+        with opener(None).open(req, timeout=10.0) as resp:
+            text: str = resp.read().decode()
+        return text
+
     def alive(self) -> bool:
         return self.process.alive()
 

@@ -1,0 +1,30 @@
+"""The simulator predicts the real kube-scheduler + extender (issue 16 §2), at a small size: the
+same rounds of creations and deletions through both, the same number of pods placed
+(bench/replay.py runs 40 nodes and 1,000 pods; figures in BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_scheduler.core.catalog import Catalog
+from tests.e2e.harness import Scenario
+from tests.e2e.replay import plan, run_real, simulate
+
+FLEET = (
+    ("inf1.6xlarge", 2),
+    ("inf2.48xlarge", 2),
+    ("trn1.32xlarge", 2),
+    ("trn2.48xlarge", 1),
+)
+
+
+@pytest.mark.parametrize("mode", [True], ids=["nodeCacheCapable"], indirect=True)
+def test_simulator_places_what_the_real_scheduler_places(scenario: Scenario) -> None:
+    replay = plan(FLEET, pods=120, per_round=20, mean_rounds=3, seed=4)
+    real = run_real(scenario, replay)
+    # The workload overfills the fleet: some pods wait, so placement decides what fits.
+    assert real.pending_at_end > 0, real
+    # Ties between nodes are broken at random, in kube-scheduler and in the simulator: the real
+    # run must fall within the simulator's spread over seeds, give or take 2%.
+    placed = [simulate(replay, Catalog.builtin(), seed)[0].placed for seed in range(10)]
+    assert min(placed) * 0.98 <= real.placed <= max(placed) * 1.02, (real, placed)
