@@ -182,7 +182,8 @@ def test_custom_scheduler_keys(upstream: list[Doc]) -> None:
     assert main["securityContext"]["privileged"] is False
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     config = scheduler_config(upstream, name)
-    assert config["profiles"] == [{"schedulerName": name}]
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == name
     assert config["leaderElection"]["resourceNamespace"] == namespace
     (entry,) = config["extenders"]
     assert entry["urlPrefix"] == (
