@@ -8,10 +8,13 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 from aiohttp import web
 
+from neuron_scheduler.kube import client
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
+from neuron_scheduler.kube.errors import TooLarge
 from neuron_scheduler.kube.watching import Watch
 
 
@@ -190,3 +193,46 @@ async def test_silent_watch_is_abandoned_and_resumed() -> None:
         assert len(fake.watch_calls) >= 2
     finally:
         await stop()
+
+
+async def test_an_event_bigger_than_aiohttps_line_limit_is_read() -> None:
+    """A pod may carry up to 256 KiB of annotations, and etcd keeps objects up to 1.5 MiB: its
+    watch event is one line far over aiohttp's default 128 KiB line limit."""
+    fake = FakeServer()
+    fake.items = [fake.obj("a")]
+    big = {
+        "metadata": {"name": "big", "resourceVersion": "40", "annotations": {"x": "y" * 1_400_000}}
+    }
+    fake.watches = [
+        [
+            ("ADDED", big),
+            ("ADDED", {"metadata": {"name": "after", "resourceVersion": "41"}}),
+            ("sleep", 60),
+        ]
+    ]
+    view = View()
+    watch, stop = await run_watch(fake, view)
+    try:
+        await until(lambda: "after" in view.names)
+        assert view.names == {"a", "big", "after"}
+        assert watch.resource_version == "41"
+    finally:
+        await stop()
+
+
+async def test_an_answer_over_the_size_limit_is_refused_whole(monkeypatch: Any) -> None:
+    monkeypatch.setattr(client, "MAX_ANSWER_BYTES", 1000)
+    fake = FakeServer()
+    fake.items = [
+        {"metadata": {"name": f"n{i}", "annotations": {"x": "y" * 700}}} for i in range(3)
+    ]
+    runner, url = await start(fake)
+    api = KubeAPI(KubeConfig(server=url))
+    try:
+        with pytest.raises(TooLarge, match="larger than 1000 bytes"):
+            await api.request("GET", "/items")
+        fake.items = fake.items[:1]
+        assert b'"n0"' in await api.request("GET", "/items")
+    finally:
+        await api.close()
+        await runner.cleanup()

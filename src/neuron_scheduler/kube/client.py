@@ -11,7 +11,7 @@ import aiohttp
 import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
-from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.errors import TooLarge, api_error
 from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList
 
 
@@ -120,7 +120,7 @@ class KubeAPI:
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self._timeout),
         ) as response:
-            payload = await response.read()
+            payload = await _read_bounded(response, method, path)
             if response.status >= 400:
                 raise api_error(method, path, response.status, payload)
             return payload
@@ -138,8 +138,10 @@ class KubeAPI:
             ),
         ) as response:
             if response.status >= 400:
-                raise api_error("GET", path, response.status, await response.read())
-            async for line in response.content:
+                raise api_error(
+                    "GET", path, response.status, await _read_bounded(response, "GET", path)
+                )
+            while line := await response.content.readline(max_line_length=MAX_EVENT_BYTES):
                 if line.strip():
                     yield line
 
@@ -287,3 +289,23 @@ class KubeAPI:
                 "preconditions": {"uid": uid},
             },
         )
+
+
+# etcd keeps objects under 1.5 MiB (its default request limit): a list page of 500 such objects
+# (the most we ask for) fits, with room for the envelope; a watch event is one object.
+MAX_ANSWER_BYTES = 800 * 1024 * 1024
+# aiohttp's default line limit is 128 KiB, less than one pod with its 256 KiB of annotations.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, method: str, path: str) -> bytes:
+    if response.content_length is not None and response.content_length > MAX_ANSWER_BYTES:
+        raise TooLarge(method, path, MAX_ANSWER_BYTES)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 20):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise TooLarge(method, path, MAX_ANSWER_BYTES)
+        chunks.append(chunk)
+    return b"".join(chunks)

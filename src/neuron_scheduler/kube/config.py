@@ -4,7 +4,9 @@ kubeconfig (for the commands a person runs, and the kubectl plugin)."""
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import dataclasses
 import os
 import ssl
@@ -46,12 +48,19 @@ class KubeConfig:
 
 
 def _materialize(data: str, suffix: str) -> Path:
-    # ssl wants files; kubeconfigs often embed base64 data instead.
+    # ssl wants files; kubeconfigs often embed base64 data instead. Removed at exit: one may be
+    # a private key.
     with tempfile.NamedTemporaryFile(
         prefix="neuron-scheduler-", suffix=suffix, delete=False
     ) as handle:
+        atexit.register(_remove, handle.name)
         handle.write(base64.b64decode(data))
     return Path(handle.name)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def load_kubeconfig(path: Path) -> KubeConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import aiohttp
 import msgspec
+from aiohttp.http_exceptions import HttpProcessingError
 
 
 class ApiError(Exception):
@@ -42,6 +43,14 @@ class Gone(ApiError):
     """410: the resourceVersion a watch or list asked for has been compacted away."""
 
 
+class TooLarge(ApiError):
+    """The answer's body is over the size we read (a list page of hostile objects, a broken
+    proxy): refused whole rather than held in memory."""
+
+    def __init__(self, method: str, path: str, limit: int) -> None:
+        super().__init__(method, path, 0, f"answer larger than {limit} bytes".encode())
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
 
@@ -53,6 +62,8 @@ def api_error(method: str, path: str, status: int, body: bytes) -> ApiError:
 API_ERRORS: tuple[type[BaseException], ...] = (
     ApiError,
     aiohttp.ClientError,
+    # A malformed answer or one line over the limit (aiohttp's LineTooLong is no ClientError).
+    HttpProcessingError,
     TimeoutError,
     OSError,
 )
