@@ -1,7 +1,7 @@
 """The Dockerfile, checked without a Docker engine: what it copies exists and is not excluded by
 .dockerignore, it installs from the lockfile, runs as the uid the chart names, and its entrypoint
 is the project's console script, and its build stage's install steps, replayed without an
-engine, give a working tool. (The image itself is not built here: no Docker engine.)"""
+engine, give a working tool. (The image itself is built and run by tests/e2e/test_image.py.)"""
 
 from __future__ import annotations
 
@@ -55,8 +55,14 @@ def ignored(path: str) -> bool:
 def test_stages_and_copies() -> None:
     steps = instructions()
     stages = [args.split()[-1] for kw, args in steps if kw == "FROM" and " AS " in args.upper()]
-    assert stages == ["build", "runtime"]
-    assert all("slim" in args for kw, args in steps if kw == "FROM")
+    assert stages == ["uv", "build", "runtime"]
+    # Bases by build argument (tools/image/build.sh passes local ones); the published build's
+    # defaults are the official slim Python image and uv's own.
+    froms = [args.split()[0] for kw, args in steps if kw == "FROM"]
+    assert froms == ["${UV_IMAGE}", "${BASE_IMAGE}", "${BASE_IMAGE}"]
+    defaults = dict(args.split("=", 1) for kw, args in steps if kw == "ARG" and "=" in args)
+    assert defaults["BASE_IMAGE"].startswith("python:") and "slim" in defaults["BASE_IMAGE"]
+    assert defaults["UV_IMAGE"].startswith("ghcr.io/astral-sh/uv:")
     copied: list[str] = []
     for kw, args in steps:
         if kw != "COPY":
