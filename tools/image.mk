@@ -19,9 +19,9 @@ IMAGE_TOOLS := podman runc mmdebstrap
 NEURON_SCHEDULER_IMAGE := $(shell $(IMAGE_DIR)/build.sh --name 2>/dev/null)
 export NEURON_SCHEDULER_IMAGE
 
-.PHONY: image image-tools
+.PHONY: image image-tools image-clean
 image: image-tools
-	@$(IMAGE_DIR)/build.sh
+	@$(if $(UV),UV=$(UV)) $(IMAGE_DIR)/build.sh
 
 # A failed install runs `apt-get update` once and tries again (a fresh machine has no lists).
 image-tools:
@@ -32,3 +32,11 @@ image-tools:
 	  apt-get install -y -q --no-install-recommends $(IMAGE_TOOLS) \
 	    || { apt-get update -q && apt-get install -y -q --no-install-recommends $(IMAGE_TOOLS); }; \
 	fi
+
+# Removes every build, including other checkouts', with the base and uv images and the build
+# stages' cached layers (podman's untagged images, all of them): the next `make image` is cold.
+image-clean: image-tools
+	@images=$$($(IMAGE_DIR)/podman.sh images --format '{{.Repository}}:{{.Tag}}' \
+	  | grep -E '^localhost/neuron-scheduler(-base|-uv)?:' || true); \
+	if [ -n "$$images" ]; then $(IMAGE_DIR)/podman.sh rmi $$images; fi
+	$(IMAGE_DIR)/podman.sh image prune --force

@@ -65,19 +65,13 @@ if ! exists "$uv"; then
   echo "build.sh: uv $uv_version from its wheel -> $uv" >&2
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$work" "uv==$uv_version" >&2
-  mkdir "$work/root"
-  python3 - "$work" "$uv_version" <<'PY'
-import pathlib, sys, zipfile
-work, version = pathlib.Path(sys.argv[1]), sys.argv[2]
-(wheel,) = work.glob(f"uv-{version}-*.whl")
-with zipfile.ZipFile(wheel) as archive:
-    for name in ("uv", "uvx"):
-        target = work / "root" / name
-        target.write_bytes(archive.read(f"uv-{version}.data/scripts/{name}"))
-        target.chmod(0o755)
-PY
-  tar -C "$work/root" -cf "$work/uv.tar" uv uvx
+  # uv installs the wheel (no pip needed: under `uv run`, python3 is the venv's, which has none);
+  # the wheel's bin/ holds the uv and uvx binaries the release image has at its root.
+  "${UV:-uv}" pip install --quiet --no-deps --only-binary :all: --target "$work/wheel" \
+    "uv==$uv_version" >&2
+  "$work/wheel/bin/uv" --version | grep -qF "uv $uv_version " \
+    || { echo "build.sh: the wheel's uv is not $uv_version" >&2; exit 1; }
+  tar -C "$work/wheel/bin" -cf "$work/uv.tar" uv uvx
   "$here/podman.sh" import --quiet "$work/uv.tar" "$uv" >/dev/null
 fi
 
