@@ -12,6 +12,9 @@ Contenders:
   the documented snippet;
 - first-fit: a topology-aware extender that filters and binds only, lowest devices first (AWS's
   extension), under kube-scheduler's defaults;
+- DRA: our DRA driver's published devices under the scheduler's own DRA allocator (first fit
+  in our order, no scoring; `dra/firstfit.py`) and kube-scheduler's default profile, no extender
+  (issue 20). DRA hands out whole devices: a k-core request takes the devices that hold k cores;
 - no-topology bound: counts only, contiguity ignored.
 
 Each workload (sim/workloads.py, committed seeded generators) runs at two offered loads:
@@ -40,22 +43,37 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from neuron_scheduler.core.allocation import Decision, NodeState, Policy
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.dra.firstfit import allocate_like_scheduler
 from neuron_scheduler.sim.contenders import (
     FIRST_FIT,
     NEURON_SCHEDULER,
     NO_TOPOLOGY,
     Contender,
 )
-from neuron_scheduler.sim.kubescheduler import DEFAULT_WITH_PRIORITIZE
+from neuron_scheduler.sim.kubescheduler import DEFAULT_FILTER_ONLY, DEFAULT_WITH_PRIORITIZE
 from neuron_scheduler.sim.simulation import SimResult
 from neuron_scheduler.sim.workloads import STANDARD
+
+
+def dra_allocator(
+    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+) -> Decision:
+    del policy  # the scheduler's DRA allocator has one: first fit
+    if request.unit is Unit.CORE:
+        request = NeuronRequest(NEURON, -(-request.count // topology.cores_per_device))
+    return allocate_like_scheduler(topology, state, request)
+
 
 LOADS = {"overload": 1.2, "busy": 0.85}
 CONTENDERS = (
     NEURON_SCHEDULER,
     Contender("neuron-scheduler, default profile", profile=DEFAULT_WITH_PRIORITIZE),
     FIRST_FIT,
+    Contender("DRA", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY, dra_allocator),
     NO_TOPOLOGY,
 )
 BOUND = NO_TOPOLOGY.label

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.builders import node_json
+from tests.e2e.harness import remove_pods_and_nodes
 from tests.testbed import ControlPlane, ManagedProcess, Stack
 
 pytestmark = pytest.mark.e2e
@@ -272,6 +273,8 @@ class Node:
         self.peer.stop()
         self.plugin.stop()
         shutil.rmtree(self.plugin_dir, ignore_errors=True)
+        # The session's control plane is shared: later tests would see this node.
+        remove_pods_and_nodes(self.cp, self.namespace, [self.name])
 
 
 @pytest.fixture

@@ -20,7 +20,11 @@ from tests.builders import node_json, pod_json
 from tests.e2e.harness import Scenario, ids, wait_for
 from tests.testbed import ExtenderProcess
 
-HEALTHZ_P99_BOUND = 0.100  # seconds (issue 21), or ten times the quiet p99 on a slow machine
+# What a stall looks like, against noise: the bugs of issue 21 stalled /healthz for 3-19 s; a
+# shared 2-vCPU machine running the suite beside other work shows p99 spikes of 100-200 ms with
+# nothing wrong. So: a second, or twenty times the quiet p99 of the same run.
+HEALTHZ_P99_BOUND = 1.0
+QUIET_FACTOR = 20
 
 
 class HealthProbe:
@@ -65,7 +69,7 @@ def quiet_p99(extender: ExtenderProcess, seconds: float = 1.5) -> float:
 
 
 def assert_responsive(probe: HealthProbe, quiet: float) -> None:
-    bound = max(HEALTHZ_P99_BOUND, 10 * quiet)
+    bound = max(HEALTHZ_P99_BOUND, QUIET_FACTOR * quiet)
     assert len(probe.samples) >= HealthProbe.MIN_SAMPLES, "/healthz stalled: too few answers"
     assert probe.p99 <= bound, f"/healthz p99 {probe.p99 * 1000:.0f} ms > {bound * 1000:.0f} ms"
 

@@ -1,14 +1,18 @@
 """The simulator predicts the real kube-scheduler + extender (issue 16 §2), at a small size: the
 same rounds of creations and deletions through both, the same number of pods placed
-(bench/replay.py runs 40 nodes and 1,000 pods; figures in BENCHMARKS.md)."""
+(bench/replay.py runs 40 nodes and 1,000 pods; figures in BENCHMARKS.md).
+
+A control plane of its own: the replay's pods carry no nodeSelector (tests/e2e/replay.py says
+why), so no other test's nodes may be there."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
 from neuron_scheduler.core.catalog import Catalog
 from tests.e2e.harness import Scenario
 from tests.e2e.replay import plan, run_real, simulate
+from tests.testbed import ControlPlane, Stack
 
 FLEET = (
     ("inf1.6xlarge", 2),
@@ -18,10 +22,15 @@ FLEET = (
 )
 
 
-@pytest.mark.parametrize("mode", [True], ids=["nodeCacheCapable"], indirect=True)
-def test_simulator_places_what_the_real_scheduler_places(scenario: Scenario) -> None:
+def test_simulator_places_what_the_real_scheduler_places(kubebin: Path) -> None:
     replay = plan(FLEET, pods=120, per_round=20, mean_rounds=3, seed=4)
-    real = run_real(scenario, replay)
+    with ControlPlane(kubebin) as cp:
+        stack = Stack(cp)
+        try:
+            stack.use_scheduler(node_cache_capable=True)
+            real = run_real(Scenario(stack), replay)
+        finally:
+            stack.stop()
     # The workload overfills the fleet: some pods wait, so placement decides what fits.
     assert real.pending_at_end > 0, real
     # Ties between nodes are broken at random, in kube-scheduler and in the simulator: the real
