@@ -31,13 +31,14 @@ base=$repository-base:$suite-$(sha256sum "$here/base.sh" | cut -c1-12)
 uv=$repository-uv:$uv_version
 
 # The build context exactly as .dockerignore selects it: pyproject.toml, uv.lock, README.md,
-# src/ without bytecode.
+# src/ without bytecode or tool caches (`make lint` writes ruff's after this name is taken).
 key=$(
   {
     echo "$base $uv"
     sha256sum Dockerfile .dockerignore "$here/build.sh" "$here/podman.sh"
     sha256sum pyproject.toml uv.lock README.md
-    find src -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum
+    find src -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*/.ruff_cache/*' \
+      ! -path '*/.mypy_cache/*' -print0 | sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-16
 )
 image=$repository:local-$key
