@@ -113,13 +113,18 @@ def node_object(i: int) -> dict[str, Any]:
 def pod_object(i: int, node: int, cores: tuple[int, int], *, bound: bool = True) -> dict[str, Any]:
     start, count = cores
     ids = ",".join(str(c) for c in range(start, start + count))
+    _, devices, node_cores = TYPES[node % len(TYPES)]
+    per_device = node_cores // devices
+    # The devices that hold those cores: the extender checks the two agree (and holds a pod
+    # whose ids do not as an unknown count, with a warning each).
+    devs = ",".join(str(d) for d in sorted({c // per_device for c in range(start, start + count)}))
     annotations = {}
     if bound:
         annotations = {
             "AWS_NEURON_IDS": ids,
             "NEURON_RESOURCE_TYPE": CORE,
             "NEURON_CORES": ids,
-            "NEURON_DEVS": "0",
+            "NEURON_DEVS": devs,
             "NEURON_NODE": f"node-{node:05d}",
             "NEURON_ALLOCATED": "true",
             "NEURON_ALLOC_TIME": "1",
