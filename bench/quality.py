@@ -153,6 +153,7 @@ def print_table(table: dict[str, dict[str, dict[str, Runs]]]) -> list[dict[str, 
                     "large_wait_vs_first_fit": wait / first_wait if first_wait else 1.0,
                     "large_wait_p95": runs.mean("large_wait_p95"),
                     "frag_refusals": runs.mean("frag_refusals"),
+                    "invalid_placements": sum(r.invalid_placements for r in runs.results),
                 }
                 rows.append(row)
                 print(

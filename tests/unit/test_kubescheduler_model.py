@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
+from neuron_scheduler.sim.contenders import FIRST_FIT, NEURON_SCHEDULER, NO_TOPOLOGY
 from neuron_scheduler.sim.kubescheduler import (
     CHART,
     DEFAULT_FILTER_ONLY,
@@ -93,3 +94,11 @@ def test_standard_workloads_at_a_chosen_load(catalog: Catalog) -> None:
         busy = workload.at_load(0.85, catalog)
         assert abs(busy.offered_load(catalog) - 0.85) < 1e-9
         assert busy.nodes() == workload.nodes()
+
+
+def test_only_the_bound_places_what_the_topology_forbids(catalog: Catalog) -> None:
+    workload = STANDARD["mixed"].at_load(1.2, catalog)
+    events = workload.events(1)[:600]
+    for contender in (NEURON_SCHEDULER, FIRST_FIT):
+        assert contender.run(workload.nodes(), catalog, events).invalid_placements == 0
+    assert NO_TOPOLOGY.run(workload.nodes(), catalog, events).invalid_placements > 0

@@ -31,6 +31,8 @@ from neuron_scheduler.core.allocation import (
     allocate,
     busy_devices,
     check_request,
+    is_valid_core_set,
+    is_valid_device_set,
     largest_free_run,
 )
 from neuron_scheduler.core.catalog import Catalog
@@ -126,7 +128,9 @@ class SimResult:
     # Devices in use when a pod was first refused although some node had that many free.
     utilization_at_first_fragmentation: float | None = None
     fragmentation_refusals: int = 0
-    invalid_placements: int = 0  # placements the topology does not allow (counted, never 0 here)
+    # Placements the topology does not allow: 0 for every topology allocator (the property tests
+    # say so too); the no-topology bound makes them on purpose.
+    invalid_placements: int = 0
 
     @property
     def device_utilization(self) -> float:
@@ -274,6 +278,7 @@ class Simulation:
         self._departures: list[tuple[float, int, str]] = []
         self._sequence = 0
         self._now = 0.0
+        self._invalid = 0
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -306,6 +311,7 @@ class Simulation:
                     progress(index + 1)
         # The run ends at the last event, on a busy fleet: that end state is what the pictures
         # show. Pods still waiting count as never placed.
+        result.invalid_placements = self._invalid
         result.pending = {pod: w.reason for pod, w in self._waiting.items()}
         result.never_placed += len(self._waiting)
         for waiting in self._waiting.values():
@@ -510,6 +516,8 @@ class Simulation:
     # --- bookkeeping ----------------------------------------------------------------------------
 
     def _bind(self, node: SimNode, pod: str, placement: Placement, request: NeuronRequest) -> None:
+        if not _allowed(node.topology, placement, request):
+            self._invalid += 1
         self._remove(node)
         node.state = node.state.with_used(placement.core_mask)
         node.requested[request.resource] = node.requested.get(request.resource, 0) + request.count
@@ -580,6 +588,12 @@ def _counts_fit(
         return False
     already = dict(requested).get(request.resource, 0)
     return already + request.count <= resources.get(request.resource)
+
+
+def _allowed(topology: Topology, placement: Placement, request: NeuronRequest) -> bool:
+    if is_valid_device_set(topology, placement.devices):
+        return True
+    return request.unit is Unit.CORE and is_valid_core_set(topology, placement.cores)
 
 
 def _is_large(request: NeuronRequest) -> bool:
