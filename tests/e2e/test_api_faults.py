@@ -55,7 +55,13 @@ FAULTS = Faults(
 )
 # Ids a failed bind left on a pending pod are held for ANNOUNCED_SECONDS (its Binding may still
 # land): what the oracle below (which counts bound pods only) may have to wait for.
-SETTLE_SECONDS = ANNOUNCED_SECONDS + 120
+# kube-scheduler's queueing hints do not requeue a pod when an extender's in-memory hold expires
+# (no cluster event says so), nor on deletions when an in-tree plugin also refused it; it then
+# waits for the flush of pods unschedulable longer than --pod-max-in-unschedulable-pods-duration
+# (5 min by default; 60 s for this test's kube-scheduler, checked every 30 s). Settled within: the
+# holds' life, that flush, and room to schedule.
+FLUSH_SECONDS = 60
+SETTLE_SECONDS = ANNOUNCED_SECONDS + FLUSH_SECONDS + 30 + 90
 FAULT_KINDS = ("cut", "watch-cut", "delay", "answered 500", "answered 409", "answered 429")
 
 
@@ -151,7 +157,8 @@ def test_api_faults_lose_nothing(stack: Stack, tmp_path: Path) -> None:
                 extender_url=extender.url,
                 node_cache_capable=True,
                 pki=stack.pki,
-            )
+            ),
+            extra_args=("--v=2", f"--pod-max-in-unschedulable-pods-duration={FLUSH_SECONDS}s"),
         )
         churn = Churn(scenario)
         creator = threading.Thread(target=churn.create, daemon=True)

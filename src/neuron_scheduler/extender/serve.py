@@ -214,8 +214,16 @@ async def serve(options: ExtenderOptions) -> None:
             )
         side_task = asyncio.get_running_loop().create_task(side.serve()) if side else None
 
+        election: list[asyncio.Task[None]] = []  # the elector's loop, once started
+
         async def on_shutdown() -> None:
             if elector is not None:
+                # Stop renewing first: a renewal in flight that lands after the release would
+                # name us holder again, and the standby would wait out the whole lease.
+                for task in election:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await elector.release()  # a standby takes over at once
             if side is not None and side_task is not None:
                 side.should_exit = True
@@ -230,7 +238,8 @@ async def serve(options: ExtenderOptions) -> None:
         returner = MemoryReturner(trim=malloc_trim())
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
         if elector is not None:
-            tasks.append(asyncio.get_running_loop().create_task(elector.run()))
+            election.append(asyncio.get_running_loop().create_task(elector.run()))
+            tasks += election
         log.info(
             "extender listening on %s://%s:%d%s; probes and metrics on http://%s:%s (API "
             "server %s)",
