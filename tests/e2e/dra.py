@@ -21,7 +21,6 @@ import contextlib
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from neuron_scheduler.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import load_kubeconfig
 from tests.builders import PAUSE_IMAGE, node_json
+from tests.e2e import harness
 from tests.testbed import ControlPlane, KubeError, ManagedProcess, write_kubeconfig
 
 DRIVER = "neuron.neuron-scheduler.io"  # the chart's default
@@ -56,14 +56,7 @@ T = TypeVar("T")
 
 
 def wait_for(check: Callable[[], T | None], what: str, seconds: float = PATIENCE) -> T:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
-        time.sleep(0.1)
+    return harness.wait_for(check, what, seconds)
 
 
 def physical_cores(instance_type: str) -> int:

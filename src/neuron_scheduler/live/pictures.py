@@ -9,23 +9,17 @@ Importing this module imports matplotlib (the `sim` extra); the command imports 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt
 
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.ids import devices_of_cores, mask_ids
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.live.devicemap import HELD_LABEL
 from neuron_scheduler.live.fleet import Fleet, NodeView, fleet_json
-from neuron_scheduler.sim.report import MAX_NODE_PICTURES, draw_node
+from neuron_scheduler.sim.report import MAX_NODE_PICTURES, write_device_maps
 
 if TYPE_CHECKING:
     from neuron_scheduler.sim.simulation import SimNode
@@ -57,32 +51,16 @@ def file_name(node: str) -> str:
 
 def write_pictures(fleet: Fleet, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    nodes_dir = directory / "nodes"
-    nodes_dir.mkdir(exist_ok=True)
     # draw_node reads only name, topology and pods of a SimNode (duck-typed here: the live view
     # has no simulation state to give it).
     nodes = [cast("SimNode", drawn(n)) for n in fleet.nodes[:MAX_NODE_PICTURES]]
-    written: list[Path] = []
-    for node in nodes:
-        fig, ax = plt.subplots(figsize=(3.2, 3.4))
-        draw_node(ax, node)
-        path = nodes_dir / f"{file_name(node.name)}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    if nodes:
-        columns = min(5, len(nodes))
-        rows = math.ceil(len(nodes) / columns)
-        fig, axes = plt.subplots(rows, columns, figsize=(3.0 * columns, 3.2 * rows), squeeze=False)
-        for ax in axes.flat:
-            ax.axis("off")
-        for ax, node in zip(axes.flat, nodes, strict=False):
-            draw_node(ax, node)
-        fig.suptitle("Device maps of the live cluster; colour = pod", fontsize=11)
-        path = directory / "device-maps.png"
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
+    written = write_device_maps(
+        nodes,
+        directory / "nodes",
+        directory / "device-maps.png",
+        "Device maps of the live cluster; colour = pod",
+        file_name,
+    )
     path = directory / "status.json"
     summary = fleet_json(fleet)
     summary["pictures_capped_at"] = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,22 +118,26 @@ def draw_node(ax: Axes, node: SimNode) -> None:
     )
 
 
-def write_report(result: SimResult, directory: Path, label: str = "") -> list[Path]:
-    """PNG device maps (one per node and an overview), a utilization plot and summary.json."""
-    directory.mkdir(parents=True, exist_ok=True)
-    prefix = f"{label}-" if label else ""
+def write_device_maps(
+    nodes: Sequence[SimNode],
+    nodes_dir: Path,
+    overview: Path,
+    title: str,
+    file_name: Callable[[str], str] = str,
+) -> list[Path]:
+    """One picture per node in `nodes_dir` (named by `file_name` of the node's name) and all of
+    them in `overview`; shared with `status --report`, which draws the live fleet."""
+    nodes_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    nodes = result.nodes[:MAX_NODE_PICTURES]
-    nodes_dir = directory / f"{prefix}nodes"
-    nodes_dir.mkdir(exist_ok=True)
     for node in nodes:
         fig, ax = plt.subplots(figsize=(3.2, 3.4))
         draw_node(ax, node)
-        path = nodes_dir / f"{node.name}.png"
+        path = nodes_dir / f"{file_name(node.name)}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
-
+    if not nodes:
+        return written
     columns = min(5, len(nodes))
     rows = math.ceil(len(nodes) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.0 * columns, 3.2 * rows), squeeze=False)
@@ -140,13 +145,24 @@ def write_report(result: SimResult, directory: Path, label: str = "") -> list[Pa
         ax.axis("off")
     for ax, node in zip(axes.flat, nodes, strict=False):
         draw_node(ax, node)
-    fig.suptitle(
-        f"Device maps at the end of the run ({result.policy.value}); colour = pod", fontsize=11
-    )
-    path = directory / f"{prefix}device-maps.png"
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(overview, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    written.append(path)
+    written.append(overview)
+    return written
+
+
+def write_report(result: SimResult, directory: Path, label: str = "") -> list[Path]:
+    """PNG device maps (one per node and an overview), a utilization plot and summary.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = f"{label}-" if label else ""
+    written: list[Path] = []
+    written += write_device_maps(
+        result.nodes[:MAX_NODE_PICTURES],
+        directory / f"{prefix}nodes",
+        directory / f"{prefix}device-maps.png",
+        f"Device maps at the end of the run ({result.policy.value}); colour = pod",
+    )
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     times = [s.time for s in result.samples]
