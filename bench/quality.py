@@ -45,6 +45,7 @@ import matplotlib.pyplot as plt
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Policy
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.demand import DemandWeights
 from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.firstfit import allocate_like_scheduler
@@ -60,9 +61,13 @@ from neuron_scheduler.sim.workloads import STANDARD
 
 
 def dra_allocator(
-    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy,
+    demand: DemandWeights,
 ) -> Decision:
-    del policy  # the scheduler's DRA allocator has one: first fit
+    del policy, demand  # the scheduler's DRA allocator has one way: first fit
     if request.unit is Unit.CORE:
         request = NeuronRequest(NEURON, -(-request.count // topology.cores_per_device))
     return allocate_like_scheduler(topology, state, request)

@@ -1,4 +1,5 @@
-"""Random allocate/release sequences on every instance type keep the allocator's invariants."""
+"""Random allocate/release sequences on every instance type keep the allocator's invariants,
+with and without the cluster's demand (core.demand) steering best-fit."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from neuron_scheduler.core.allocation import (
     Placement,
     Policy,
     Refusal,
+    _unusable,
     allocate,
     busy_devices,
     is_valid_core_set,
     is_valid_device_set,
 )
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology, TopologyKind
 
@@ -35,18 +38,34 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.state = NodeState()
         self.pods: dict[int, tuple[NeuronRequest, Placement]] = {}
         self.next_pod = 0
+        self.demand: Demand | None = None
 
-    @initialize(topology=st.sampled_from(TOPOLOGIES), policy=st.sampled_from(list(Policy)))
-    def pick_node(self, topology: Topology, policy: Policy) -> None:
+    @initialize(
+        topology=st.sampled_from(TOPOLOGIES),
+        policy=st.sampled_from(list(Policy)),
+        by_demand=st.booleans(),
+    )
+    def pick_node(self, topology: Topology, policy: Policy, by_demand: bool) -> None:
         self.topology = topology
         self.policy = policy
+        self.demand = Demand() if by_demand else None
 
     @rule(data=st.data(), resource=st.sampled_from([NEURON, NEURONDEVICE, NEURONCORE]))
     def request(self, data: st.DataObject, resource: str) -> None:
         unit_total = self.topology.total_cores if resource == NEURONCORE else self.topology.devices
         count = data.draw(st.integers(1, unit_total), label="count")
         request = NeuronRequest(resource, count)
-        decision = allocate(self.topology, self.state, request, self.policy)
+        demand = ()
+        if self.demand is not None:
+            self.demand.record(request.unit, count)
+            demand = self.demand.weights
+        decision = allocate(self.topology, self.state, request, self.policy, demand)
+        plain = allocate(self.topology, self.state, request, self.policy)
+        assert isinstance(decision, Refusal) == isinstance(plain, Refusal), "demand changes a fit"
+        if demand and isinstance(plain, Placement) and self.policy is Policy.BEST_FIT:
+            used = self.state.used_cores
+            chosen = _unusable(self.topology, used | decision.core_mask, demand)
+            assert chosen <= _unusable(self.topology, used | plain.core_mask, demand)
         if isinstance(decision, Refusal):
             assert decision.reason
             if request.unit is Unit.DEVICE and self.topology.kind is TopologyKind.TORUS:

@@ -32,7 +32,13 @@ class LedgerMachine(RuleBasedStateMachine):
         entry = self.ledger.nodes.get(name)
         if entry is None:
             return None
-        decision = allocate(entry.topology, self.ledger.state(name), request, Policy.BEST_FIT)
+        decision = allocate(
+            entry.topology,
+            self.ledger.state(name),
+            request,
+            Policy.BEST_FIT,
+            self.ledger.demand.weights,
+        )
         return decision if isinstance(decision, Placement) else None
 
     @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
@@ -97,7 +103,13 @@ class LedgerMachine(RuleBasedStateMachine):
                 if entry is None:
                     assert name not in verdicts.decisions
                     continue
-                fresh = allocate(entry.topology, self.ledger.state(name), request, Policy.BEST_FIT)
+                fresh = allocate(
+                    entry.topology,
+                    self.ledger.state(name),
+                    request,
+                    Policy.BEST_FIT,
+                    self.ledger.demand.weights,
+                )
                 assert verdicts.decisions[name] == fresh, (name, request)
                 assert (name in verdicts.fits) == isinstance(fresh, Placement)
                 score = fresh.score if isinstance(fresh, Placement) else 0

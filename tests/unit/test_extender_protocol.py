@@ -186,7 +186,8 @@ def test_full_node_list_judges_nodes_the_cache_has_not_seen(
     assert seven["NodeNames"] == []
     assert "fresh-inf2" in seven["FailedAndUnresolvableNodes"]  # inf2.24xlarge has 6 devices
     scores = post(base, "/prioritize", full_args(pod_json("six", {DEV: 6}), nodes))
-    assert {s["Host"]: s["Score"] for s in scores} == {"fresh-inf2": 10, "cpu-only": 0}
+    by_node = {s["Host"]: s["Score"] for s in scores}
+    assert by_node["cpu-only"] == 0 and by_node["fresh-inf2"] > 0
     # A node object that makes no sense costs that node only, not the whole answer.
     odd = node_json("odd", "inf2.24xlarge")
     odd["status"]["capacity"]["aws.amazon.com/neuron"] = "lots"
@@ -202,7 +203,9 @@ def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> 
     by_host = {s["Host"]: s["Score"] for s in scores}
     assert by_host["inf1-a"] == 10  # 4 of 4 devices
     assert by_host["inf2-a"] == 0  # does not fit
-    assert 0 < by_host["trn1-a"] < 10
+    # The only pod the cluster has shown asks for 6 devices, which a torus never serves: taking
+    # a row of an empty trn1 wastes nothing the cluster asks for (core.demand).
+    assert by_host["trn1-a"] == 10
     assert all(0 <= s <= 10 for s in by_host.values())
 
 

@@ -254,6 +254,8 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
         request = NeuronRequest(CORE, count)
         verdicts = ledger.fill_verdicts(["n1"], request, Policy.BEST_FIT)
         topology = ledger.nodes["n1"].topology
-        fresh = allocate(topology, ledger.state("n1"), request, Policy.BEST_FIT)
+        fresh = allocate(
+            topology, ledger.state("n1"), request, Policy.BEST_FIT, ledger.demand.weights
+        )
         assert verdicts.decisions["n1"] == fresh
         assert verdicts.scores["n1"] == (fresh.score if isinstance(fresh, Placement) else 0)

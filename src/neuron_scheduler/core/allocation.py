@@ -16,6 +16,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import NamedTuple
 
+from neuron_scheduler.core.demand import DemandWeights
 from neuron_scheduler.core.ids import (
     cores_of_devices,
     devices_touched,
@@ -79,11 +80,20 @@ def allocate(
     state: NodeState,
     request: NeuronRequest,
     policy: Policy = Policy.BEST_FIT,
+    demand: DemandWeights = (),
 ) -> Decision:
-    """Decide a placement. Deterministic: same inputs, same answer."""
-    return _decide(
+    """Decide a placement. Deterministic: same inputs, same answer.
+
+    `demand`: how often the cluster asks for each request shape lately (core.demand). With it,
+    best-fit takes the placement that leaves the least free capacity unusable for those shapes,
+    and scores nodes by that; without it, the placement that keeps the largest blocks whole.
+    """
+    decision = _decide(
         topology, state.used_cores, state.unattributed_cores, request.unit, request.count, policy
     )
+    if not demand or policy is Policy.FIRST_FIT or not isinstance(decision, Placement):
+        return decision
+    return _by_demand(topology, state.used_cores, request.unit, request.count, demand, decision)
 
 
 def check_request(topology: Topology, request: NeuronRequest) -> Refusal | None:
@@ -456,3 +466,120 @@ def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) ->
     for core in ordered:
         touched |= 1 << (core // topology.cores_per_device)
     return topology.span_allowed(touched)
+
+
+# --- placement weighed by demand ---------------------------------------------------------------
+#
+# A node's free capacity is unusable for a request shape when no allowed placement of that shape
+# can use it: every free device of a node that cannot serve the shape at all, the free devices
+# outside every wholly free allowed set of its size, the free cores outside every free allowed
+# window of its count. Weighted by how often each shape is asked for, that is how fragmented the
+# node is for this cluster's work (the fragmentation measure of "Beware of Fragmentation", Weng et
+# al., USENIX ATC '23, with connectivity in place of GPU shares). A placement's waste is how much
+# it raises that measure beyond the capacity it takes itself: zero when it only uses capacity no
+# shape could use or cuts into no block any shape needs. Best-fit by demand picks the placement
+# with the least waste on each node, and nodes score by it, so kube-scheduler picks the node
+# where the pod wastes least.
+
+
+def _by_demand(
+    topology: Topology,
+    used: int,
+    unit: Unit,
+    count: int,
+    demand: DemandWeights,
+    fallback: Placement,
+) -> Placement:
+    if topology.kind is TopologyKind.SWITCH:
+        return fallback  # any set is connected: nothing can be left unusable by the choice
+    return _decide_by_demand(topology, used, unit, count, demand, fallback)
+
+
+@lru_cache(maxsize=1 << 16)
+def _decide_by_demand(
+    topology: Topology,
+    used: int,
+    unit: Unit,
+    count: int,
+    demand: DemandWeights,
+    fallback: Placement,
+) -> Placement:
+    before = _unusable(topology, used, demand)
+    # The best-fit pick stands unless another placement wastes strictly less: among equals the
+    # larger blocks stay whole.
+    best_mask = fallback.core_mask
+    best_after = _unusable(topology, used | best_mask, demand)
+    for mask in _candidate_masks(topology, used, unit, count):
+        after = _unusable(topology, used | mask, demand)
+        if after < best_after:
+            best_mask, best_after = mask, after
+    score = _demand_score(topology, demand, best_mask, best_after - before)
+    if best_mask == fallback.core_mask:
+        return fallback._replace(score=score)
+    cores = tuple(mask_ids(best_mask))
+    if unit is Unit.DEVICE:
+        devices = _ordered(
+            topology, devices_touched(best_mask, topology.cores_per_device, topology.devices)
+        )
+        return Placement(devices, cores_of_devices(devices, topology.cores_per_device), score)
+    per_device = topology.cores_per_device
+    return Placement(tuple(sorted({core // per_device for core in cores})), cores, score)
+
+
+def _demand_score(topology: Topology, demand: DemandWeights, taken: int, raised: int) -> int:
+    """0-10 from how much a placement wastes, in devices: how much the weighted unusable
+    capacity rose (`raised`) plus what it took (it fell by what was taken of it). So taking
+    capacity nothing asked-for could use costs nothing, cutting blocks costs what they were
+    worth, and taking good capacity costs its size: a pod of ten devices or more scores 0
+    everywhere and kube-scheduler's packing (MostAllocated) picks its node. Counting only
+    what a large pod breaks was measured worse (BENCHMARKS.md, "Placement quality")."""
+    total = sum(weight for _, _, weight in demand)
+    waste = (raised + taken.bit_count() * total) / (total * topology.cores_per_device)
+    return 10 - min(10, round(max(waste, 0.0)))
+
+
+def _candidate_masks(topology: Topology, used: int, unit: Unit, count: int) -> list[int]:
+    """Every placement the request could get now, as core masks."""
+    if unit is Unit.DEVICE:
+        busy = busy_devices(topology, used)
+        return [
+            topology.core_mask_of_devices(mask)
+            for mask in topology.device_sets(count)
+            if not mask & busy
+        ]
+    total = topology.total_cores
+    starts = (
+        _window_starts(~used & ((1 << total) - 1), count) & _core_windows(topology, count).allowed
+    )
+    window = (1 << count) - 1
+    return [window << start for start in mask_ids(starts)]
+
+
+def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
+    """Free cores unusable for the shapes asked for, weighted by how often each is asked."""
+    return sum(
+        weight * _unusable_mask(topology, used, unit, count).bit_count()
+        for unit, count, weight in demand
+    )
+
+
+@lru_cache(maxsize=1 << 18)
+def _unusable_mask(topology: Topology, used: int, unit: Unit, count: int) -> int:
+    """The free cores a request of this shape could never be given on this node as it is."""
+    total = topology.total_cores
+    free_cores = ~used & ((1 << total) - 1)
+    if _static_refusal(topology, unit, count) is not None:
+        return free_cores
+    usable = 0
+    if unit is Unit.DEVICE:
+        busy = busy_devices(topology, used)
+        for mask in topology.device_sets(count):
+            if not mask & busy:
+                usable |= mask
+        # Free cores of partly used devices serve no device request.
+        return free_cores & ~topology.core_mask_of_devices(usable)
+    starts = _window_starts(free_cores, count) & _core_windows(topology, count).allowed
+    window = (1 << count) - 1
+    for start in mask_ids(starts):
+        usable |= window << start
+    return free_cores & ~usable

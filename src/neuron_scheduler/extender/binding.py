@@ -137,7 +137,9 @@ class Binder:
                 return f"node {args.Node} left neuron-scheduler's cache"
             claimant = Claimant.of(pod)  # its own held block is its
             state = self.ledger.state_for(claimant, args.Node)
-            decision = allocate(entry.topology, state, request, self.policy)
+            decision = allocate(
+                entry.topology, state, request, self.policy, self.ledger.demand.weights
+            )
             if isinstance(decision, Refusal):
                 reason = decision.reason
                 held = self.ledger.hold_reason(claimant, args.Node, request, self.policy)

@@ -80,7 +80,9 @@ class Judge:
                 return Refusal(NOT_NEURON, True), "no_neuron_node"
             claimant = Claimant.of(args.Pod) if args.Pod is not None else Claimant()
             state = self.ledger.state_for(claimant, name)
-            decision = allocate(resolved.topology, state, request, self.policy)
+            decision = allocate(
+                resolved.topology, state, request, self.policy, self.ledger.demand.weights
+            )
             return decision, ""
 
         return judge

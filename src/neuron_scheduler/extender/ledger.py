@@ -28,6 +28,7 @@ from datetime import datetime
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
+from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.eviction import Occupant
 from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
 from neuron_scheduler.core.handoff import decode as decode_annotations
@@ -169,6 +170,12 @@ class Ledger:
         self._states: dict[str, NodeState] = {}
         # (unit, count, policy, nominated owner, lower nomination priorities passed over)
         self._verdicts: dict[tuple[Unit, int, Policy, str, tuple[int, ...]], Verdicts] = {}
+        # What the cluster asks for: every pod with a Neuron request counts once, when it is
+        # first seen (a restart counts the pods it lists). Kept decisions were made with one
+        # snapshot of it (`_verdicts_demand`, its version) and are dropped when it changes.
+        self.demand = Demand()
+        self._counted: set[str] = set()  # pod uids already in `demand`
+        self._verdicts_demand = 0
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -219,6 +226,8 @@ class Ledger:
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
         self._pod_keys[uid] = pod.key
+        if uid not in self._counted and not pod.finished:
+            self._count_demand(pod)
         self._nominate(pod)
         holding = self._holding_of(pod)
         previous = self._holdings.get(uid)
@@ -239,7 +248,17 @@ class Ledger:
             self._pod_keys.pop(uid, None)
         self._announce_holds()
 
+    def _count_demand(self, pod: Pod) -> None:
+        try:
+            request = neuron_request(pod)
+        except RequestError:
+            return  # no node can serve it: not a shape worth keeping room for
+        if request is not None:
+            self.demand.record(request.unit, request.count)
+            self._counted.add(pod.metadata.uid)
+
     def remove_pod(self, uid: str) -> None:
+        self._counted.discard(uid)
         previous = self._holdings.get(uid)
         if previous is not None:
             self._drop(uid, previous)
@@ -289,7 +308,7 @@ class Ledger:
         bind read the pod first, so a list without it is one taken after the pod was deleted
         (otherwise the reservation would wait for a watch event that never comes). A later
         reservation stays: its pod may be newer than the list."""
-        known = [*self._holdings, *self.nominations, *self._announced]
+        known = [*self._holdings, *self.nominations, *self._announced, *self._counted]
         known += [uid for uid, at in self._reserved_at.items() if at < listed_since]
         replace_all(pods, pod_uid, self.apply_pod, dict.fromkeys(known), self.remove_pod)
 
@@ -442,6 +461,9 @@ class Ledger:
                 {n.priority for n in self.nominations.values() if n.priority < claimant.priority}
             )
         )
+        if self.demand.version != self._verdicts_demand:
+            self._verdicts.clear()  # made with what the cluster asked for before
+            self._verdicts_demand = self.demand.version
         key = (request.unit, request.count, policy, owner, passed)
         verdicts = self._verdicts.get(key)
         if verdicts is None:
@@ -467,7 +489,8 @@ class Ledger:
             entry = self.nodes.get(name)
             if entry is None:
                 continue
-            decision = allocate(entry.topology, self.state_for(claimant, name), request, policy)
+            state = self.state_for(claimant, name)
+            decision = allocate(entry.topology, state, request, policy, self.demand.weights)
             decisions[name] = decision
             if isinstance(decision, Placement):
                 verdicts.fits.add(name)

@@ -36,6 +36,7 @@ from neuron_scheduler.core.allocation import (
     largest_free_run,
 )
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.demand import Demand, DemandWeights
 from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.sim.kubescheduler import (
@@ -62,7 +63,8 @@ DEFAULT_MEMORY = 768 * 1024**3
 # Pods of 8 devices or more: the ones fragmentation makes wait.
 LARGE_DEVICES = 8
 
-Allocator = Callable[[Topology, NodeState, NeuronRequest, Policy], Decision]
+# The last argument: what the cluster asks for lately (core.demand), as the extender would know it.
+Allocator = Callable[[Topology, NodeState, NeuronRequest, Policy, DemandWeights], Decision]
 # Everything that decides a pod's fate on a node: its cores in use, its pods' requests by
 # resource, its pod count, its allocatable.
 NodeKey = tuple[NodeState, tuple[tuple[str, int], ...], int, NodeResources]
@@ -181,17 +183,25 @@ def _utilization(nodes: Iterable[SimNode]) -> tuple[float, float]:
 
 
 def topology_allocator(
-    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy,
+    demand: DemandWeights,
 ) -> Decision:
-    return allocate(topology, state, request, policy)
+    return allocate(topology, state, request, policy, demand)
 
 
 def count_allocator(
-    topology: Topology, state: NodeState, request: NeuronRequest, policy: Policy
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy,
+    demand: DemandWeights,
 ) -> Decision:
     """The no-topology bound: any free devices or cores, connected or not (counts only; the
     counts a topology never allows are still refused)."""
-    del policy
+    del policy, demand
     refusal = check_request(topology, request)
     if refusal is not None:
         return refusal
@@ -248,6 +258,8 @@ class Simulation:
         self.profile = profile
         self.allocator = allocator
         self._rng = random.Random(seed)
+        # Every arrival is recorded, as the extender records every pod it sees appear.
+        self.demand = Demand()
         self.nodes: list[SimNode] = []
         for spec in fleet:
             resolved = catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
@@ -322,6 +334,7 @@ class Simulation:
     def _arrive(self, event: PodEvent, result: SimResult) -> None:
         assert event.request is not None
         result.arrivals += 1
+        self.demand.record(event.request.unit, event.request.count)
         waiting = _Waiting(event.request, event.priority, event.time, event.duration, "")
         self._waiting[event.pod] = waiting
         reason = self._try_place(event.pod, waiting)
@@ -406,7 +419,9 @@ class Simulation:
                 state, requested, pods, resources = key
                 if not _counts_fit(resources, requested, pods, request):
                     continue
-                decision = self.allocator(topology, state, request, self.policy)
+                decision = self.allocator(
+                    topology, state, request, self.policy, self.demand.weights
+                )
                 if isinstance(decision, Refusal):
                     continue
                 feasible.append((decision.score, decision, members))
@@ -444,7 +459,7 @@ class Simulation:
         state, requested, pods, resources = _key(node)
         if not _counts_fit(resources, requested, pods, request):
             return False
-        decision = self.allocator(node.topology, state, request, self.policy)
+        decision = self.allocator(node.topology, state, request, self.policy, self.demand.weights)
         if isinstance(decision, Refusal):
             return False
         self._bind(node, pod, decision, request)
@@ -506,7 +521,9 @@ class Simulation:
                 if not _counts_fit(resources, requested, pods, request):
                     reason = f"Insufficient {request.resource}"
                 else:
-                    decision = self.allocator(topology, state, request, self.policy)
+                    decision = self.allocator(
+                        topology, state, request, self.policy, self.demand.weights
+                    )
                     if not isinstance(decision, Refusal):
                         continue  # fit, but beyond the cut-off
                     reason = decision.reason

@@ -1,0 +1,83 @@
+"""What the cluster asks for (core.demand), and how best-fit weighs it (core.allocation)."""
+
+from __future__ import annotations
+
+from neuron_scheduler.core.allocation import NodeState, Placement, allocate
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.demand import MAX_SHAPES, REFRESH, SCALE, Demand
+from neuron_scheduler.core.ids import cores_of_devices, ids_mask
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
+
+CATALOG = Catalog.builtin()
+
+
+def test_weights_follow_what_is_asked_and_sum_to_the_scale() -> None:
+    demand = Demand()
+    assert demand.weights == ()
+    for _ in range(3):
+        demand.record(Unit.CORE, 2)
+    demand.record(Unit.DEVICE, 8)  # a new shape: a snapshot at once
+    weights = {(unit, count): weight for unit, count, weight in demand.weights}
+    assert set(weights) == {(Unit.CORE, 2), (Unit.DEVICE, 8)}
+    assert weights[(Unit.CORE, 2)] > 2.5 * weights[(Unit.DEVICE, 8)]
+    assert abs(sum(weights.values()) - SCALE) <= len(weights)
+
+
+def test_snapshot_changes_at_most_every_refresh_for_known_shapes() -> None:
+    demand = Demand()
+    demand.record(Unit.CORE, 1)
+    demand.record(Unit.DEVICE, 4)
+    version, weights = demand.version, demand.weights
+    for _ in range(REFRESH - 1):
+        demand.record(Unit.DEVICE, 4)
+    assert (demand.version, demand.weights) == (version, weights)  # kept decisions stay valid
+    demand.record(Unit.DEVICE, 4)
+    assert demand.version == version + 1
+    assert dict(((u, c), w) for u, c, w in demand.weights)[(Unit.DEVICE, 4)] > 900  # 17 of 18
+
+
+def test_old_asks_fade() -> None:
+    demand = Demand()
+    for _ in range(1000):
+        demand.record(Unit.DEVICE, 16)
+    for _ in range(1000):
+        demand.record(Unit.CORE, 1)
+    weights = dict(((u, c), w) for u, c, w in demand.weights)
+    assert weights[(Unit.CORE, 1)] > 0.9 * SCALE  # four half-lives later
+
+
+def test_shapes_are_bounded_whatever_pods_ask_for() -> None:
+    demand = Demand()
+    for count in range(1, 10_000):
+        demand.record(Unit.CORE, count)
+    assert len(demand.weights) <= MAX_SHAPES
+    assert (Unit.CORE, 9_999) in {(u, c) for u, c, _ in demand.weights}  # the newest stays
+
+
+def test_demand_keeps_room_for_the_shapes_asked_for() -> None:
+    """inf2.48xlarge with free runs of 5 (1-5) and 3 (7-9): best-fit alone takes a single from
+    the run of 3, keeping the run of 5 whole; when the cluster asks for 3 devices it takes it from
+    the run of 5, so both runs still serve a 3."""
+    topology = CATALOG.resolve("inf2.48xlarge").topology
+    state = NodeState(ids_mask(cores_of_devices([0, 6, 10, 11], topology.cores_per_device)))
+    one = NeuronRequest(NEURON, 1)
+    plain = allocate(topology, state, one)
+    assert isinstance(plain, Placement) and plain.devices[0] in (7, 9)
+    threes = ((Unit.DEVICE, 3, SCALE),)
+    steered = allocate(topology, state, one, demand=threes)
+    assert isinstance(steered, Placement) and steered.devices[0] in (1, 5)
+    # It breaks no run of 3 and wastes only the device it takes: score 9.
+    assert steered.score == 9
+
+
+def test_a_core_pod_fills_a_device_nothing_else_can_use() -> None:
+    """A free core of a partly used device serves no device request: taking it wastes nothing
+    for a cluster of device pods, so the node that has one scores 10, an empty one less."""
+    topology = CATALOG.resolve("inf2.24xlarge").topology
+    devices = ((Unit.DEVICE, 2, SCALE),)
+    half_used = NodeState(ids_mask([0]))
+    one_core = NeuronRequest(NEURONCORE, 1)
+    filled = allocate(topology, half_used, one_core, demand=devices)
+    assert isinstance(filled, Placement) and filled.cores == (1,) and filled.score == 10
+    empty = allocate(topology, NodeState(), one_core, demand=devices)
+    assert isinstance(empty, Placement) and empty.score < filled.score
