@@ -3,7 +3,10 @@
 Target (issue 2): at least 50,000 decisions/s on one core. Two figures per topology:
 - "cold": the decision function itself with its cache bypassed (every call computes),
 - "fleet": through `allocate`, whose cache is what the extender and simulator hit when many
-  nodes share a type and a state; occupancy drawn from a realistic pool of 2,000 node states.
+  nodes share a type and a state; occupancy drawn from a realistic pool of 2,000 node states;
+- "by demand, cold": through `allocate` with the built-in mix's request shapes as demand
+  (core.demand), every cache cleared before each round: what a decision costs the extender
+  right after the demand changed.
 
 Run: uv run python bench/allocator.py [--seconds 3]
 """
@@ -16,10 +19,19 @@ import random
 import statistics
 import time
 
-from neuron_scheduler.core.allocation import NodeState, Policy, _decide, allocate
+from neuron_scheduler.core.allocation import (
+    NodeState,
+    Policy,
+    _decide,
+    _decide_by_demand,
+    _unusable_mask,
+    allocate,
+)
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.demand import Demand, DemandWeights
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.sim.workloads import DEFAULT_MIX
 
 
 def random_state(rng: random.Random, topology: Topology) -> NodeState:
@@ -41,7 +53,18 @@ def requests_for(topology: Topology) -> list[NeuronRequest]:
     ]
 
 
-def measure(topology: Topology, seconds: float, cold: bool, pool: int) -> list[float]:
+def builtin_demand() -> DemandWeights:
+    demand = Demand()
+    for mix in DEFAULT_MIX:
+        for size in mix.sizes:
+            for _ in range(int(mix.weight * 4)):
+                demand.record(NeuronRequest(mix.resource, size).unit, size)
+    return demand.weights
+
+
+def measure(
+    topology: Topology, seconds: float, cold: bool, pool: int, demand: DemandWeights = ()
+) -> list[float]:
     """Decisions per second in rounds of 2,000 decisions, for `seconds` in all."""
     rng = random.Random(1)
     states = [random_state(rng, topology) for _ in range(pool)]
@@ -51,9 +74,14 @@ def measure(topology: Topology, seconds: float, cold: bool, pool: int) -> list[f
     rates = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
+        if demand:
+            for cache in (_decide, _decide_by_demand, _unusable_mask):
+                cache.cache_clear()
         start = time.perf_counter()
         for state, request in work[:2_000]:
-            if cold:
+            if demand:
+                allocate(topology, state, request, Policy.BEST_FIT, demand)
+            elif cold:
                 decide(topology, state.used_cores, 0, request.unit, request.count, Policy.BEST_FIT)
             else:
                 allocate(topology, state, request)
@@ -77,10 +105,13 @@ def main() -> None:
         topology = catalog.resolve(instance_type).topology
         cold = measure(topology, args.seconds, cold=True, pool=50_000)
         fleet = measure(topology, args.seconds, cold=False, pool=2_000)
+        demand = measure(topology, args.seconds, True, 50_000, builtin_demand())
         print(
             f"{instance_type:14} ({topology.kind.value}, {topology.devices} devices): "
             f"cold median {statistics.median(cold):,.0f} best {max(cold):,.0f} decisions/s; "
-            f"fleet (cached) median {statistics.median(fleet):,.0f} decisions/s"
+            f"fleet (cached) median {statistics.median(fleet):,.0f} decisions/s; "
+            f"by demand, cold median {statistics.median(demand):,.0f} "
+            f"best {max(demand):,.0f} decisions/s"
         )
 
 

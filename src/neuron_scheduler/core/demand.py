@@ -18,11 +18,15 @@ from neuron_scheduler.core.resources import Unit
 MAX_SHAPES = 32
 # Arrivals after which a shape's past asks count half: recent asks matter, one burst does not.
 HALF_LIFE = 256
-# A snapshot is taken at most this often (in arrivals) once every shape is known: the
-# extender's kept decisions are keyed on it and start over when it changes.
+# The snapshot is compared with the counts at most this often (in arrivals), and replaced only
+# when some shape's weight moved by DRIFT or more: the extender's kept decisions are keyed on it
+# and start over when it changes, and a decision weighed by demand costs about 20 plain ones
+# (bench/allocator.py), so a steady cluster must keep its snapshot, and a stream of pods with
+# ever new shapes must not replace it at every pod.
 REFRESH = 16
 # Snapshot weights are integers summing to about this.
 SCALE = 1024
+DRIFT = SCALE // 50
 
 Shape = tuple[Unit, int]  # (unit, count)
 # (unit, count, weight) by unit then count; weights sum to about SCALE. Empty: nothing asked yet.
@@ -72,6 +76,10 @@ class Demand:
             for (unit, count), value in sorted(self._counts.items())
         )
         weights = tuple(w for w in weights if w[2] > 0)
-        if weights != self._weights:
+        old = {(unit, count): weight for unit, count, weight in self._weights}
+        new_shape = any((unit, count) not in old for unit, count, _ in weights)
+        new = {(unit, count): weight for unit, count, weight in weights}
+        drift = max(abs(new.get(shape, 0) - old.get(shape, 0)) for shape in old.keys() | new)
+        if not old or new_shape or drift >= DRIFT:
             self._weights = weights
             self.version += 1
