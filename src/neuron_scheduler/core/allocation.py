@@ -91,9 +91,16 @@ def allocate(
     decision = _decide(
         topology, state.used_cores, state.unattributed_cores, request.unit, request.count, policy
     )
-    if not demand or policy is Policy.FIRST_FIT or not isinstance(decision, Placement):
+    if (
+        not demand
+        or policy is Policy.FIRST_FIT
+        or not isinstance(decision, Placement)
+        or topology.kind is TopologyKind.SWITCH  # any set is connected: no choice wastes more
+    ):
         return decision
-    return _by_demand(topology, state.used_cores, request.unit, request.count, demand, decision)
+    return _decide_by_demand(
+        topology, state.used_cores, request.unit, request.count, demand, decision
+    )
 
 
 def check_request(topology: Topology, request: NeuronRequest) -> Refusal | None:
@@ -480,19 +487,6 @@ def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) ->
 # shape could use or cuts into no block any shape needs. Best-fit by demand picks the placement
 # with the least waste on each node, and nodes score by it, so kube-scheduler picks the node
 # where the pod wastes least.
-
-
-def _by_demand(
-    topology: Topology,
-    used: int,
-    unit: Unit,
-    count: int,
-    demand: DemandWeights,
-    fallback: Placement,
-) -> Placement:
-    if topology.kind is TopologyKind.SWITCH:
-        return fallback  # any set is connected: nothing can be left unusable by the choice
-    return _decide_by_demand(topology, used, unit, count, demand, fallback)
 
 
 @lru_cache(maxsize=1 << 16)
