@@ -259,3 +259,28 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
         )
         assert verdicts.decisions["n1"] == fresh
         assert verdicts.scores["n1"] == (fresh.score if isinstance(fresh, Placement) else 0)
+
+
+def test_what_pods_ask_for_is_counted_once_and_exported() -> None:
+    from prometheus_client import generate_latest
+
+    from neuron_scheduler.extender.metrics import Metrics
+
+    ledger = ledger_with()
+    metrics = Metrics(ledger)
+    for i in range(3):
+        ledger.apply_pod(pod(f"c{i}", {CORE: 2}, uid=f"c{i}"))
+    ledger.apply_pod(pod("d", {DEV: 8}, uid="d"))
+    ledger.apply_pod(pod("d", {DEV: 8}, uid="d"))  # the same pod again: counted once
+    text = generate_latest(metrics.registry).decode()
+    weights = {
+        line.split("{")[1].split("}")[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("neuron_scheduler_demand_weight{")
+    }
+    # 3 to 1 (the newest a little heavier: older asks decay); counted twice, it would be 3 to 2.
+    assert set(weights) == {'count="2",unit="core"', 'count="8",unit="device"'}
+    assert abs(weights['count="8",unit="device"'] - 256) <= 3
+    assert abs(weights['count="2",unit="core"'] - 768) <= 3
+    assert f"neuron_scheduler_demand_snapshots_total {float(ledger.demand.version)}" in text
+    assert ledger.demand.version >= 2  # the first pod, then the new shape at a quarter

@@ -95,6 +95,17 @@ class _NodeCollector(Collector):
             "Pods whose annotated ids could not be theirs; counted by their request instead",
             labels=["reason"],
         )
+        snapshots = CounterMetricFamily(
+            "neuron_scheduler_demand_snapshots",
+            "Times the request-shape weights placement goes by were replaced (each drops the"
+            " kept filter decisions)",
+        )
+        weights = GaugeMetricFamily(
+            "neuron_scheduler_demand_weight",
+            "Share of recent Neuron pods that asked for this shape, in 1/1024ths, as placement"
+            " weighs it",
+            labels=["unit", "count"],
+        )
         for name, entry in list(self.ledger.nodes.items()):
             busy = busy_devices(entry.topology, self.ledger.state(name).used_cores)
             free.add_metric([name], entry.topology.devices - busy.bit_count())
@@ -104,8 +115,13 @@ class _NodeCollector(Collector):
             unusable.add_metric([code], count)
         for code, count in self.ledger.rejected_assignments.items():
             rejected.add_metric([code], count)
+        snapshots.add_metric([], self.ledger.demand.version)
+        for unit, count, weight in self.ledger.demand.weights:
+            weights.add_metric([unit.value, str(count)], weight)
         yield free
         yield block
         yield pods
         yield unusable
         yield rejected
+        yield snapshots
+        yield weights
