@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from prometheus_client import generate_latest
+
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import mask_ids
@@ -7,6 +9,7 @@ from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
+from neuron_scheduler.extender.metrics import Metrics
 from tests.builders import node, pod
 
 
@@ -262,10 +265,6 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
 
 
 def test_what_pods_ask_for_is_counted_once_and_exported() -> None:
-    from prometheus_client import generate_latest
-
-    from neuron_scheduler.extender.metrics import Metrics
-
     ledger = ledger_with()
     metrics = Metrics(ledger)
     for i in range(3):

@@ -21,11 +21,12 @@ HALF_LIFE = 256
 # The snapshot is compared with the counts every REFRESH arrivals and at each new shape, and
 # replaced only when some shape's weight moved by DRIFT or more (a new shape: when its own weight
 # reaches DRIFT). The extender's kept decisions are keyed on the snapshot and start over when it
-# changes (the first filter after a change costs several steady ones, bench/extender.py), so a
-# steady cluster must keep it, and a stream of pods with ever new shapes must not replace it at
-# every pod. DRIFT is about 3 standard deviations of the largest weights' sampling noise (the
-# histogram's effective window is about 2.9 x HALF_LIFE arrivals): the standard workloads' steady
-# mixes replace it every 1,400-4,500 pods (every 180-200 with a DRIFT of a fiftieth).
+# changes (the first filter over 500 nodes after a change took 50-125 ms, ~150 steady ones, in
+# bench/extender.py), so a steady cluster must keep it, and a stream of pods with ever new shapes
+# must not replace it at every pod. DRIFT is about 3 standard deviations of the largest weights'
+# sampling noise (the histogram's effective window is about 2.9 x HALF_LIFE arrivals): the
+# standard workloads' steady mixes replace it every 1,400-4,500 pods (every 180-200 with a DRIFT
+# of a fiftieth).
 REFRESH = 16
 # Snapshot weights are integers summing to about this.
 SCALE = 1024
