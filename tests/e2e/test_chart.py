@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
@@ -791,8 +792,9 @@ def label_names(expr: str) -> set[str]:
 def exported_series() -> dict[str, set[str]]:
     """Every series the extender's /metrics carries, with its label names, read from the running
     code: the registry's samples once each labelled family has a child, the ledger a node, an
-    unusable node and a rejected annotation."""
+    unusable node, a rejected annotation and a pod asking for Neuron devices."""
     ledger = Ledger(Catalog.builtin())
+    ledger.demand.record(Unit.DEVICE, 1)
     ledger.apply_node(node_object("n1", "inf2.48xlarge"))
     ledger.apply_node(node_object("n2", "inf2.48xlarge", devices=5))  # unusable: not 12 devices
     ledger.rejected_assignments["example"] += 1
