@@ -7,9 +7,10 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.allocation import Decision, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
+from neuron_scheduler.core.demand import Demand
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.extender.ledger import Ledger
 from tests.builders import node, pod
 
@@ -28,17 +29,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self.bound: list[str] = []
         self.reserved: list[tuple[str, str]] = []
 
-    def _place(self, name: str, request: NeuronRequest) -> Placement | None:
+    def _fresh(self, name: str, request: NeuronRequest) -> Decision | None:
+        """A decision made now, from nothing kept (None: the node is not in the cache)."""
         entry = self.ledger.nodes.get(name)
         if entry is None:
             return None
-        decision = allocate(
-            entry.topology,
-            self.ledger.state(name),
-            request,
-            Policy.BEST_FIT,
-            self.ledger.demand.weights,
-        )
+        state = self.ledger.state(name)
+        return allocate(entry.topology, state, request, Policy.BEST_FIT, self.ledger.demand.weights)
+
+    def _place(self, name: str, request: NeuronRequest) -> Placement | None:
+        decision = self._fresh(name, request)
         return decision if isinstance(decision, Placement) else None
 
     @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
@@ -99,17 +99,10 @@ class LedgerMachine(RuleBasedStateMachine):
         for request in REQUESTS:
             verdicts = self.ledger.fill_verdicts(list(NODES), request, Policy.BEST_FIT)
             for name in NODES:
-                entry = self.ledger.nodes.get(name)
-                if entry is None:
+                fresh = self._fresh(name, request)
+                if fresh is None:
                     assert name not in verdicts.decisions
                     continue
-                fresh = allocate(
-                    entry.topology,
-                    self.ledger.state(name),
-                    request,
-                    Policy.BEST_FIT,
-                    self.ledger.demand.weights,
-                )
                 assert verdicts.decisions[name] == fresh, (name, request)
                 assert (name in verdicts.fits) == isinstance(fresh, Placement)
                 score = fresh.score if isinstance(fresh, Placement) else 0
@@ -118,3 +111,34 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerVerdicts = LedgerMachine.TestCase
 TestLedgerVerdicts.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+class _SettledDemand(Demand):
+    """What the cluster asks for, no longer moving: each pod the machine adds would otherwise
+    change the snapshot now and then, and every change drops all kept decisions, which would
+    hide one that a pod, reservation or node change failed to drop."""
+
+    settled = False
+
+    def record(self, unit: Unit, count: int) -> None:
+        if not self.settled:
+            super().record(unit, count)
+
+
+class SettledDemandMachine(LedgerMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        demand = _SettledDemand()
+        for request in REQUESTS:
+            demand.record(request.unit, request.count)
+        demand.settled = True
+        self.ledger.demand = demand
+        self.version = demand.version
+
+    @invariant()
+    def demand_stays_settled(self) -> None:
+        assert self.ledger.demand.version == self.version
+
+
+TestLedgerVerdictsSettledDemand = SettledDemandMachine.TestCase
+TestLedgerVerdictsSettledDemand.settings = TestLedgerVerdicts.settings
