@@ -559,13 +559,21 @@ def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
 
 @lru_cache(maxsize=1 << 18)
 def _unusable_mask(topology: Topology, used: int, unit: Unit, count: int) -> int:
-    """The free cores a request of this shape could never be given on this node as it is: those
-    outside every placement it could get now (for a device request that includes the free cores
-    of partly used devices)."""
-    free_cores = ~used & ((1 << topology.total_cores) - 1)
+    """The free cores a request of this shape could never be given on this node as it is."""
+    total = topology.total_cores
+    free_cores = ~used & ((1 << total) - 1)
     if _static_refusal(topology, unit, count) is not None:
         return free_cores
     usable = 0
-    for mask in _candidate_masks(topology, used, unit, count):
-        usable |= mask
+    if unit is Unit.DEVICE:
+        busy = busy_devices(topology, used)
+        for mask in topology.device_sets(count):
+            if not mask & busy:
+                usable |= mask
+        # Free cores of partly used devices serve no device request.
+        return free_cores & ~topology.core_mask_of_devices(usable)
+    starts = _window_starts(free_cores, count) & _core_windows(topology, count).allowed
+    window = (1 << count) - 1
+    for start in mask_ids(starts):
+        usable |= window << start
     return free_cores & ~usable
