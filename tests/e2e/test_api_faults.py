@@ -1,11 +1,12 @@
 """Issue 15, part 5: API faults lose nothing.
 
 The extender reaches kube-apiserver only through a fault proxy of ours (tests/testbed/faultproxy.py)
-that cuts answers off mid-body, drops watches, delays answers by 1-10 s and answers 500, 409 and
-429 to a share of the bind's annotation patches and Bindings, while the real kube-scheduler
-(calling this extender over mTLS) places a few hundred Neuron pods of mixed sizes on 20 nodes,
-some of them deleted as they land, and the extender is SIGKILLed once in the middle. Once the
-faults stop: no two live pods on a node share an id, every pod that fits is bound, and the
+that cuts answers off mid-body, drops watches, delays answers by 1-10 s, and answers 500, 409 and
+429 to a share of the bind's annotation patches and Bindings or holds them until the extender gave
+up on them and then sends them on (writes that may land after their answer), while the real
+kube-scheduler (calling this extender over mTLS) places a few hundred Neuron pods of mixed sizes
+on 20 nodes, some of them deleted as they land, and the extender is SIGKILLed once in the middle.
+Once the faults stop: no two live pods on a node share an id, every pod that fits is bound, and the
 extender's free devices per node are what the pods' annotations say.
 """
 
@@ -52,6 +53,7 @@ FAULTS = Faults(
     delay=0.04,
     delay_seconds=(1.0, 10.0),
     write_error=0.15,
+    late=0.03,
 )
 # Ids a failed bind left on a pending pod are held for ANNOUNCED_SECONDS (its Binding may still
 # land): what the oracle below (which counts bound pods only) may have to wait for.
@@ -62,7 +64,7 @@ FAULTS = Faults(
 # holds' life, that flush, and room to schedule.
 FLUSH_SECONDS = 60
 SETTLE_SECONDS = ANNOUNCED_SECONDS + FLUSH_SECONDS + 30 + 90
-FAULT_KINDS = ("cut", "watch-cut", "delay", "answered 500", "answered 409", "answered 429")
+FAULT_KINDS = ("cut", "watch-cut", "delay", "late", "answered 500", "answered 409", "answered 429")
 
 
 class Churn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
@@ -10,10 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+import pytest
+
 from neuron_scheduler.core.allocation import NodeState, Placement, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import load_kubeconfig
+from neuron_scheduler.kube.errors import Conflict
 from tests.builders import neuron_capacity
 from tests.e2e.harness import Scenario, ids, wait_for
 
@@ -118,6 +124,37 @@ def test_failed_binding_rolls_back_annotations_and_reservation(scenario: Scenari
         30,
     )
     assert ids(scenario.pod("denied")) == [0, 1, 2, 3]
+
+
+def test_a_binding_lands_only_on_the_pod_as_bind_last_saw_it(scenario: Scenario) -> None:
+    """What the bind's safety rests on, checked against the real kube-apiserver through our own
+    client: a Binding (or patch) conditioned on an older resourceVersion is refused, so one still
+    on its way when its bind gave up cannot land once the pod changed (removing its annotations)."""
+    node = scenario.add_node("inf1.6xlarge")
+    body = scenario.create_pod("fenced", {NEURON: 1}, scheduler="nobody")
+    meta = body["metadata"]
+
+    async def run() -> None:
+        async with KubeAPI(load_kubeconfig(scenario.cp.kubeconfig_path)) as api:
+            ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+            patched = await api.patch_annotations(
+                ns, name, uid, {"x": "1"}, resource_version=meta["resourceVersion"]
+            )
+            assert patched != meta["resourceVersion"]
+            with pytest.raises(Conflict):  # the patch is conditioned on the pod as read
+                await api.patch_annotations(
+                    ns, name, uid, {"x": "2"}, resource_version=meta["resourceVersion"]
+                )
+            removed = await api.patch_annotations(
+                ns, name, uid, {"x": None}, resource_version=patched
+            )
+            with pytest.raises(Conflict):  # the Binding sent after the first patch
+                await api.bind(ns, name, uid, node, resource_version=patched)
+            assert not (await api.get_pod(ns, name)).spec.nodeName
+            await api.bind(ns, name, uid, node, resource_version=removed)
+
+    asyncio.run(run())
+    assert scenario.pod("fenced")["spec"]["nodeName"] == node
 
 
 def test_two_hundred_pods_on_twenty_mixed_nodes(scenario: Scenario) -> None:

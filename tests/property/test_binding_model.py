@@ -1,9 +1,9 @@
 """A model of the extender's bind path against an API server that fails, in random interleavings.
 
-The API here keeps pods as the real one does for what bind touches: merge patches of annotations
-with uid and resourceVersion preconditions (409 when they do not hold), Bindings that set
-nodeName once (409 on a bound pod), and a resourceVersion bumped on every write. Faults: a call
-fails before it takes effect (500), or takes effect and its answer is lost (a timeout). The watch
+The API here (tests/podapi.py) keeps pods as the real one does for what bind touches, with its
+preconditions. Faults: a call fails before it takes effect (500), takes effect and its answer is
+lost (a timeout), or times out while the request is still on its way and takes effect (or fails
+its preconditions) at some later step; the API may go down part way through a bind. The watch
 lags: changes reach the ledger only when a step delivers them. Binds of one pod run concurrently,
 to different nodes, as kube-scheduler's retries do. The extender may restart (a new ledger and
 binder, re-listing everything).
@@ -18,8 +18,8 @@ until the watch shows the binding, by the bind's reservation), so nothing is eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from typing import Any
 
 import msgspec
 from hypothesis import settings
@@ -30,88 +30,15 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from neuron_scheduler.extender.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import Extender, wire
-from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.errors import ApiError
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.kube.reading import assignment
 from tests.builders import node, pod_json
+from tests.podapi import FakeAPI
 
 NODES = {"inf1": "inf1.6xlarge", "inf2": "inf2.24xlarge"}
 REQUESTS = [{NEURON: 1}, {NEURON: 2}, {NEURONCORE: 1}, {NEURONCORE: 3}]
-FAULTS = ["none", "none", "none", "fail", "lost"]  # per call: fail before, or answer lost after
-
-
-class Fault(Exception):
-    pass
-
-
-class FakeAPI:
-    def __init__(self) -> None:
-        self.pods: dict[str, dict[str, Any]] = {}  # name -> pod JSON
-        self.version = itertools.count(1)
-        self.faults: list[str] = []  # consumed one per write call
-        self.events: list[tuple[str, dict[str, Any]]] = []  # (MODIFIED|DELETED, pod) not yet seen
-
-    def _fault(self) -> str:
-        return self.faults.pop(0) if self.faults else "none"
-
-    def _changed(self, body: dict[str, Any]) -> None:
-        body["metadata"]["resourceVersion"] = str(next(self.version))
-        self.events.append(("MODIFIED", msgspec.json.decode(msgspec.json.encode(body))))
-
-    async def get_pod(self, namespace: str, name: str) -> Pod:
-        await asyncio.sleep(0)
-        if name not in self.pods:
-            raise api_error("GET", name, 404, b'{"reason": "NotFound"}')
-        return msgspec.convert(self.pods[name], Pod)
-
-    async def patch_annotations(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        values: dict[str, str | None],
-        *,
-        resource_version: str | None = None,
-    ) -> None:
-        await asyncio.sleep(0)
-        fault = self._fault()
-        if fault == "fail":
-            raise api_error("PATCH", name, 500, b'{"message": "injected"}')
-        body = self.pods.get(name)
-        if body is None:
-            raise api_error("PATCH", name, 404, b"{}")
-        meta = body["metadata"]
-        if meta["uid"] != uid or (
-            resource_version is not None and meta["resourceVersion"] != resource_version
-        ):
-            raise api_error("PATCH", name, 409, b'{"reason": "Conflict"}')
-        annotations = meta.setdefault("annotations", {})
-        for key, value in values.items():
-            if value is None:
-                annotations.pop(key, None)
-            else:
-                annotations[key] = value
-        self._changed(body)
-        if fault == "lost":
-            raise TimeoutError("injected: answer lost")
-
-    async def bind(self, namespace: str, name: str, uid: str, node_name: str) -> None:
-        await asyncio.sleep(0)
-        fault = self._fault()
-        if fault == "fail":
-            raise api_error("POST", name, 500, b'{"message": "injected"}')
-        body = self.pods.get(name)
-        if body is None or body["metadata"]["uid"] != uid:
-            raise api_error("POST", name, 404, b"{}")
-        if body["spec"].get("nodeName"):
-            raise api_error("POST", name, 409, b'{"message": "already assigned"}')
-        body["spec"]["nodeName"] = node_name
-        self._changed(body)
-        if fault == "lost":
-            raise TimeoutError("injected: answer lost")
-
-    async def create_event(self, *_: object) -> None:
-        return None
+FAULTS = ["none", "none", "none", "fail", "lost", "late"]  # see tests/podapi.py
 
 
 class BindModel(RuleBasedStateMachine):
@@ -149,13 +76,15 @@ class BindModel(RuleBasedStateMachine):
         data=st.data(),
         to=st.lists(st.sampled_from(sorted(NODES)), min_size=1, max_size=3),
         faults=st.lists(st.sampled_from(FAULTS), max_size=6),
+        then=st.sampled_from(["none", "none", "fail"]),
     )
-    def bind(self, data: st.DataObject, to: list[str], faults: list[str]) -> None:
-        """kube-scheduler binds a pending pod, its retries racing the first attempt."""
+    def bind(self, data: st.DataObject, to: list[str], faults: list[str], then: str) -> None:
+        """kube-scheduler binds a pending pod, its retries racing the first attempt; the API may
+        go down (every write fails) part way."""
         pending = sorted(n for n, p in self.api.pods.items() if not p["spec"].get("nodeName"))
         name = data.draw(st.sampled_from(pending))
         uid = self.api.pods[name]["metadata"]["uid"]
-        self.api.faults = list(faults)
+        self.api.faults, self.api.then = list(faults), then
         binder = self.extender.binder
         calls = [binder.bind(ExtenderBindingArgs(name, "default", uid, target)) for target in to]
 
@@ -163,7 +92,7 @@ class BindModel(RuleBasedStateMachine):
             return list(await asyncio.gather(*calls))
 
         self.loop.run_until_complete(together())
-        self.api.faults = []
+        self.api.faults, self.api.then = [], "none"
 
     @precondition(lambda self: bool(self.api.events))
     @rule(data=st.data())
@@ -178,6 +107,14 @@ class BindModel(RuleBasedStateMachine):
                     view.remove_pod(pod.metadata.uid)
                 else:
                     view.apply_pod(pod)
+
+    @precondition(lambda self: bool(self.api.in_flight))
+    @rule(data=st.data())
+    def a_late_write_lands(self, data: st.DataObject) -> None:
+        """A write whose caller gave up on it reaches the API server now (or fails there)."""
+        index = data.draw(st.integers(0, len(self.api.in_flight) - 1))
+        with contextlib.suppress(ApiError):
+            self.api.in_flight.pop(index)()
 
     @precondition(lambda self: bool(self.api.pods))
     @rule(data=st.data())

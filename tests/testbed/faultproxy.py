@@ -56,6 +56,10 @@ class Faults:
     delay: float = 0.0  # an answer delayed by `delay_seconds` (before or after forwarding)
     delay_seconds: tuple[float, float] = (1.0, 10.0)
     write_error: float = 0.0  # a pod PATCH or Binding answered 500/409/429, not forwarded
+    # A pod PATCH or Binding held until its client gave up on it (the extender's API timeout is
+    # 10 s), then forwarded: a write that lands, or fails its preconditions, after its answer.
+    late: float = 0.0
+    late_seconds: float = 12.0
 
 
 class FaultProxy:
@@ -180,6 +184,12 @@ class FaultProxy:
             self.counts[f"answered {status}"] += 1
             await self._answer_error(writer, status, method, parts.path)
             return True
+        if write and rng.random() < faults.late:
+            self.counts["late"] += 1
+            await asyncio.sleep(faults.late_seconds)
+            status = await self._forward_late(method, target, headers, body)
+            self.counts["late landed" if status < 300 else f"late refused {status}"] += 1
+            return False  # its client is long gone
         delay_after = False
         if rng.random() < faults.delay:
             seconds = rng.uniform(*faults.delay_seconds)
@@ -232,6 +242,25 @@ class FaultProxy:
             )
             await writer.drain()
             return True
+
+    async def _forward_late(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> int:
+        """Sends a request whose client is gone; kube-apiserver's status for it."""
+        assert self._session is not None
+        forwarded = {k: v for k, v in headers.items() if k not in NOT_FORWARDED}
+        try:
+            async with self._session.request(
+                method,
+                yarl.URL(self.upstream + target, encoded=True),
+                headers=forwarded,
+                data=body or None,
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as answer:
+                await answer.read()
+                return answer.status
+        except (aiohttp.ClientError, TimeoutError):
+            return 502
 
     async def _stream(
         self,

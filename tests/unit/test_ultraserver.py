@@ -446,10 +446,10 @@ class SlowBindAPI:
     async def get_pod(self, namespace: str, name: str) -> Pod:
         return self.pods[name]
 
-    async def patch_annotations(self, *_: object, **__: object) -> None:
-        return None
+    async def patch_annotations(self, *_: object, **__: object) -> str:
+        return "2"
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, **_: object) -> None:
         self.binding.set()
         await self.proceed.wait()
         if self.fail:

@@ -7,6 +7,14 @@ at once (kube-scheduler tries again and then finds the pod bound). A failed atte
 the hold it made, on its own node, and removes the annotations only while the pod is unbound and
 they are still the ones it wrote (a resourceVersion precondition makes the check and the removal
 one step): no pod is ever left bound with a Neuron request and no ids.
+
+A write whose answer is an error may still land later (a request delayed on its way, a timeout
+while kube-apiserver works on it). So each write is conditioned on the pod as the attempt last saw
+it (the annotation patch on the pod bind read, the Binding on the patched pod), and an attempt
+gives up its devices only once its Binding can no longer land: the pod is bound, deleted, or has
+changed since the patch (removing the annotations is such a change). While that cannot be known
+(the API keeps failing), the devices stay held, for `ANNOUNCED_SECONDS` at most, and the pod's next
+bind settles it first.
 """
 
 from __future__ import annotations
@@ -17,12 +25,14 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 
 from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import Reserver
 from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
@@ -35,7 +45,26 @@ from neuron_scheduler.kube.reading import assignment, neuron_request
 
 log = logging.getLogger("neuron_scheduler.extender")
 
-ROLLBACK_ATTEMPTS = 3  # conflicts while removing our annotations: each re-reads the pod
+SETTLE_ATTEMPTS = 4  # reads of the pod (and removals of our annotations) to settle a failed bind
+
+
+class Outcome(Enum):
+    """What became of a bind attempt whose writes met an API error."""
+
+    BOUND = "bound"  # the pod is bound to the attempt's node with its ids: keep them
+    SETTLED = "settled"  # it is not, and its Binding can no longer land: its hold can go
+    OPEN = "open"  # not bound yet, but its Binding may still land: keep holding its devices
+
+
+@dataclass(frozen=True, eq=False)
+class Attempt:
+    """One bind attempt's writes: the annotations, and the pod's resourceVersion after them,
+    which its Binding is conditioned on (None: the patch failed, so no Binding was sent)."""
+
+    pod: Pod
+    node: str
+    written: dict[str, str]
+    version: str | None
 
 
 DEFAULT_SCHEDULER_NAMES = ("my-scheduler",)
@@ -72,6 +101,7 @@ class Binder:
         self.scheduler_names = frozenset(scheduler_names)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._binding: dict[str, str] = {}  # pod uid -> the node its bind in flight is for
+        self._open: dict[str, Attempt] = {}  # pod uid -> its failed attempt that may still land
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
@@ -98,7 +128,7 @@ class Binder:
             )
         self._binding[args.PodUID] = args.Node
         try:
-            return await self._bind(args, key)
+            return await self._settle_earlier(args.PodUID, key) or await self._bind(args, key)
         finally:
             del self._binding[args.PodUID]
 
@@ -167,11 +197,21 @@ class Binder:
         values: dict[str, str],
     ) -> str:
         meta = pod.metadata
+        version: str | None = None  # the pod's resourceVersion our Binding is conditioned on
         try:
-            await self.api.patch_annotations(meta.namespace, meta.name, meta.uid, dict(values))
-            await self.api.bind(meta.namespace, meta.name, meta.uid, node)
+            # Both writes are conditioned on the pod as we last saw it: the patch on the pod
+            # bind read (a Binding sent earlier, by an attempt or an extender that gave up on
+            # it, cannot have landed in between), the Binding on the patched pod.
+            version = await self.api.patch_annotations(
+                meta.namespace,
+                meta.name,
+                meta.uid,
+                dict(values),
+                resource_version=meta.resourceVersion or None,
+            )
+            await self.api.bind(meta.namespace, meta.name, meta.uid, node, resource_version=version)
         except API_ERRORS as error:
-            if not await self._undo(pod, node, values, error):
+            if not await self._undo(pod, node, values, version, error):
                 return f"binding {pod.key} to {node} failed: {error_text(error)}"
             # The binding went through although its answer was an error (a timeout, a retried
             # request): the pod holds these ids now, so they are kept.
@@ -199,35 +239,71 @@ class Binder:
         return ""
 
     async def _undo(
-        self, pod: Pod, node: str, written: dict[str, str], error: BaseException
+        self,
+        pod: Pod,
+        node: str,
+        written: dict[str, str],
+        version: str | None,
+        error: BaseException,
     ) -> bool:
-        """After an API error: True when the pod is bound to `node` anyway (keep everything);
-        else give up this attempt's hold and, while the pod is still unbound and carries the
-        annotations this attempt wrote, remove them (a resourceVersion precondition: a binding
-        that lands in between makes the removal a Conflict, and the next read sees it bound)."""
+        """After an API error: True when the pod is bound to `node` with these ids anyway (keep
+        everything). Else this attempt's hold goes once its Binding can no longer land, and
+        stays (see `Attempt`) while it still may."""
+        attempt = Attempt(pod, node, written, version)
+        outcome, removed = await self._settle(attempt)
+        if outcome is Outcome.BOUND:
+            log.warning(
+                "bind of %s to %s reported %s, but the pod is bound; keeping its ids",
+                pod.key,
+                node,
+                error,
+            )
+            return True
+        if outcome is Outcome.SETTLED:
+            for reserver in self.reservers:
+                reserver.unreserve(pod, node)  # this attempt's hold only
+            after = "rolled back its reservation" + (" and annotations" if removed else "")
+        else:
+            self._keep_open(attempt)
+            self.metrics.unsettled.inc()
+            after = (
+                "its Binding may still land, so its devices stay held until it cannot (at most "
+                f"{ANNOUNCED_SECONDS:.0f}s, or until the pod's next bind settles it)"
+            )
+        self.metrics.rollbacks.inc()
+        self.metrics.binds.labels("failure").inc()
+        log.warning("bind of %s to %s failed (%s); %s", pod.key, node, error, after)
+        self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
+        return False
+
+    async def _settle(self, attempt: Attempt) -> tuple[Outcome, bool]:
+        """What became of a bind attempt whose writes met an API error, made final where it is
+        not yet: while the pod is unbound, still as the attempt's Binding expects it and carries
+        its annotations, removing them (on that resourceVersion) both tidies up and changes the
+        pod, so the Binding can no longer land. Also whether the annotations were removed."""
+        pod, version = attempt.pod, attempt.version
         meta = pod.metadata
-        ours = written[handoff.ALLOC_TIME]
-        removed = False
-        for _ in range(ROLLBACK_ATTEMPTS):
+        ours = attempt.written[handoff.ALLOC_TIME]
+        fenced = version is None  # no Binding was sent
+        for _ in range(SETTLE_ATTEMPTS):
             try:
                 fresh = await self.api.get_pod(meta.namespace, meta.name)
             except NotFound:
-                break  # the pod is gone: nothing to keep, nothing to remove
-            except API_ERRORS as cleanup:
-                log.warning("could not read %s to roll back its bind: %s", pod.key, cleanup)
-                break  # harmless if they stay: ids count only on a pod bound to their node
+                return Outcome.SETTLED, False  # gone: nothing can land on it, nothing to remove
+            except API_ERRORS as problem:
+                log.warning("could not read %s to settle its bind: %s", pod.key, problem)
+                continue
             if fresh.metadata.uid != meta.uid:
-                break
-            if fresh.spec.nodeName == node:
-                log.warning(
-                    "bind of %s to %s reported %s, but the pod is bound; keeping its ids",
-                    pod.key,
-                    node,
-                    error,
-                )
-                return True
-            if fresh.spec.nodeName or fresh.metadata.annotations.get(handoff.ALLOC_TIME) != ours:
-                break  # bound elsewhere, or annotated by someone else since: not ours to touch
+                return Outcome.SETTLED, False
+            carries_ours = fresh.metadata.annotations.get(handoff.ALLOC_TIME) == ours
+            if fresh.spec.nodeName:
+                bound_here = fresh.spec.nodeName == attempt.node and carries_ours
+                return (Outcome.BOUND if bound_here else Outcome.SETTLED), False
+            fenced = fenced or fresh.metadata.resourceVersion != version
+            if not carries_ours:
+                # Our patch never landed (so no Binding was sent), or the pod changed since it
+                # did (so the Binding, conditioned on the patched pod, cannot land).
+                return Outcome.SETTLED, False
             try:
                 await self.api.patch_annotations(
                     meta.namespace,
@@ -236,26 +312,58 @@ class Binder:
                     dict(handoff.removal()),
                     resource_version=fresh.metadata.resourceVersion,
                 )
-                removed = True
-                break
+                return Outcome.SETTLED, True
             except Conflict:
                 continue  # changed since we read it: read again
-            except API_ERRORS as cleanup:
-                log.warning("could not remove annotations from %s: %s", pod.key, cleanup)
-                break
-        for reserver in self.reservers:
-            reserver.unreserve(pod, node)  # this attempt's hold only
-        self.metrics.rollbacks.inc()
-        self.metrics.binds.labels("failure").inc()
-        log.warning(
-            "bind of %s to %s failed (%s); rolled back its reservation%s",
-            pod.key,
-            node,
-            error,
-            " and annotations" if removed else "",
+            except API_ERRORS as problem:
+                log.warning("could not remove annotations from %s: %s", pod.key, problem)
+                if fenced:
+                    # They stay, and hold their ids for ANNOUNCED_SECONDS at most.
+                    return Outcome.SETTLED, False
+        return (Outcome.SETTLED if fenced else Outcome.OPEN), False
+
+    def _keep_open(self, attempt: Attempt) -> None:
+        """Holds the attempt's devices while its Binding may still land: until the ids it wrote
+        are as old as `ANNOUNCED_SECONDS` (what a restarted extender would hold them for), or
+        until a later bind of the pod settles it. The watch lets go earlier when it shows the
+        pod bound (its holding then counts them) or deleted."""
+        uid = attempt.pod.metadata.uid
+        self._open[uid] = attempt
+        written_at = int(attempt.written[handoff.ALLOC_TIME][:20]) / 1e9
+        left = max(0.0, written_at + ANNOUNCED_SECONDS - time.time())
+        asyncio.get_running_loop().call_later(left, self._expire, uid, attempt)
+
+    def _expire(self, uid: str, attempt: Attempt) -> None:
+        if self._open.get(uid) is attempt:
+            del self._open[uid]
+            for reserver in self.reservers:
+                reserver.unreserve(attempt.pod, attempt.node)
+
+    async def _settle_earlier(self, uid: str, key: str) -> str | None:
+        """Settles an earlier attempt of this pod whose Binding may still land; the reason not to
+        bind now while it still may."""
+        attempt = self._open.get(uid)
+        if attempt is None:
+            return None
+        outcome, removed = await self._settle(attempt)
+        if outcome is Outcome.OPEN:
+            self.metrics.binds.labels("unsettled").inc()
+            return (
+                f"an earlier binding of pod {key} to {attempt.node} may still land; not binding "
+                "it again until that is settled"
+            )
+        del self._open[uid]
+        if outcome is Outcome.SETTLED:
+            for reserver in self.reservers:
+                reserver.unreserve(attempt.pod, attempt.node)
+        log.info(
+            "the earlier bind of %s to %s is settled: %s%s",
+            key,
+            attempt.node,
+            "the pod is bound" if outcome is Outcome.BOUND else "its Binding cannot land",
+            " (its annotations removed)" if removed else "",
         )
-        self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
-        return False
+        return None
 
     def _not_ours_to_bind(self, pod: Pod, request: NeuronRequest | None, node: str) -> str | None:
         """Why kube-scheduler could never have sent this bind, or None. It binds through an

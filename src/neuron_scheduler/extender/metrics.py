@@ -41,6 +41,12 @@ class Metrics:
             "Binds whose reservation and annotations were rolled back after an API error",
             registry=self.registry,
         )
+        self.unsettled = Counter(
+            "neuron_scheduler_unsettled_binds",
+            "Failed binds whose Binding could still land when they gave up (the API kept "
+            "failing): their devices stayed held until it could not",
+            registry=self.registry,
+        )
         self.bind_work = Histogram(
             "neuron_scheduler_bind_work_seconds",
             "Bind's own work under the node lock, excluding API round trips",

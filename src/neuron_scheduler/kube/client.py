@@ -57,6 +57,16 @@ class ListPage(msgspec.Struct, Generic[T]):
     items: list[T] = []
 
 
+class VersionMeta(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class Versioned(msgspec.Struct):
+    """Any object's answer, read for its resourceVersion only."""
+
+    metadata: VersionMeta = msgspec.field(default_factory=VersionMeta)
+
+
 class ListTooLong(ValueError):
     """A list that goes on past what the caller will hold (a server that never stops paging)."""
 
@@ -192,29 +202,41 @@ class KubeAPI:
         values: dict[str, str | None],
         *,
         resource_version: str | None = None,
-    ) -> None:
+    ) -> str:
         """A JSON merge patch of only these annotation keys (None deletes one), so other
         components' annotations survive. The uid in the body is a precondition: a pod recreated
         under the same name is never touched; a resourceVersion, when given, turns a
-        read-modify-write race into a Conflict the caller retries."""
+        read-modify-write race into a Conflict the caller retries. Returns the pod's
+        resourceVersion after the patch."""
         metadata: dict[str, object] = {"uid": uid, "annotations": values}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
-        await self.request(
+        answer = await self.request(
             "PATCH",
             pod_path(namespace, name),
             body={"metadata": metadata},
             content_type="application/merge-patch+json",
         )
+        return msgspec.json.decode(answer, type=Versioned).metadata.resourceVersion
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, *, resource_version: str
+    ) -> None:
+        """A Binding that lands only on the pod as it was at `resource_version` (kube-apiserver
+        checks the Binding's uid and resourceVersion as preconditions): once the pod has changed
+        since, a Binding still on its way can no longer land."""
         await self.request(
             "POST",
             pod_path(namespace, name) + "/binding",
             body={
                 "apiVersion": "v1",
                 "kind": "Binding",
-                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": uid,
+                    "resourceVersion": resource_version,
+                },
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             },
         )

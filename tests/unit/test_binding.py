@@ -1,0 +1,85 @@
+"""A bind whose Binding may still land keeps its devices until it cannot (tests/podapi.py's API)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.extender import binding
+from neuron_scheduler.extender.wire import ExtenderBindingArgs
+from neuron_scheduler.extender.wiring import Extender, wire
+from neuron_scheduler.kube.errors import Conflict
+from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.reading import assignment
+from tests.builders import node, pod_json
+from tests.podapi import FakeAPI
+
+NODE = "inf2"
+
+
+def extender_with(api: FakeAPI, *names: str) -> Extender:
+    for name in names:
+        body = pod_json(name, {NEURON: 1}, uid=f"uid-{name}")
+        body["metadata"]["resourceVersion"] = str(next(api.version))
+        api.pods[name] = body
+    extender = wire(api, Catalog.builtin())  # type: ignore[arg-type]
+    for view in extender.views:
+        view.replace_nodes([node(NODE, "inf2.xlarge")])  # one device
+    extender.synced.set()
+    return extender
+
+
+def args(name: str) -> ExtenderBindingArgs:
+    return ExtenderBindingArgs(name, "default", f"uid-{name}", NODE)
+
+
+def device_taken(extender: Extender) -> bool:
+    return extender.ledger.state(NODE).used_cores != 0
+
+
+async def test_a_binding_that_may_still_land_keeps_its_device_until_settled() -> None:
+    api = FakeAPI()
+    extender = extender_with(api, "a", "b")
+    # The Binding times out on its way, and the API then refuses every write.
+    api.faults, api.then = ["none", "late"], "fail"
+    assert "failed" in await extender.binder.bind(args("a"))
+    assert device_taken(extender)  # it may still land
+    assert extender.binder.metrics.unsettled._value.get() == 1
+    assert "may still land" in await extender.binder.bind(args("a"))
+    assert "only 0 devices free" in await extender.binder.bind(args("b"))
+    api.then = "none"
+    # The API is back: a's next bind removes the old annotations (so the old Binding can no
+    # longer land) and binds it again.
+    assert await extender.binder.bind(args("a")) == ""
+    with pytest.raises(Conflict):
+        api.in_flight.pop()()  # the old Binding arrives: its precondition fails
+    bound = msgspec.convert(api.pods["a"], Pod)
+    found = assignment(bound, None)
+    assert found is not None and found.node == NODE == bound.spec.nodeName
+
+
+async def test_a_late_binding_lands_on_the_held_device() -> None:
+    api = FakeAPI()
+    extender = extender_with(api, "a", "b")
+    api.faults, api.then = ["none", "late"], "fail"
+    assert "failed" in await extender.binder.bind(args("a"))
+    api.then = "none"
+    api.in_flight.pop()()  # lands: a is bound with the ids it wrote
+    assert api.pods["a"]["spec"]["nodeName"] == NODE
+    assert "only 0 devices free" in await extender.binder.bind(args("b"))  # a's is the only one
+    assert await extender.binder.bind(args("a")) == ""  # its next bind finds it bound
+
+
+async def test_the_hold_of_an_unsettled_binding_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(binding, "ANNOUNCED_SECONDS", 0.05)
+    api = FakeAPI()
+    extender = extender_with(api, "a")
+    api.faults, api.then = ["none", "late"], "fail"
+    assert "failed" in await extender.binder.bind(args("a"))
+    assert device_taken(extender)
+    await asyncio.sleep(0.2)
+    assert not device_taken(extender)  # a Binding that old can no longer land
