@@ -302,6 +302,18 @@ def _window_starts(cores: int, count: int) -> int:
     return starts
 
 
+def _window_cover(starts: int, count: int) -> int:
+    """Mask of the cores in the windows of `count` cores starting at `starts` (the inverse of
+    `_window_starts`, by doubling too: no loop over the starts)."""
+    cover, width = starts, 1
+    while width * 2 <= count:  # bit c set iff some start lies in c-width+1 .. c
+        cover |= cover << width
+        width *= 2
+    if width < count:
+        cover |= cover << (count - width)
+    return cover
+
+
 def _run_around(used: int, start: int, total: int) -> tuple[int, int]:
     """The maximal free run of cores around free core `start`, as [run_start, run_end): from
     just above the highest used core below it to just below the lowest used core above it."""
@@ -573,7 +585,4 @@ def _unusable_mask(topology: Topology, used: int, unit: Unit, count: int) -> int
         # Free cores of partly used devices serve no device request.
         return free_cores & ~topology.core_mask_of_devices(usable)
     starts = _window_starts(free_cores, count) & _core_windows(topology, count).allowed
-    window = (1 << count) - 1
-    for start in mask_ids(starts):
-        usable |= window << start
-    return free_cores & ~usable
+    return free_cores & ~_window_cover(starts, count)
