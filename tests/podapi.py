@@ -20,8 +20,9 @@ from neuron_scheduler.kube.objects import Pod
 class FakeAPI:
     """The pod calls bind makes, on pods kept as JSON (name -> pod), with the faults a test
     queues in `faults`, one per write call: "fail" (500, before it takes effect), "lost" (takes
-    effect, its answer lost: a timeout), "late" (a timeout while the request is still on its way:
-    `in_flight` holds it, and calling it lands it, or fails it by its preconditions, later)."""
+    effect, its answer lost: a timeout), "garbled" (takes effect, its answer does not decode),
+    "late" (a timeout while the request is still on its way: `in_flight` holds it, and calling it
+    lands it, or fails it by its preconditions, later)."""
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}  # name -> pod JSON
@@ -107,13 +108,15 @@ class FakeAPI:
         self._deliver(fault, apply)
 
     def _deliver(self, fault: str, apply: Callable[[], str]) -> str:
-        """Applies a write now (its answer lost on "lost") or, on "late", at a later step."""
+        """Applies a write now (its answer lost or garbled) or, on "late", at a later step."""
         if fault == "late":
             self.in_flight.append(apply)
             raise TimeoutError("injected: no answer yet, the request is still on its way")
         version = apply()
         if fault == "lost":
             raise TimeoutError("injected: answer lost")
+        if fault == "garbled":
+            raise msgspec.DecodeError("injected: the answer is not JSON")
         return version
 
     async def create_event(self, *_: object) -> None:

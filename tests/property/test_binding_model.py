@@ -2,11 +2,11 @@
 
 The API here (tests/podapi.py) keeps pods as the real one does for what bind touches, with its
 preconditions. Faults: a call fails before it takes effect (500), takes effect and its answer is
-lost (a timeout), or times out while the request is still on its way and takes effect (or fails
-its preconditions) at some later step; the API may go down part way through a bind. The watch
-lags: changes reach the ledger only when a step delivers them. Binds of one pod run concurrently,
-to different nodes, as kube-scheduler's retries do. The extender may restart (a new ledger and
-binder, re-listing everything).
+lost (a timeout) or does not decode, or times out while the request is still on its way and takes
+effect (or fails its preconditions) at some later step; the API may go down part way through a
+bind. The watch lags: changes reach the ledger only when a step delivers them. Binds of one pod
+run concurrently, to different nodes, as kube-scheduler's retries do. The extender may restart (a
+new ledger and binder, re-listing everything).
 
 After every step, in the API's own state (the truth):
 - every bound pod that requests Neuron resources carries readable ids for its node;
@@ -38,7 +38,7 @@ from tests.podapi import FakeAPI
 
 NODES = {"inf1": "inf1.6xlarge", "inf2": "inf2.24xlarge"}
 REQUESTS = [{NEURON: 1}, {NEURON: 2}, {NEURONCORE: 1}, {NEURONCORE: 3}]
-FAULTS = ["none", "none", "none", "fail", "lost", "late"]  # see tests/podapi.py
+FAULTS = ["none", "none", "none", "fail", "lost", "garbled", "late"]  # see tests/podapi.py
 
 
 class BindModel(RuleBasedStateMachine):

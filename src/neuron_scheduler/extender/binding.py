@@ -37,7 +37,7 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import Reserver
 from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
 from neuron_scheduler.kube.client import KubeAPI
-from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound, error_text
+from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import ObjectRef, Pod
@@ -135,7 +135,7 @@ class Binder:
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> str:
         try:
             pod = await self.api.get_pod(args.PodNamespace, args.PodName)
-        except API_ERRORS as error:
+        except READ_ERRORS as error:
             self.metrics.binds.labels("failure").inc()
             return f"cannot read pod {key}: {error_text(error)}"
         if pod.metadata.uid != args.PodUID:
@@ -210,7 +210,7 @@ class Binder:
                 resource_version=meta.resourceVersion or None,
             )
             await self.api.bind(meta.namespace, meta.name, meta.uid, node, resource_version=version)
-        except API_ERRORS as error:
+        except READ_ERRORS as error:  # (an answer that does not decode may follow a landed write)
             if not await self._undo(pod, node, values, version, error):
                 return f"binding {pod.key} to {node} failed: {error_text(error)}"
             # The binding went through although its answer was an error (a timeout, a retried
@@ -290,7 +290,7 @@ class Binder:
                 fresh = await self.api.get_pod(meta.namespace, meta.name)
             except NotFound:
                 return Outcome.SETTLED, False  # gone: nothing can land on it, nothing to remove
-            except API_ERRORS as problem:
+            except READ_ERRORS as problem:
                 log.warning("could not read %s to settle its bind: %s", pod.key, problem)
                 continue
             if fresh.metadata.uid != meta.uid:
@@ -315,7 +315,7 @@ class Binder:
                 return Outcome.SETTLED, True
             except Conflict:
                 continue  # changed since we read it: read again
-            except API_ERRORS as problem:
+            except READ_ERRORS as problem:
                 log.warning("could not remove annotations from %s: %s", pod.key, problem)
                 if fenced:
                     # They stay, and hold their ids for ANNOUNCED_SECONDS at most.
