@@ -197,17 +197,9 @@ class FaultProxy:
             delay_after = rng.random() < 0.5
             if not delay_after:
                 await asyncio.sleep(seconds)
-        forwarded = {k: v for k, v in headers.items() if k not in NOT_FORWARDED}
-        assert self._session is not None
         try:
-            async with self._session.request(
-                method,
-                yarl.URL(self.upstream + target, encoded=True),
-                headers=forwarded,
-                data=body or None,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                allow_redirects=False,
-            ) as answer:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+            async with self._upstream(method, target, headers, body, timeout) as answer:
                 if delay_after:
                     await asyncio.sleep(seconds)
                 kept = [(k, v) for k, v in answer.headers.items() if k.lower() not in NOT_FORWARDED]
@@ -243,20 +235,32 @@ class FaultProxy:
             await writer.drain()
             return True
 
+    def _upstream(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        timeout: aiohttp.ClientTimeout,
+    ) -> Any:
+        """The request, as the client sent it, to the real API server (an async context)."""
+        assert self._session is not None
+        return self._session.request(
+            method,
+            yarl.URL(self.upstream + target, encoded=True),
+            headers={k: v for k, v in headers.items() if k not in NOT_FORWARDED},
+            data=body or None,
+            timeout=timeout,
+            allow_redirects=False,
+        )
+
     async def _forward_late(
         self, method: str, target: str, headers: dict[str, str], body: bytes
     ) -> int:
         """Sends a request whose client is gone; kube-apiserver's status for it."""
-        assert self._session is not None
-        forwarded = {k: v for k, v in headers.items() if k not in NOT_FORWARDED}
         try:
-            async with self._session.request(
-                method,
-                yarl.URL(self.upstream + target, encoded=True),
-                headers=forwarded,
-                data=body or None,
-                timeout=aiohttp.ClientTimeout(total=60),
-            ) as answer:
+            timeout = aiohttp.ClientTimeout(total=60)
+            async with self._upstream(method, target, headers, body, timeout) as answer:
                 await answer.read()
                 return answer.status
         except (aiohttp.ClientError, TimeoutError):
