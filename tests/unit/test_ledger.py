@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 from prometheus_client import generate_latest
 
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
@@ -178,6 +180,27 @@ def test_ids_a_bind_wrote_on_a_pending_pod_stay_held_until_its_binding_can_no_lo
     verdicts = ledger.fill_verdicts(["n1"], NeuronRequest(CORE, 15), Policy.BEST_FIT)
     assert "n1" in verdicts.fits
     assert ledger.state("n1").used_cores == 0
+
+
+def test_disowned_ids_on_a_pending_pod_hold_nothing() -> None:
+    """A failed bind knows its Binding can no longer land but could not remove its annotations:
+    the devices are free at once, whatever versions of the pod the watch still delivers, until a
+    later bind writes other ids."""
+    ledger = ledger_with()
+    written = ours("n1", "4,5", "1", "4,5") | {"NEURON_ALLOC_TIME": str(time.time_ns())}
+    pending = pod("a", {CORE: 2}, uid="a", annotations=written)
+    ledger.apply_pod(pending)
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    ledger.disown(pending, written["NEURON_ALLOC_TIME"])
+    assert ledger.state("n1").used_cores == 0
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a"))  # the version before the annotations
+    ledger.apply_pod(pending)
+    assert ledger.state("n1").used_cores == 0
+    later = written | {"NEURON_ALLOC_TIME": str(time.time_ns() + 1)}
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a", annotations=later))
+    assert ledger.state("n1").used_cores == mask(4, 5)
+    ledger.remove_pod("a")
+    assert not ledger._disowned
 
 
 def test_relist_diff_forgets_deleted_pods_and_rebuilds_identically() -> None:

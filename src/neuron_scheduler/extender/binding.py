@@ -301,8 +301,10 @@ class Binder:
                 return (Outcome.BOUND if bound_here else Outcome.SETTLED), False
             fenced = fenced or fresh.metadata.resourceVersion != version
             if not carries_ours:
-                # Our patch never landed (so no Binding was sent), or the pod changed since it
-                # did (so the Binding, conditioned on the patched pod, cannot land).
+                # Our patch never landed (so no Binding was sent; should it land late, its ids
+                # hold nothing), or the pod changed since it did (so the Binding, conditioned on
+                # the patched pod, cannot land).
+                self.ledger.disown(pod, ours)
                 return Outcome.SETTLED, False
             try:
                 await self.api.patch_annotations(
@@ -317,10 +319,13 @@ class Binder:
                 continue  # changed since we read it: read again
             except READ_ERRORS as problem:
                 log.warning("could not remove annotations from %s: %s", pod.key, problem)
-                if fenced:
-                    # They stay, and hold their ids for ANNOUNCED_SECONDS at most.
+                if fenced:  # they stay on the pod, holding nothing
+                    self.ledger.disown(pod, ours)
                     return Outcome.SETTLED, False
-        return (Outcome.SETTLED if fenced else Outcome.OPEN), False
+        if not fenced:
+            return Outcome.OPEN, False
+        self.ledger.disown(pod, ours)
+        return Outcome.SETTLED, False
 
     def _keep_open(self, attempt: Attempt) -> None:
         """Holds the attempt's devices while its Binding may still land: until the ids it wrote

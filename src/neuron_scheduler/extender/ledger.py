@@ -163,6 +163,9 @@ class Ledger:
         # ids, and until when (wall clock) they are held.
         self._announced: dict[str, Holding] = {}
         self._announced_until: dict[str, float] = {}
+        # Pending pods whose annotations (by their NEURON_ALLOC_TIME) this extender knows no
+        # Binding can follow any more (`disown`): they hold nothing.
+        self._disowned: dict[str, str] = {}
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
         self.nominations: dict[str, Nomination] = {}  # pod uid -> the node it waits for
@@ -264,6 +267,7 @@ class Ledger:
             self._drop(uid, previous)
         self._release(uid)
         self._announce(uid, None)
+        self._disowned.pop(uid, None)
         nomination = self.nominations.pop(uid, None)
         if nomination is not None:
             self._invalidate(nomination.node)
@@ -309,6 +313,7 @@ class Ledger:
         (otherwise the reservation would wait for a watch event that never comes). A later
         reservation stays: its pod may be newer than the list."""
         known = [*self._holdings, *self.nominations, *self._announced, *self._counted]
+        known += self._disowned
         known += [uid for uid, at in self._reserved_at.items() if at < listed_since]
         replace_all(pods, pod_uid, self.apply_pod, dict.fromkeys(known), self.remove_pod)
 
@@ -323,14 +328,34 @@ class Ledger:
     def _keeps_key(self, uid: str) -> bool:
         return uid in self._reservations or uid in self.nominations or uid in self._announced
 
+    def disown(self, pod: Pod, alloc_time: str) -> None:
+        """The annotations a failed bind wrote on this pending pod (`alloc_time`) stay there
+        (they could not be removed), but no Binding can follow them any more (the pod changed
+        since, or none was sent): they hold nothing, so the devices are free at once, not only
+        `ANNOUNCED_SECONDS` after they were written (kube-scheduler hears of no event when a hold
+        ends, so pods waiting for those devices would wait for its periodic retry)."""
+        uid = pod.metadata.uid
+        self._disowned[uid] = alloc_time
+        self._announce(uid, None)
+
     def _announced_of(self, pod: Pod) -> tuple[Holding, float] | None:
         """The ids a bind wrote on this pending pod, and until when they are held: its Binding
         was sent, or is about to be, and may land after this extender (or the one before it,
-        killed meanwhile) stopped waiting for it. Ids for another node, or from longer ago than
-        `ANNOUNCED_SECONDS`, hold nothing."""
-        if pod.spec.nodeName or pod.finished or ALLOC_TIME not in pod.metadata.annotations:
+        killed meanwhile) stopped waiting for it. Ids for another node, disowned ones, or from
+        longer ago than `ANNOUNCED_SECONDS`, hold nothing."""
+        uid = pod.metadata.uid
+        if pod.spec.nodeName or pod.finished:
+            self._disowned.pop(uid, None)
             return None
         annotations = pod.metadata.annotations
+        if ALLOC_TIME not in annotations:
+            return None  # (perhaps an older version of the pod: a disowned one stays so)
+        disowned = self._disowned.get(uid)
+        if disowned is not None:
+            if disowned == annotations[ALLOC_TIME]:
+                return None
+            if disowned < annotations[ALLOC_TIME]:
+                del self._disowned[uid]  # a later bind wrote others
         entry = self.nodes.get(annotations.get(NODE, ""))
         if entry is None:
             return None
