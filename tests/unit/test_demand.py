@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from neuron_scheduler.core.allocation import NodeState, Placement, allocate
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.demand import MAX_SHAPES, REFRESH, SCALE, Demand
+from neuron_scheduler.core.demand import DRIFT, MAX_SHAPES, REFRESH, SCALE, Demand
 from neuron_scheduler.core.ids import cores_of_devices, ids_mask
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 
@@ -16,7 +16,7 @@ def test_weights_follow_what_is_asked_and_sum_to_the_scale() -> None:
     assert demand.weights == ()
     for _ in range(3):
         demand.record(Unit.CORE, 2)
-    demand.record(Unit.DEVICE, 8)  # a new shape: a snapshot at once
+    demand.record(Unit.DEVICE, 8)  # a new shape, a quarter of what is asked: a snapshot at once
     weights = {(unit, count): weight for unit, count, weight in demand.weights}
     assert set(weights) == {(Unit.CORE, 2), (Unit.DEVICE, 8)}
     assert weights[(Unit.CORE, 2)] > 2.5 * weights[(Unit.DEVICE, 8)]
@@ -51,7 +51,27 @@ def test_shapes_are_bounded_whatever_pods_ask_for() -> None:
     for count in range(1, 10_000):
         demand.record(Unit.CORE, count)
     assert len(demand.weights) <= MAX_SHAPES
-    assert (Unit.CORE, 9_999) in {(u, c) for u, c, _ in demand.weights}  # the newest stays
+    # Each new shape is one pod in ~32: never a twentieth of what is asked, so the snapshot (and
+    # with it every decision the extender keeps) is not replaced at every pod.
+    assert demand.version < 50
+
+
+def test_a_new_shape_replaces_the_snapshot_once_it_is_a_twentieth_of_what_is_asked() -> None:
+    demand = Demand()
+    for _ in range(2_000):
+        demand.record(Unit.CORE, 1)
+    version = demand.version
+    demand.record(Unit.DEVICE, 8)
+    assert demand.version == version  # one pod of a shape is no reason to start over
+    asked = 1
+    while demand.version == version:
+        demand.record(Unit.DEVICE, 8)
+        asked += 1
+    # ~19 pods in a row make a twentieth of the decayed counts; the snapshot is compared at
+    # the next multiple of REFRESH.
+    assert 19 <= asked <= 19 + REFRESH
+    weight = dict(((u, c), w) for u, c, w in demand.weights)[(Unit.DEVICE, 8)]
+    assert DRIFT <= weight < 2 * DRIFT
 
 
 def test_demand_keeps_room_for_the_shapes_asked_for() -> None:
