@@ -83,3 +83,22 @@ async def test_the_hold_of_an_unsettled_binding_ends(monkeypatch: pytest.MonkeyP
     assert device_taken(extender)
     await asyncio.sleep(0.2)
     assert not device_taken(extender)  # a Binding that old can no longer land
+
+
+async def test_a_hold_that_ends_while_the_next_bind_settles_it_is_no_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(binding, "ANNOUNCED_SECONDS", 0.05)
+    api = FakeAPI()
+    extender = extender_with(api, "a")
+    api.faults, api.then = ["none", "late"], "fail"
+    assert "failed" in await extender.binder.bind(args("a"))
+    read = api.get_pod
+
+    async def slow_read(namespace: str, name: str) -> Pod:
+        await asyncio.sleep(0.1)  # the hold's time runs out meanwhile
+        return await read(namespace, name)
+
+    monkeypatch.setattr(api, "get_pod", slow_read)
+    api.then = "none"
+    assert await extender.binder.bind(args("a")) == ""

@@ -191,6 +191,8 @@ def test_disowned_ids_on_a_pending_pod_hold_nothing() -> None:
     pending = pod("a", {CORE: 2}, uid="a", annotations=written)
     ledger.apply_pod(pending)
     assert ledger.state("n1").used_cores == mask(4, 5)
+    ledger.disown(pending, str(time.time_ns()))  # another bind's ids: these still hold
+    assert ledger.state("n1").used_cores == mask(4, 5)
     ledger.disown(pending, written["NEURON_ALLOC_TIME"])
     assert ledger.state("n1").used_cores == 0
     ledger.apply_pod(pod("a", {CORE: 2}, uid="a"))  # the version before the annotations

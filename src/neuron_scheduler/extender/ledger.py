@@ -130,6 +130,9 @@ class Verdicts:
 # land that long after it was sent (kube-apiserver's request timeout is a minute), and after the
 # extender that sent it was killed or gave up on it.
 ANNOUNCED_SECONDS = 90.0
+# Ids a bind wrote on a pending pod: where they hold, until when (wall clock), and the
+# NEURON_ALLOC_TIME they were written at.
+Announced = tuple[Holding, float, str]
 
 # Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
 # they are not: 5,000 nodes x 64 shapes is ~30 MB at worst.
@@ -163,6 +166,7 @@ class Ledger:
         # ids, and until when (wall clock) they are held.
         self._announced: dict[str, Holding] = {}
         self._announced_until: dict[str, float] = {}
+        self._announced_at: dict[str, str] = {}  # uid -> the NEURON_ALLOC_TIME they were written at
         # Pending pods whose annotations (by their NEURON_ALLOC_TIME) this extender knows no
         # Binding can follow any more (`disown`): they hold nothing.
         self._disowned: dict[str, str] = {}
@@ -336,9 +340,10 @@ class Ledger:
         ends, so pods waiting for those devices would wait for its periodic retry)."""
         uid = pod.metadata.uid
         self._disowned[uid] = alloc_time
-        self._announce(uid, None)
+        if self._announced_at.get(uid) == alloc_time:  # not ids another bind wrote since
+            self._announce(uid, None)
 
-    def _announced_of(self, pod: Pod) -> tuple[Holding, float] | None:
+    def _announced_of(self, pod: Pod) -> Announced | None:
         """The ids a bind wrote on this pending pod, and until when they are held: its Binding
         was sent, or is about to be, and may land after this extender (or the one before it,
         killed meanwhile) stopped waiting for it. Ids for another node, disowned ones, or from
@@ -366,18 +371,21 @@ class Ledger:
             return None
         if found is None or misfit(found, entry.topology) or until <= self.wall_clock():
             return None
-        return Holding(entry.name, cores=found.core_mask, ours=True), until
+        holding = Holding(entry.name, cores=found.core_mask, ours=True)
+        return holding, until, annotations[ALLOC_TIME]
 
-    def _announce(self, uid: str, announced: tuple[Holding, float] | None) -> None:
+    def _announce(self, uid: str, announced: Announced | None) -> None:
         previous = self._announced.get(uid)
         if announced is not None and announced[0] == previous:
+            self._announced_until[uid], self._announced_at[uid] = announced[1:]
             return
         if previous is not None:
-            del self._announced[uid], self._announced_until[uid]
+            del self._announced[uid], self._announced_until[uid], self._announced_at[uid]
             self._invalidate(previous.node)
         if announced is not None:
-            self._announced[uid], self._announced_until[uid] = announced
-            self._invalidate(announced[0].node)
+            holding, self._announced_until[uid], self._announced_at[uid] = announced
+            self._announced[uid] = holding
+            self._invalidate(holding.node)
 
     def _expire_announced(self) -> None:
         """Drops the held ids whose time is up (checked on every read: usually none are held)."""

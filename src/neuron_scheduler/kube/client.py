@@ -217,7 +217,10 @@ class KubeAPI:
             body={"metadata": metadata},
             content_type="application/merge-patch+json",
         )
-        return msgspec.json.decode(answer, type=Versioned).metadata.resourceVersion
+        version = msgspec.json.decode(answer, type=Versioned).metadata.resourceVersion
+        if not version:  # as a precondition "" means none: never let a caller condition on it
+            raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
+        return version
 
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, resource_version: str
