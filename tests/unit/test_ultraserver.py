@@ -11,6 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from neuron_scheduler.cli import app
+from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEVICE
 from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
@@ -432,6 +433,24 @@ def test_placement_ignores_other_pods_and_bad_config() -> None:
     assert not occupancy.workers and not occupancy.on_node
     occupancy.remove_node("a0")
     assert "a0" not in occupancy.nodes_of((4, "a000000000000000"))
+
+
+def test_a_reserved_worker_stays_until_the_watch_or_its_bind_says_otherwise() -> None:
+    occupancy = Occupancy()
+    pending = worker("j", 0)
+    occupancy.reserve(pending, "a0", Placement((0,), (0, 1), 10))
+    occupancy.apply_pod(pending)  # the watch shows bind's annotation patch: still unbound
+    assert occupancy.workers[pending.metadata.uid].node == "a0"
+    occupancy.unreserve(pending, "a1")  # another node's hold: not this one
+    assert pending.metadata.uid in occupancy.workers
+    occupancy.unreserve(pending, "a0")
+    assert not occupancy.workers
+    occupancy.reserve(pending, "a0", Placement((0,), (0, 1), 10))
+    occupancy.apply_pod(worker("j", 0, "a0"))  # bound: the watch speaks for it now
+    occupancy.unreserve(pending, "a0")  # a failed attempt's late let-go changes nothing
+    assert occupancy.workers[pending.metadata.uid].node == "a0"
+    occupancy.apply_pod(pending)  # unbound again (as the watch would never show): gone
+    assert not occupancy.workers and not occupancy.reserved
 
 
 class SlowBindAPI:

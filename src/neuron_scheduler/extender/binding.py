@@ -250,7 +250,7 @@ class Binder:
         everything). Else this attempt's hold goes once its Binding can no longer land, and
         stays (see `Attempt`) while it still may."""
         attempt = Attempt(pod, node, written, version)
-        outcome, removed, bound_to = await self._settle(attempt)
+        outcome, removed = await self._settle(attempt)
         if outcome is Outcome.BOUND:
             log.warning(
                 "bind of %s to %s reported %s, but the pod is bound; keeping its ids",
@@ -260,7 +260,7 @@ class Binder:
             )
             return True
         if outcome is Outcome.SETTLED:
-            self._let_go(attempt, bound_to)
+            self._let_go(attempt)
             after = "rolled back its reservation" + (" and annotations" if removed else "")
         else:
             self._keep_open(attempt)
@@ -275,12 +275,11 @@ class Binder:
         self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
         return False
 
-    async def _settle(self, attempt: Attempt) -> tuple[Outcome, bool, str]:
+    async def _settle(self, attempt: Attempt) -> tuple[Outcome, bool]:
         """What became of a bind attempt whose writes met an API error, made final where it is
         not yet: while the pod is unbound, still as the attempt's Binding expects it and carries
         its annotations, removing them (on that resourceVersion) both tidies up and changes the
-        pod, so the Binding can no longer land. Also whether the annotations were removed, and the
-        node the pod is bound to ("" when unbound or not known)."""
+        pod, so the Binding can no longer land. Also whether the annotations were removed."""
         pod, version = attempt.pod, attempt.version
         meta = pod.metadata
         ours = attempt.written[handoff.ALLOC_TIME]
@@ -289,24 +288,23 @@ class Binder:
             try:
                 fresh = await self.api.get_pod(meta.namespace, meta.name)
             except NotFound:
-                return Outcome.SETTLED, False, ""  # gone: nothing can land, nothing to remove
+                return Outcome.SETTLED, False  # gone: nothing can land on it, nothing to remove
             except READ_ERRORS as problem:
                 log.warning("could not read %s to settle its bind: %s", pod.key, problem)
                 continue
             if fresh.metadata.uid != meta.uid:
-                return Outcome.SETTLED, False, ""
+                return Outcome.SETTLED, False
             carries_ours = fresh.metadata.annotations.get(handoff.ALLOC_TIME) == ours
             if fresh.spec.nodeName:
-                bound_to = fresh.spec.nodeName
-                bound_here = bound_to == attempt.node and carries_ours
-                return (Outcome.BOUND if bound_here else Outcome.SETTLED), False, bound_to
+                bound_here = fresh.spec.nodeName == attempt.node and carries_ours
+                return (Outcome.BOUND if bound_here else Outcome.SETTLED), False
             fenced = fenced or fresh.metadata.resourceVersion != version
             if not carries_ours:
                 # Our patch never landed (so no Binding was sent; should it land late, its ids
                 # hold nothing), or the pod changed since it did (so the Binding, conditioned on
                 # the patched pod, cannot land).
                 self.ledger.disown(pod, ours)
-                return Outcome.SETTLED, False, ""
+                return Outcome.SETTLED, False
             try:
                 await self.api.patch_annotations(
                     meta.namespace,
@@ -315,18 +313,18 @@ class Binder:
                     dict(handoff.removal()),
                     resource_version=fresh.metadata.resourceVersion,
                 )
-                return Outcome.SETTLED, True, ""
+                return Outcome.SETTLED, True
             except Conflict:
                 continue  # changed since we read it: read again
             except READ_ERRORS as problem:
                 log.warning("could not remove annotations from %s: %s", pod.key, problem)
                 if fenced:  # they stay on the pod, holding nothing
                     self.ledger.disown(pod, ours)
-                    return Outcome.SETTLED, False, ""
+                    return Outcome.SETTLED, False
         if not fenced:
-            return Outcome.OPEN, False, ""
+            return Outcome.OPEN, False
         self.ledger.disown(pod, ours)
-        return Outcome.SETTLED, False, ""
+        return Outcome.SETTLED, False
 
     def _keep_open(self, attempt: Attempt) -> None:
         """Holds the attempt's devices while its Binding may still land: until the ids it wrote
@@ -342,16 +340,13 @@ class Binder:
     def _expire(self, uid: str, attempt: Attempt) -> None:
         if self._open.get(uid) is attempt:
             del self._open[uid]
-            holding = self.ledger.holding(uid)
-            self._let_go(attempt, holding.node if holding is not None else "")
+            self._let_go(attempt)
 
-    def _let_go(self, attempt: Attempt, bound_to: str) -> None:
-        """Gives up this attempt's hold on its node. When the pod is bound there all the same (by
-        another bind), what counts it there now is the watch: the ledger's holding of its ids,
-        and a plugin's own view of it (an UltraServer worker), which stay."""
+    def _let_go(self, attempt: Attempt) -> None:
+        """Gives up this attempt's hold on its node (each reserver keeps what the watch has
+        shown by now: a pod bound there all the same still counts there)."""
         for reserver in self.reservers:
-            if reserver is self.ledger or bound_to != attempt.node:
-                reserver.unreserve(attempt.pod, attempt.node)
+            reserver.unreserve(attempt.pod, attempt.node)
 
     async def _settle_earlier(self, uid: str, key: str) -> str | None:
         """Settles an earlier attempt of this pod whose Binding may still land; the reason not to
@@ -359,7 +354,7 @@ class Binder:
         attempt = self._open.get(uid)
         if attempt is None:
             return None
-        outcome, removed, bound_to = await self._settle(attempt)
+        outcome, removed = await self._settle(attempt)
         if outcome is Outcome.OPEN:
             self.metrics.binds.labels("unsettled").inc()
             return (
@@ -370,7 +365,7 @@ class Binder:
             return None  # its time ran out while we looked (`_expire` let go of it)
         del self._open[uid]
         if outcome is Outcome.SETTLED:
-            self._let_go(attempt, bound_to)
+            self._let_go(attempt)
         log.info(
             "the earlier bind of %s to %s is settled: %s%s",
             key,

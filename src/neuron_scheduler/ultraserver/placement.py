@@ -93,6 +93,8 @@ class Occupancy:
     workers: dict[str, Worker] = field(default_factory=dict)  # pod uid -> worker
     on_node: dict[str, dict[str, Worker]] = field(default_factory=dict)
     claims: dict[tuple[JobKey, int], Claim] = field(default_factory=dict)
+    # Workers counted from a bind's reservation that the watch has not shown bound yet.
+    reserved: set[str] = field(default_factory=set)
 
     # --- feeding -----------------------------------------------------------------------------
 
@@ -124,6 +126,9 @@ class Occupancy:
 
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
+        if uid in self.reserved and not pod.spec.nodeName and not pod.finished:
+            return  # the watch has not caught up with the bind in flight (it shows our patch)
+        self.reserved.discard(uid)  # bound or gone: from now on the watch speaks for it
         job = worker_job(pod)
         node = pod.spec.nodeName
         if job is None or not node or pod.finished:
@@ -141,6 +146,7 @@ class Occupancy:
         self.on_node.setdefault(node, {})[uid] = worker
 
     def remove_pod(self, uid: str) -> None:
+        self.reserved.discard(uid)
         worker = self.workers.pop(uid, None)
         if worker is None:
             return
@@ -162,12 +168,16 @@ class Occupancy:
         self.apply_pod(
             msgspec.structs.replace(pod, spec=msgspec.structs.replace(pod.spec, nodeName=node))
         )
+        if pod.metadata.uid in self.workers:
+            self.reserved.add(pod.metadata.uid)
 
     def unreserve(self, pod: Pod, node: str) -> None:
-        """The bind to `node` did not happen: the pod is not a worker there."""
-        worker = self.workers.get(pod.metadata.uid)
-        if worker is not None and worker.node == node:
-            self.remove_pod(pod.metadata.uid)
+        """The bind to `node` did not happen: the pod is not a worker there (unless the watch
+        has shown it bound meanwhile: then the watch speaks for it)."""
+        uid = pod.metadata.uid
+        worker = self.workers.get(uid)
+        if uid in self.reserved and worker is not None and worker.node == node:
+            self.remove_pod(uid)
 
     # --- reading -----------------------------------------------------------------------------
 
