@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
@@ -130,9 +131,15 @@ class Verdicts:
 # land that long after it was sent (kube-apiserver's request timeout is a minute), and after the
 # extender that sent it was killed or gave up on it.
 ANNOUNCED_SECONDS = 90.0
-# Ids a bind wrote on a pending pod: where they hold, until when (wall clock), and the
-# NEURON_ALLOC_TIME they were written at.
-Announced = tuple[Holding, float, str]
+
+
+class Announced(NamedTuple):
+    """Ids a bind wrote on a pending pod."""
+
+    holding: Holding
+    until: float  # wall clock: held until then
+    written_at: str  # their NEURON_ALLOC_TIME
+
 
 # Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
 # they are not: 5,000 nodes x 64 shapes is ~30 MB at worst.
@@ -162,11 +169,8 @@ class Ledger:
         self._by_node: dict[str, dict[str, Holding]] = {}
         self._reservations: dict[str, Holding] = {}  # pod uid -> in-flight bind
         self._reserved_at: dict[str, float] = {}  # pod uid -> clock() when reserved
-        # Pending pods carrying the ids a bind wrote (its Binding may still land): uid -> the
-        # ids, and until when (wall clock) they are held.
-        self._announced: dict[str, Holding] = {}
-        self._announced_until: dict[str, float] = {}
-        self._announced_at: dict[str, str] = {}  # uid -> the NEURON_ALLOC_TIME they were written at
+        # Pending pods carrying the ids a bind wrote (its Binding may still land).
+        self._announced: dict[str, Announced] = {}
         # Pending pods whose annotations (by their NEURON_ALLOC_TIME) this extender knows no
         # Binding can follow any more (`disown`): they hold nothing.
         self._disowned: dict[str, str] = {}
@@ -340,7 +344,8 @@ class Ledger:
         ends, so pods waiting for those devices would wait for its periodic retry)."""
         uid = pod.metadata.uid
         self._disowned[uid] = alloc_time
-        if self._announced_at.get(uid) == alloc_time:  # not ids another bind wrote since
+        announced = self._announced.get(uid)
+        if announced is not None and announced.written_at == alloc_time:  # not others' since
             self._announce(uid, None)
 
     def _announced_of(self, pod: Pod) -> Announced | None:
@@ -372,27 +377,24 @@ class Ledger:
         if found is None or misfit(found, entry.topology) or until <= self.wall_clock():
             return None
         holding = Holding(entry.name, cores=found.core_mask, ours=True)
-        return holding, until, annotations[ALLOC_TIME]
+        return Announced(holding, until, annotations[ALLOC_TIME])
 
     def _announce(self, uid: str, announced: Announced | None) -> None:
-        previous = self._announced.get(uid)
-        if announced is not None and announced[0] == previous:
-            self._announced_until[uid], self._announced_at[uid] = announced[1:]
-            return
-        if previous is not None:
-            del self._announced[uid], self._announced_until[uid], self._announced_at[uid]
-            self._invalidate(previous.node)
+        previous = self._announced.pop(uid, None)
         if announced is not None:
-            holding, self._announced_until[uid], self._announced_at[uid] = announced
-            self._announced[uid] = holding
-            self._invalidate(holding.node)
+            self._announced[uid] = announced
+        if previous is not None and announced is not None and previous.holding == announced.holding:
+            return  # the same ids held: nothing derived from them changes
+        for changed in (previous, announced):
+            if changed is not None:
+                self._invalidate(changed.holding.node)
 
     def _expire_announced(self) -> None:
         """Drops the held ids whose time is up (checked on every read: usually none are held)."""
         if not self._announced:
             return
         now = self.wall_clock()
-        for uid in [u for u, until in self._announced_until.items() if until <= now]:
+        for uid in [u for u, announced in self._announced.items() if announced.until <= now]:
             self._announce(uid, None)
 
     def _holding_of(self, pod: Pod) -> Holding | None:
@@ -607,8 +609,8 @@ class Ledger:
             if reservation.node == node and uid not in holdings:
                 used |= reservation.cores
         for uid, announced in self._announced.items():
-            if announced.node == node and uid not in excluded:
-                used |= announced.cores
+            if announced.holding.node == node and uid not in excluded:
+                used |= announced.holding.cores
         if entry is not None:
             used |= self._held_blocks(node, entry.topology, used, going, unknown, excluded)
         return NodeState(used, unknown)
