@@ -15,7 +15,9 @@ Contenders:
 - DRA: our DRA driver's published devices under the scheduler's own DRA allocator (first fit
   in our order, no scoring; `dra/firstfit.py`) and kube-scheduler's default profile, no extender
   (issue 20). DRA hands out whole devices: a k-core request takes the devices that hold k cores;
-- no-topology bound: counts only, contiguity ignored.
+- no-topology bound: counts only, contiguity ignored;
+- clairvoyant: neuron-scheduler that knows when each pod will leave (sim/clairvoyant.py), no
+  real scheduler: how much of what is left knowing lifetimes would buy.
 
 Each workload (sim/workloads.py, committed seeded generators) runs at two offered loads:
 - overload (1.2x the fleet's devices): the queue never drains; pods placed and utilization at the
@@ -23,7 +25,7 @@ Each workload (sim/workloads.py, committed seeded generators) runs at two offere
 - busy (0.85x): queues form in bursts and drain; large-pod waits are measured here (under
   sustained overload every wait grows with the length of the run, whatever the policy).
 
-Run: uv run python bench/quality.py [--seeds 20] [--out bench/out/quality]
+Run: uv run python bench/quality.py [--seeds 40] [--out bench/out/quality]
 Prints a markdown table (BENCHMARKS.md "Placement quality") and writes quality.json plus two
 pictures per load: utilization over time per policy, and the CDF of large-pod waits.
 """
@@ -50,6 +52,7 @@ from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.firstfit import allocate_like_scheduler
 from neuron_scheduler.sim.contenders import (
+    CLAIRVOYANT,
     FIRST_FIT,
     NEURON_SCHEDULER,
     NO_TOPOLOGY,
@@ -80,6 +83,7 @@ CONTENDERS = (
     FIRST_FIT,
     Contender("DRA", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY, dra_allocator),
     NO_TOPOLOGY,
+    CLAIRVOYANT,
 )
 BOUND = NO_TOPOLOGY.label
 
@@ -95,6 +99,14 @@ class Runs:
 
     def median(self, value: str) -> float:
         return statistics.median(_value(r, value) for r in self.results)
+
+    def margin(self, value: str) -> float:
+        """Half-width of the mean's 95% confidence interval (normal approximation): two rows
+        whose intervals overlap are not told apart by this many seeds."""
+        values = [_value(r, value) for r in self.results]
+        if len(values) < 2:
+            return float("nan")
+        return 1.96 * statistics.stdev(values) / len(values) ** 0.5
 
     def large_waits(self) -> list[float]:
         return sorted(w for r in self.results for w in r.large_waits + r.large_pending_waits)
@@ -137,7 +149,7 @@ def print_table(table: dict[str, dict[str, dict[str, Runs]]]) -> list[dict[str, 
     rows: list[dict[str, object]] = []
     print(
         "| workload | load | policy | pods placed | % of bound | vs first-fit "
-        "| util. at 1st frag. refusal, mean (median) | mean util. "
+        "| util. at 1st frag. refusal, mean ±95% (median) | mean util. "
         "| large wait mean (x first-fit) "
         "| large wait p95 |"
     )
@@ -157,6 +169,7 @@ def print_table(table: dict[str, dict[str, dict[str, Runs]]]) -> list[dict[str, 
                     "of_bound": runs.mean("placed") / bound,
                     "vs_first_fit": runs.mean("placed") / first.mean("placed") - 1,
                     "frag_util": runs.mean("frag_util"),
+                    "frag_util_margin": runs.margin("frag_util"),
                     "frag_util_median": runs.median("frag_util"),
                     "mean_util": runs.mean("mean_util"),
                     "large_wait_mean": wait,
@@ -170,7 +183,7 @@ def print_table(table: dict[str, dict[str, dict[str, Runs]]]) -> list[dict[str, 
                     f"| {name} | {LOADS[load_name]:.2f} {load_name} | {label} "
                     f"| {row['placed']:.1f} | {row['of_bound']:.1%} "
                     f"| {row['vs_first_fit']:+.1%} | {row['frag_util']:.1%} "
-                    f"({row['frag_util_median']:.1%}) "
+                    f"±{100 * row['frag_util_margin']:.1f} ({row['frag_util_median']:.1%}) "
                     f"| {row['mean_util']:.1%} | {wait:.0f} s "
                     f"({row['large_wait_vs_first_fit']:.2f}) | {row['large_wait_p95']:.0f} s |"
                 )
@@ -223,8 +236,9 @@ def draw(table: dict[str, dict[str, dict[str, Runs]]], out: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # The first fragmentation refusal is one event per run, and heavy-tailed: on mixed/busy, 10
-    # seeds put two policy variants 4.5 points apart that 40 seeds could not tell apart.
-    parser.add_argument("--seeds", type=int, default=20)
+    # seeds put two policy variants 4.5 points apart that 40 seeds could not tell apart, and 20
+    # seeds read mixed/overload 1.5 points below what 40 read.
+    parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("bench/out/quality"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

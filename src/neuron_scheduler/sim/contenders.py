@@ -4,7 +4,9 @@
 - first-fit: what a topology-aware extender without scoring gets (AWS's extension: filter and
   bind only, devices taken lowest first) under kube-scheduler's default profile;
 - no-topology bound: counts only, contiguity ignored, packed like ours: no topology-correct
-  scheduler places more on the same stream.
+  scheduler places more on the same stream;
+- clairvoyant: neuron-scheduler that knows when every pod will leave (sim/clairvoyant.py): what
+  knowing lifetimes would add, which no real scheduler does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.sim.clairvoyant import ClairvoyantSimulation
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_FILTER_ONLY, Profile
 from neuron_scheduler.sim.preemption import Preemption
 from neuron_scheduler.sim.simulation import (
@@ -34,6 +37,7 @@ class Contender:
     profile: Profile = CHART
     allocator: Allocator = topology_allocator
     preemption: Preemption = Preemption.VERB
+    simulation: type[Simulation] = Simulation
 
     def without_verb(self) -> Contender:
         return replace(self, label=f"{self.label}, no verb", preemption=Preemption.COUNT)
@@ -46,7 +50,7 @@ class Contender:
         seed: int = 0,
         progress: Callable[[int], None] | None = None,
     ) -> SimResult:
-        simulation = Simulation(
+        simulation = self.simulation(
             fleet, catalog, self.policy, self.preemption, self.profile, self.allocator, seed
         )
         result = simulation.run(events, progress)
@@ -57,3 +61,4 @@ class Contender:
 NEURON_SCHEDULER = Contender("neuron-scheduler")
 FIRST_FIT = Contender("first-fit", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY)
 NO_TOPOLOGY = Contender("no-topology bound", allocator=count_allocator)
+CLAIRVOYANT = Contender("clairvoyant (knows lifetimes)", simulation=ClairvoyantSimulation)

@@ -230,7 +230,9 @@ GroupKey = tuple[Topology, int, int]  # topology, free devices, free cores
 
 
 @dataclass(slots=True)
-class _Waiting:
+class Waiting:
+    """A pending pod, as kube-scheduler's queue holds it."""
+
     request: NeuronRequest
     priority: int
     arrived: float
@@ -284,7 +286,7 @@ class Simulation:
             len(self.nodes), profile.percentage_of_nodes_to_score
         )
         self._where: dict[str, SimNode] = {}
-        self._waiting: dict[str, _Waiting] = {}
+        self._waiting: dict[str, Waiting] = {}
         self._residents: dict[str, Resident] = {}
         self._durations: dict[str, float | None] = {}
         self._departures: list[tuple[float, int, str]] = []
@@ -335,7 +337,7 @@ class Simulation:
         assert event.request is not None
         result.arrivals += 1
         self.demand.record(event.request.unit, event.request.count)
-        waiting = _Waiting(event.request, event.priority, event.time, event.duration, "")
+        waiting = Waiting(event.request, event.priority, event.time, event.duration, "")
         self._waiting[event.pod] = waiting
         reason = self._try_place(event.pod, waiting)
         if reason is not None and self._preempt(event.pod, waiting, result):
@@ -350,7 +352,7 @@ class Simulation:
             if result.utilization_at_first_fragmentation is None:
                 result.utilization_at_first_fragmentation = _utilization(self.nodes)[0]
 
-    def _placed(self, pod: str, waiting: _Waiting, result: SimResult) -> None:
+    def _placed(self, pod: str, waiting: Waiting, result: SimResult) -> None:
         del self._waiting[pod]
         result.placed += 1
         if _is_large(waiting.request):
@@ -405,7 +407,7 @@ class Simulation:
 
     # --- one pod --------------------------------------------------------------------------------
 
-    def _try_place(self, pod: str, waiting: _Waiting) -> str | None:
+    def _try_place(self, pod: str, waiting: Waiting) -> str | None:
         """Place the pod where kube-scheduler would; the reason it fits nowhere otherwise."""
         request = waiting.request
         by_cores = request.unit is Unit.CORE
@@ -445,13 +447,19 @@ class Simulation:
                 best_total, best = total, [(placement, members)]
             elif total == best_total:
                 best.append((placement, members))
-        # kube-scheduler breaks ties uniformly at random among the nodes.
-        pick = self._rng.randrange(sum(len(members) for _, members in best))
-        for placement, members in best:
+        node, placement = self._break_tie(best, waiting)
+        self._bind(node, pod, placement, request)
+        return None
+
+    def _break_tie(
+        self, tied: list[tuple[Placement, dict[str, SimNode]]], waiting: Waiting
+    ) -> tuple[SimNode, Placement]:
+        """The node among equals: kube-scheduler picks uniformly at random."""
+        del waiting
+        pick = self._rng.randrange(sum(len(members) for _, members in tied))
+        for placement, members in tied:
             if pick < len(members):
-                node = list(members.values())[pick]
-                self._bind(node, pod, placement, request)
-                return None
+                return list(members.values())[pick], placement
             pick -= len(members)
         raise AssertionError("unreachable: the pick is within the tied nodes")
 
@@ -475,7 +483,7 @@ class Simulation:
                 return True
         return False
 
-    def _preempt(self, pod: str, waiting: _Waiting, result: SimResult) -> bool:
+    def _preempt(self, pod: str, waiting: Waiting, result: SimResult) -> bool:
         """kube-scheduler's PostFilter: evict lower-priority pods on one node and place the pod
         there. Without the verb the victims may free no allowed block: the pod then stays
         pending, their deletion makes kube-scheduler try again, and it may evict on another
@@ -635,6 +643,7 @@ __all__ = [
     "SimNode",
     "SimResult",
     "Simulation",
+    "Waiting",
     "count_allocator",
     "topology_allocator",
 ]
