@@ -11,9 +11,10 @@ and kube-scheduler's scores); only kube-scheduler's random pick among equally sc
 replaced, by lifetime alignment in the manner of NILAS, the lifetime-aware scoring of LAVA (Ling
 et al., "LAVA: Lifetime-Aware VM Allocation with Learned Distributions and Adaptation to
 Mispredictions", MLSys 2025), with exact lifetimes where LAVA predicts them: prefer a
-node whose pods all outlive the new one, the one that ends soonest after it (the pod lengthens
-no node's busy time and the node empties at once); else the node whose last pod ends closest
-before it (lengthening its busy time least); an empty node last.
+node whose last pod leaves no earlier than the new one, the one whose last pod leaves soonest
+after it (the pod lengthens no node's busy time, and the node empties soon after it leaves);
+else the node whose last pod leaves closest before it (lengthening its busy time least); an
+empty node last.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.sim.simulation import PodEvent, SimNode, SimResult, Simulation, Waiting
 
 # Alignment classes, best first.
-_OUTLIVED = 0  # every pod on the node ends after the new one
+_OUTLIVED = 0  # the node's last pod leaves no earlier than the new one
 _LENGTHENS = 1  # the new pod ends after the node's last pod
 _EMPTY = 2
 
