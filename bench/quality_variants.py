@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import Catalog
@@ -19,13 +18,13 @@ from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.sim.clairvoyant import ClairvoyantSimulation
 from neuron_scheduler.sim.contenders import CLAIRVOYANT, NEURON_SCHEDULER, Contender
+from neuron_scheduler.sim.simulation import Allocator
 from neuron_scheduler.sim.workloads import STANDARD
 
-Allocate = Callable[[Topology, NodeState, NeuronRequest, Policy, DemandWeights], Decision]
 ROWS = (("inference", 0.85), ("mixed", 0.85), ("mixed", 1.2))
 
 
-def capped(up_to_devices: float) -> Allocate:
+def capped(up_to_devices: float) -> Allocator:
     """neuron-scheduler's decision, its score capped by best-fit's for requests of at most
     `up_to_devices` devices' worth."""
 
