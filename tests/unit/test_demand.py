@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuron_scheduler.core.allocation import NodeState, Placement, allocate
+from neuron_scheduler.core.allocation import NodeState, Placement, allocate, demand_score
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DRIFT, MAX_SHAPES, REFRESH, SCALE, Demand
 from neuron_scheduler.core.ids import cores_of_devices, ids_mask
@@ -86,8 +86,35 @@ def test_demand_keeps_room_for_the_shapes_asked_for() -> None:
     threes = ((Unit.DEVICE, 3, SCALE),)
     steered = allocate(topology, state, one, demand=threes)
     assert isinstance(steered, Placement) and steered.devices[0] in (1, 5)
-    # It breaks no run of 3 and wastes only the device it takes: score 9.
-    assert steered.score == 9
+    # By demand alone it breaks no run of 3 and wastes only the device it takes: 9. But the
+    # node's tightest block for one device is a run of 3 (best-fit's score 3), and that is the
+    # ceiling for a small device pod.
+    assert demand_score(topology, state.used_cores, steered.core_mask, threes) == 9
+    assert steered.score == plain.score == 3
+
+
+def test_a_small_device_pod_scores_no_higher_than_best_fit() -> None:
+    """A 4-device pod on a whole inf2.48xlarge ring of 12 leaves 8 that still serve the 8s asked
+    for, so demand alone rates it 6; best-fit rates cutting a ring of 12 for 4 at 3, and the
+    lower one stands. Where a run of exactly 4 is free both agree it is a good place."""
+    topology = CATALOG.resolve("inf2.48xlarge").topology
+    fours_and_eights = ((Unit.DEVICE, 4, SCALE // 2), (Unit.DEVICE, 8, SCALE // 2))
+    four = NeuronRequest(NEURON, 4)
+    whole = allocate(topology, NodeState(), four, demand=fours_and_eights)
+    assert isinstance(whole, Placement)
+    assert demand_score(topology, 0, whole.core_mask, fours_and_eights) == 6
+    assert whole.score == 3
+    run_of_four = NodeState(ids_mask(cores_of_devices(range(8), topology.cores_per_device)))
+    tight = allocate(topology, run_of_four, four, demand=fours_and_eights)
+    assert isinstance(tight, Placement) and tight.devices == (8, 9, 10, 11)
+    assert tight.score == 8  # best-fit's 10 is no ceiling here: it takes a block 4s could use
+    # Core pods keep the score by demand alone (best-fit's ceiling sent them to the tightest
+    # core run anywhere, measured worse): one core pair on an empty node scores 9, not 1.
+    pairs = ((Unit.CORE, 2, SCALE),)
+    pair = NeuronRequest(NEURONCORE, 2)
+    assert allocate(topology, NodeState(), pair).score == 1
+    on_empty = allocate(topology, NodeState(), pair, demand=pairs)
+    assert isinstance(on_empty, Placement) and on_empty.score == 9
 
 
 def test_a_core_pod_fills_a_device_nothing_else_can_use() -> None:

@@ -488,6 +488,10 @@ def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) ->
 
 
 # --- placement weighed by demand ---------------------------------------------------------------
+
+# Device requests of up to this many devices (a Trn torus's smallest group above one) score no
+# higher than best-fit scores them. Larger ones score by demand alone.
+SMALL_DEVICE_REQUEST = 4
 #
 # A node's free capacity is unusable for a request shape when no allowed placement of that shape
 # can use it: every free device of a node that cannot serve the shape at all, the free devices
@@ -520,6 +524,13 @@ def _decide_by_demand(
         if after < best_after:
             best_mask, best_after = mask, after
     score = _demand_score(topology, demand, best_mask, best_after - before)
+    if unit is Unit.DEVICE and count <= SMALL_DEVICE_REQUEST:
+        # Best-fit's score (how tightly the node's best block fits) is a ceiling for small device
+        # pods: demand alone sees no loss when a 4-device pod takes a whole ring of 12 that still
+        # fits the 8 asked for, yet under churn those pods hole the rings and halves that 8-device
+        # pods need. For core pods the ceiling was measured worse (BENCHMARKS.md, "Placement
+        # quality"): it sends them to the tightest core run of any node, so nodes drain less.
+        score = min(score, fallback.score)
     if best_mask == fallback.core_mask:
         return fallback._replace(score=score)
     cores = tuple(mask_ids(best_mask))
@@ -530,6 +541,13 @@ def _decide_by_demand(
         return Placement(devices, cores_of_devices(devices, topology.cores_per_device), score)
     per_device = topology.cores_per_device
     return Placement(tuple(sorted({core // per_device for core in cores})), cores, score)
+
+
+def demand_score(topology: Topology, used: int, taken: int, demand: DemandWeights) -> int:
+    """The node score by demand alone, without best-fit's ceiling for small device pods (the
+    rule until 2026-11-24; bench/quality_variants.py compares the two)."""
+    raised = _unusable(topology, used | taken, demand) - _unusable(topology, used, demand)
+    return _demand_score(topology, demand, taken, raised)
 
 
 def _demand_score(topology: Topology, demand: DemandWeights, taken: int, raised: int) -> int:
