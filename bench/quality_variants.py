@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 
 from neuron_scheduler.core.allocation import (
     SMALL_DEVICE_REQUEST,
@@ -37,35 +38,13 @@ from neuron_scheduler.sim.workloads import STANDARD
 ROWS = tuple((name, load) for name in STANDARD for load in (1.2, 0.85))
 
 
-def _weighed(decision: Decision, topology: Topology, policy: Policy, demand: DemandWeights) -> bool:
-    """The decision went through the demand score (core.allocation.allocate's conditions)."""
-    return (
-        isinstance(decision, Placement)
-        and bool(demand)
-        and policy is not Policy.FIRST_FIT
-        and topology.kind is not TopologyKind.SWITCH
-    )
+# How a variant scores a placement the rule in force made through the demand score.
+Rescore = Callable[[Topology, NodeState, NeuronRequest, DemandWeights, Placement], int]
 
 
-def demand_alone(
-    topology: Topology,
-    state: NodeState,
-    request: NeuronRequest,
-    policy: Policy,
-    demand: DemandWeights,
-) -> Decision:
-    """The rule before session 9: every node score by demand alone."""
-    decision = allocate(topology, state, request, policy, demand)
-    if not _weighed(decision, topology, policy, demand):
-        return decision
-    assert isinstance(decision, Placement)
-    score = demand_score(topology, state.used_cores, decision.core_mask, demand)
-    return decision._replace(score=score)
-
-
-def ceiling(up_to_devices: float) -> Allocator:
-    """The score capped by best-fit's for every request of at most `up_to_devices` devices'
-    worth, core requests too."""
+def rescored(rescore: Rescore) -> Allocator:
+    """The rule in force with another node score where the demand score decided (the
+    conditions of core.allocation.allocate)."""
 
     def decide(
         topology: Topology,
@@ -75,28 +54,59 @@ def ceiling(up_to_devices: float) -> Allocator:
         demand: DemandWeights,
     ) -> Decision:
         decision = allocate(topology, state, request, policy, demand)
-        if not _weighed(decision, topology, policy, demand):
+        if (
+            not isinstance(decision, Placement)
+            or not demand
+            or policy is Policy.FIRST_FIT
+            or topology.kind is TopologyKind.SWITCH
+        ):
             return decision
-        assert isinstance(decision, Placement)
-        size = request.count
-        if request.unit is Unit.CORE:
-            size /= topology.cores_per_device
-        if size > up_to_devices:
-            return decision
-        best_fit = allocate(topology, state, request, policy, ())
-        assert isinstance(best_fit, Placement)  # the same node state fits the same request
-        return decision._replace(score=min(decision.score, best_fit.score))
+        return decision._replace(score=rescore(topology, state, request, demand, decision))
 
     return decide
 
 
+def by_demand_alone(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    demand: DemandWeights,
+    placement: Placement,
+) -> int:
+    """The rule before session 9: every node score by demand alone."""
+    return demand_score(topology, state.used_cores, placement.core_mask, demand)
+
+
+def ceiling(up_to_devices: float) -> Rescore:
+    """The score capped by best-fit's for every request of at most `up_to_devices` devices'
+    worth, core requests too."""
+
+    def rescore(
+        topology: Topology,
+        state: NodeState,
+        request: NeuronRequest,
+        demand: DemandWeights,
+        placement: Placement,
+    ) -> int:
+        size: float = request.count
+        if request.unit is Unit.CORE:
+            size /= topology.cores_per_device
+        if size > up_to_devices:
+            return placement.score
+        best_fit = allocate(topology, state, request, Policy.BEST_FIT, ())
+        assert isinstance(best_fit, Placement)  # the same node state fits the same request
+        return min(placement.score, best_fit.score)
+
+    return rescore
+
+
 VARIANTS = (
     NEURON_SCHEDULER,
-    Contender("demand alone (before session 9)", allocator=demand_alone),
-    Contender("ceiling for every request", allocator=ceiling(float("inf"))),
+    Contender("demand alone (before session 9)", allocator=rescored(by_demand_alone)),
+    Contender("ceiling for every request", allocator=rescored(ceiling(float("inf")))),
     Contender(
         f"ceiling up to {SMALL_DEVICE_REQUEST} devices' worth, cores too",
-        allocator=ceiling(SMALL_DEVICE_REQUEST),
+        allocator=rescored(ceiling(SMALL_DEVICE_REQUEST)),
     ),
 )
 
