@@ -6,6 +6,8 @@ on runs it was not read off.
 - in force: device pods of up to 4 devices score no higher than best-fit scores them (adopted
   2026-11-24, session 9, chosen on seeds 1-40, checked on seeds 101-180);
 - demand alone: the rule before it;
+- the ceiling for device pods of 2-4 devices only, for core pods only: session 9's other
+  candidates;
 - the ceiling for every request, and for every request of up to 4 devices' worth (core pods
   too): the variants of session 8.
 
@@ -77,9 +79,14 @@ def by_demand_alone(
     return demand_score(topology, state.used_cores, placement.core_mask, demand)
 
 
-def ceiling(up_to_devices: float) -> Rescore:
-    """The score capped by best-fit's for every request of at most `up_to_devices` devices'
-    worth, core requests too."""
+def devices_worth(request: NeuronRequest, topology: Topology) -> float:
+    if request.unit is Unit.CORE:
+        return request.count / topology.cores_per_device
+    return request.count
+
+
+def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
+    """The score capped by best-fit's for the requests `applies` picks."""
 
     def rescore(
         topology: Topology,
@@ -88,10 +95,7 @@ def ceiling(up_to_devices: float) -> Rescore:
         demand: DemandWeights,
         placement: Placement,
     ) -> int:
-        size: float = request.count
-        if request.unit is Unit.CORE:
-            size /= topology.cores_per_device
-        if size > up_to_devices:
+        if not applies(request, topology):
             return placement.score
         best_fit = allocate(topology, state, request, Policy.BEST_FIT, ())
         assert isinstance(best_fit, Placement)  # the same node state fits the same request
@@ -103,10 +107,21 @@ def ceiling(up_to_devices: float) -> Rescore:
 VARIANTS = (
     NEURON_SCHEDULER,
     Contender("demand alone (before session 9)", allocator=rescored(by_demand_alone)),
-    Contender("ceiling for every request", allocator=rescored(ceiling(float("inf")))),
+    Contender(
+        "ceiling for device pods of 2-4 devices only",
+        allocator=rescored(ceiling(lambda r, _: r.unit is Unit.DEVICE and 2 <= r.count <= 4)),
+    ),
+    Contender(
+        "ceiling for core pods only (every size)",
+        allocator=rescored(ceiling(lambda r, _: r.unit is Unit.CORE)),
+    ),
+    Contender(
+        "ceiling for every request",
+        allocator=rescored(ceiling(lambda r, t: True)),
+    ),
     Contender(
         f"ceiling up to {SMALL_DEVICE_REQUEST} devices' worth, cores too",
-        allocator=rescored(ceiling(SMALL_DEVICE_REQUEST)),
+        allocator=rescored(ceiling(lambda r, t: devices_worth(r, t) <= SMALL_DEVICE_REQUEST)),
     ),
 )
 
