@@ -488,10 +488,6 @@ def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) ->
 
 
 # --- placement weighed by demand ---------------------------------------------------------------
-
-# Device requests of up to this many devices (a Trn torus's smallest group above one) score no
-# higher than best-fit scores them. Larger ones score by demand alone.
-SMALL_DEVICE_REQUEST = 4
 #
 # A node's free capacity is unusable for a request shape when no allowed placement of that shape
 # can use it: every free device of a node that cannot serve the shape at all, the free devices
@@ -503,6 +499,10 @@ SMALL_DEVICE_REQUEST = 4
 # shape could use or cuts into no block any shape needs. Best-fit by demand picks the placement
 # with the least waste on each node, and nodes score by it, so kube-scheduler picks the node
 # where the pod wastes least.
+
+# Device requests of up to this many devices (a Trn torus's smallest group above one) score no
+# higher than best-fit scores them. Larger ones score by demand alone.
+SMALL_DEVICE_REQUEST = 4
 
 
 @lru_cache(maxsize=1 << 16)
