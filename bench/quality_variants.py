@@ -12,6 +12,9 @@ on runs it was not read off.
   too): the variants of session 8.
 
 Run: uv run python bench/quality_variants.py [--seeds 40] [--first-seed 1]
+     [--rows inference:0.85,mixed:1.2] [--adopted]
+The held-out check: --seeds 80 --first-seed 101 --adopted (first-fit, the rule in force and
+demand alone only).
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ import statistics
 from collections.abc import Callable
 
 from neuron_scheduler.core.allocation import (
-    SMALL_DEVICE_REQUEST,
+    SMALL_DEVICE_COUNT,
     Decision,
     NodeState,
     Placement,
     Policy,
     allocate,
+    decides_by_demand,
     demand_score,
 )
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DemandWeights
 from neuron_scheduler.core.resources import NeuronRequest, Unit
-from neuron_scheduler.core.topology import Topology, TopologyKind
+from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.sim.contenders import FIRST_FIT, NEURON_SCHEDULER, Contender
 from neuron_scheduler.sim.simulation import Allocator
 from neuron_scheduler.sim.workloads import STANDARD
@@ -45,8 +49,7 @@ Rescore = Callable[[Topology, NodeState, NeuronRequest, DemandWeights, Placement
 
 
 def rescored(rescore: Rescore) -> Allocator:
-    """The rule in force with another node score where the demand score decided (the
-    conditions of core.allocation.allocate)."""
+    """The rule in force with another node score where the demand score decided."""
 
     def decide(
         topology: Topology,
@@ -56,27 +59,11 @@ def rescored(rescore: Rescore) -> Allocator:
         demand: DemandWeights,
     ) -> Decision:
         decision = allocate(topology, state, request, policy, demand)
-        if (
-            not isinstance(decision, Placement)
-            or not demand
-            or policy is Policy.FIRST_FIT
-            or topology.kind is TopologyKind.SWITCH
-        ):
+        if not isinstance(decision, Placement) or not decides_by_demand(topology, policy, demand):
             return decision
         return decision._replace(score=rescore(topology, state, request, demand, decision))
 
     return decide
-
-
-def by_demand_alone(
-    topology: Topology,
-    state: NodeState,
-    request: NeuronRequest,
-    demand: DemandWeights,
-    placement: Placement,
-) -> int:
-    """The rule before session 9: every node score by demand alone."""
-    return demand_score(topology, state.used_cores, placement.core_mask, demand)
 
 
 def devices_worth(request: NeuronRequest, topology: Topology) -> float:
@@ -86,7 +73,8 @@ def devices_worth(request: NeuronRequest, topology: Topology) -> float:
 
 
 def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
-    """The score by demand alone, capped by best-fit's for the requests `applies` picks."""
+    """The score by demand alone, capped by best-fit's for the requests `applies` picks (none:
+    the rule before session 9)."""
 
     def rescore(
         topology: Topology,
@@ -96,7 +84,7 @@ def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
         placement: Placement,
     ) -> int:
         # From demand alone: the rule in force already caps small device pods.
-        alone = by_demand_alone(topology, state, request, demand, placement)
+        alone = demand_score(topology, state.used_cores, placement.core_mask, demand)
         if not applies(request, topology):
             return alone
         best_fit = allocate(topology, state, request, Policy.BEST_FIT, ())
@@ -108,7 +96,7 @@ def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
 
 VARIANTS = (
     NEURON_SCHEDULER,
-    Contender("demand alone (before session 9)", allocator=rescored(by_demand_alone)),
+    Contender("demand alone (before session 9)", allocator=rescored(ceiling(lambda r, t: False))),
     Contender(
         "ceiling for device pods of 2-4 devices only",
         allocator=rescored(ceiling(lambda r, _: r.unit is Unit.DEVICE and 2 <= r.count <= 4)),
@@ -122,8 +110,8 @@ VARIANTS = (
         allocator=rescored(ceiling(lambda r, t: True)),
     ),
     Contender(
-        f"ceiling up to {SMALL_DEVICE_REQUEST} devices' worth, cores too",
-        allocator=rescored(ceiling(lambda r, t: devices_worth(r, t) <= SMALL_DEVICE_REQUEST)),
+        f"ceiling up to {SMALL_DEVICE_COUNT} devices' worth, cores too",
+        allocator=rescored(ceiling(lambda r, t: devices_worth(r, t) <= SMALL_DEVICE_COUNT)),
     ),
 )
 
@@ -137,6 +125,9 @@ def main() -> None:
         default=",".join(f"{name}:{load}" for name, load in ROWS),
         help="workload:load pairs, comma-separated (default: all six)",
     )
+    parser.add_argument(
+        "--adopted", action="store_true", help="only the rule in force and demand alone"
+    )
     args = parser.parse_args()
     catalog = Catalog.builtin()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -148,14 +139,15 @@ def main() -> None:
         in_force: list[float] = []
         # First-fit first (the waits are relative to its), then the rule in force (the others'
         # first refusals are also given as their difference from it, seed by seed).
-        for variant in (FIRST_FIT, *VARIANTS):
-            first, waits = [], []
+        for variant in (FIRST_FIT, *(VARIANTS[:2] if args.adopted else VARIANTS)):
+            first, waits, placed = [], [], []
             for seed in seeds:
                 result = variant.run(workload.nodes(), catalog, workload.events(seed), seed)
                 assert result.invalid_placements == 0
                 refusal = result.utilization_at_first_fragmentation
                 first.append(1.0 if refusal is None else refusal)
                 waits.append(result.large_wait_mean())
+                placed.append(result.placed)
             wait = statistics.fmean(waits)
             if variant is FIRST_FIT:
                 first_fit_wait = wait
@@ -171,7 +163,9 @@ def main() -> None:
             print(
                 f"{name} {load}: {variant.label}: first refusal {statistics.fmean(first):.1%} "
                 f"±{100 * _margin(first):.1f} (median {statistics.median(first):.1%}){paired}, "
-                f"large-pod wait {wait:.0f} s ({wait / first_fit_wait:.2f}x first-fit)",
+                f"large-pod wait {wait:.0f} s "
+                f"({wait / first_fit_wait if first_fit_wait else float('nan'):.2f}x first-fit), "
+                f"placed {statistics.fmean(placed):.1f}",
                 flush=True,
             )
 

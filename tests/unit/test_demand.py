@@ -107,7 +107,15 @@ def test_a_small_device_pod_scores_no_higher_than_best_fit() -> None:
     run_of_four = NodeState(ids_mask(cores_of_devices(range(8), topology.cores_per_device)))
     tight = allocate(topology, run_of_four, four, demand=fours_and_eights)
     assert isinstance(tight, Placement) and tight.devices == (8, 9, 10, 11)
-    assert tight.score == 8  # best-fit's 10 is no ceiling here: it takes a block 4s could use
+    # Best-fit scores the exact run 10, so its ceiling does not bind; the 8 is demand's: the pod
+    # takes a block the 4s asked for could use.
+    assert tight.score == 8
+    # Five devices are past the ceiling: demand alone scores them (5 here, best-fit's 4).
+    five = NeuronRequest(NEURON, 5)
+    ones = ((Unit.DEVICE, 1, SCALE),)
+    assert allocate(topology, NodeState(), five).score == 4
+    past = allocate(topology, NodeState(), five, demand=ones)
+    assert isinstance(past, Placement) and past.score == 5
     # Core pods keep the score by demand alone (best-fit's ceiling sent them to the tightest
     # core run anywhere, measured worse): one core pair on an empty node scores 9, not 1.
     pairs = ((Unit.CORE, 2, SCALE),)

@@ -50,7 +50,9 @@ class NodeState:
 class Placement(NamedTuple):
     devices: tuple[int, ...]  # in topology order (a wrapped ring run starts at its first device)
     cores: tuple[int, ...]  # global core ids, in the order of `devices`
-    score: int  # 0-10: how tightly the request fills the free block it was cut from
+    # 0-10, the node score: without demand, how tightly the request fills the free block it
+    # was cut from; with it, how little it wastes (capped for small device pods, below).
+    score: int
 
     @property
     def core_mask(self) -> int:
@@ -91,15 +93,20 @@ def allocate(
     decision = _decide(
         topology, state.used_cores, state.unattributed_cores, request.unit, request.count, policy
     )
-    if (
-        not demand
-        or policy is Policy.FIRST_FIT
-        or not isinstance(decision, Placement)
-        or topology.kind is TopologyKind.SWITCH  # any set is connected: no choice wastes more
-    ):
+    if not isinstance(decision, Placement) or not decides_by_demand(topology, policy, demand):
         return decision
     return _decide_by_demand(
         topology, state.used_cores, request.unit, request.count, demand, decision
+    )
+
+
+def decides_by_demand(topology: Topology, policy: Policy, demand: DemandWeights) -> bool:
+    """Whether a placement allocate() finds is weighed by demand (and scored by it)."""
+    return (
+        bool(demand)
+        and policy is not Policy.FIRST_FIT
+        # Any set of a switch is connected: no choice wastes more than another.
+        and topology.kind is not TopologyKind.SWITCH
     )
 
 
@@ -502,7 +509,7 @@ def is_valid_core_set(topology: Topology, cores: tuple[int, ...] | list[int]) ->
 
 # Device requests of up to this many devices (a Trn torus's smallest group above one) score no
 # higher than best-fit scores them. Larger ones score by demand alone.
-SMALL_DEVICE_REQUEST = 4
+SMALL_DEVICE_COUNT = 4
 
 
 @lru_cache(maxsize=1 << 16)
@@ -524,7 +531,7 @@ def _decide_by_demand(
         if after < best_after:
             best_mask, best_after = mask, after
     score = _demand_score(topology, demand, best_mask, best_after - before)
-    if unit is Unit.DEVICE and count <= SMALL_DEVICE_REQUEST:
+    if unit is Unit.DEVICE and count <= SMALL_DEVICE_COUNT:
         # Best-fit's score (how tightly the node's best block fits) is a ceiling for small device
         # pods: demand alone sees no loss when a 4-device pod takes a whole ring of 12 that still
         # fits the 8 asked for, yet under churn those pods hole the rings and halves that 8-device
@@ -545,7 +552,7 @@ def _decide_by_demand(
 
 def demand_score(topology: Topology, used: int, taken: int, demand: DemandWeights) -> int:
     """The node score by demand alone, without best-fit's ceiling for small device pods (the
-    rule until 2026-11-24; bench/quality_variants.py compares the two)."""
+    rule before the ceiling; bench/quality_variants.py compares the two)."""
     raised = _unusable(topology, used | taken, demand) - _unusable(topology, used, demand)
     return _demand_score(topology, demand, taken, raised)
 
