@@ -9,10 +9,17 @@ on runs it was not read off.
 - the ceiling for device pods of 2-4 devices only, for core pods only: session 9's other
   candidates;
 - the ceiling for every request, and for every request of up to 4 devices' worth (core pods
-  too): the variants of session 8.
+  too): the variants of session 8;
+- reservation (session 10): among the nodes that fit a pod, leave out those where it would take
+  the last free home (one node, or one of two) of a larger shape the cluster asks for, while
+  other nodes fit; or use that only to break kube-scheduler's ties.
+
+--tie-streams N: the rule in force on each seed under N streams of kube-scheduler's random
+picks among equally scored nodes (the same pods each time): how much of a row's spread is
+those picks alone, and the best of them per seed (known only in hindsight).
 
 Run: uv run python bench/quality_variants.py [--seeds 40] [--first-seed 1]
-     [--rows inference:0.85,mixed:1.2] [--adopted]
+     [--rows inference:0.85,mixed:1.2] [--adopted | --tie-streams 16]
 The held-out check: --seeds 80 --first-seed 101 --adopted (first-fit, the rule in force and
 demand alone only).
 """
@@ -35,11 +42,18 @@ from neuron_scheduler.core.allocation import (
 )
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DemandWeights
-from neuron_scheduler.core.resources import NeuronRequest, Unit
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.sim.contenders import FIRST_FIT, NEURON_SCHEDULER, Contender
-from neuron_scheduler.sim.simulation import Allocator
-from neuron_scheduler.sim.workloads import STANDARD
+from neuron_scheduler.sim.simulation import (
+    Allocator,
+    Feasible,
+    SimNode,
+    SimResult,
+    Simulation,
+    Waiting,
+)
+from neuron_scheduler.sim.workloads import STANDARD, Workload
 
 ROWS = tuple((name, load) for name in STANDARD for load in (1.2, 0.85))
 
@@ -94,6 +108,79 @@ def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
     return rescore
 
 
+# Shapes asked for less than this (of the snapshot's ~1024) are not reserved for.
+RESERVED_WEIGHT = 20
+
+
+class ReservingSimulation(Simulation):
+    """The rule in force, holding back scarce homes of larger shapes: while other nodes fit the
+    pod, leave out a node where it would take the last `homes` homes' worth: the node can take a
+    larger shape the cluster asks for now and not after, and at most `homes` nodes can take that
+    shape now. A node with an identical twin is never the last home."""
+
+    homes = 1
+    as_tie_break = False  # only among kube-scheduler's equally scored nodes
+
+    def _shortlist(self, feasible: list[Feasible], request: NeuronRequest) -> list[Feasible]:
+        if self.as_tie_break:
+            return feasible
+        costs = [self._cost(placement, members, request) for _, placement, members in feasible]
+        least = min(costs)
+        return [f for f, cost in zip(feasible, costs, strict=True) if cost == least]
+
+    def _break_tie(
+        self, tied: list[tuple[Placement, dict[str, SimNode]]], waiting: Waiting
+    ) -> tuple[SimNode, Placement]:
+        if self.as_tie_break and len(tied) > 1:
+            costs = [self._cost(p, members, waiting.request) for p, members in tied]
+            least = min(costs)
+            tied = [t for t, cost in zip(tied, costs, strict=True) if cost == least]
+        return super()._break_tie(tied, waiting)
+
+    def _cost(
+        self, placement: Placement, members: dict[str, SimNode], request: NeuronRequest
+    ) -> int:
+        """The demand weight of the larger shapes whose scarce home this placement takes."""
+        if len(members) > 1:
+            return 0  # a node alike stays a home
+        node = next(iter(members.values()))
+        topology, state = node.topology, node.state
+        cost = 0
+        for unit, count, weight in self.demand.weights:
+            shape = NeuronRequest(NEURON if unit is Unit.DEVICE else NEURONCORE, count)
+            if weight < RESERVED_WEIGHT or devices_worth(shape, topology) <= devices_worth(
+                request, topology
+            ):
+                continue
+            if not _fits(topology, state, shape) or _fits(
+                topology, state.with_used(placement.core_mask), shape
+            ):
+                continue
+            if self._homes(shape) <= self.homes:
+                cost += weight
+        return cost
+
+    def _homes(self, shape: NeuronRequest) -> int:
+        return sum(
+            len(members)
+            for (topology, _, _), groups in self._index.items()
+            for (state, _, _, _), members in groups.items()
+            if _fits(topology, state, shape)
+        )
+
+
+def _fits(topology: Topology, state: NodeState, request: NeuronRequest) -> bool:
+    return isinstance(allocate(topology, state, request), Placement)
+
+
+def reserving(homes: int, as_tie_break: bool) -> type[Simulation]:
+    return type(
+        "ReservingSimulation",
+        (ReservingSimulation,),
+        {"homes": homes, "as_tie_break": as_tie_break},
+    )
+
+
 VARIANTS = (
     NEURON_SCHEDULER,
     Contender("demand alone (before session 9)", allocator=rescored(ceiling(lambda r, t: False))),
@@ -113,6 +200,9 @@ VARIANTS = (
         f"ceiling up to {SMALL_DEVICE_COUNT} devices' worth, cores too",
         allocator=rescored(ceiling(lambda r, t: devices_worth(r, t) <= SMALL_DEVICE_COUNT)),
     ),
+    Contender("reservation: the last home", simulation=reserving(1, False)),
+    Contender("reservation: one of the last two homes", simulation=reserving(2, False)),
+    Contender("reservation of the last home, among ties only", simulation=reserving(1, True)),
 )
 
 
@@ -128,24 +218,40 @@ def main() -> None:
     parser.add_argument(
         "--adopted", action="store_true", help="only the rule in force and demand alone"
     )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="only the variants whose label contains this (first-fit and the rule in force run "
+        "always)",
+    )
+    parser.add_argument(
+        "--tie-streams",
+        type=int,
+        default=0,
+        help="instead: the rule in force under this many streams of random tie-breaks per seed",
+    )
     args = parser.parse_args()
     catalog = Catalog.builtin()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
     rows = [(name, float(load)) for name, load in (r.split(":") for r in args.rows.split(","))]
+    chosen = VARIANTS[:2] if args.adopted else VARIANTS
+    variants = [v for v in chosen if v is NEURON_SCHEDULER or args.variants in v.label]
     for name, load in rows:
         workload = STANDARD[name].at_load(load, catalog)
+        if args.tie_streams:
+            _tie_streams(name, load, workload, catalog, seeds, args.tie_streams)
+            continue
         first_fit_wait = 0.0
         in_force: list[float] = []
         # First-fit first (the waits are relative to its), then the rule in force (the others'
         # first refusals are also given as their difference from it, seed by seed).
-        for variant in (FIRST_FIT, *(VARIANTS[:2] if args.adopted else VARIANTS)):
+        for variant in (FIRST_FIT, *variants):
             first, waits, placed = [], [], []
             for seed in seeds:
                 result = variant.run(workload.nodes(), catalog, workload.events(seed), seed)
                 assert result.invalid_placements == 0
-                refusal = result.utilization_at_first_fragmentation
-                first.append(1.0 if refusal is None else refusal)
+                first.append(_first_refusal(result))
                 waits.append(result.large_wait_mean())
                 placed.append(result.placed)
             wait = statistics.fmean(waits)
@@ -168,6 +274,43 @@ def main() -> None:
                 f"placed {statistics.fmean(placed):.1f}",
                 flush=True,
             )
+
+
+def _tie_streams(
+    name: str, load: float, workload: Workload, catalog: Catalog, seeds: range, streams: int
+) -> None:
+    """The rule in force on the same pods under `streams` streams of tie-breaks per seed (the
+    first is the seed's own, as in every other run)."""
+    by_seed: list[list[float]] = []
+    for seed in seeds:
+        events = workload.events(seed)
+        by_seed.append(
+            [
+                _first_refusal(
+                    NEURON_SCHEDULER.run(
+                        workload.nodes(), catalog, events, seed if k == 0 else 100_000 * seed + k
+                    )
+                )
+                for k in range(streams)
+            ]
+        )
+    runs = [value for values in by_seed for value in values]
+    means = [statistics.fmean(values) for values in by_seed]
+    print(
+        f"{name} {load}: the rule in force, {streams} tie-break streams x {len(seeds)} seeds: "
+        f"first refusal {statistics.fmean(runs):.1%} ±{100 * _margin(runs):.1f}, "
+        f"{sum(v >= 0.9 for v in runs) / len(runs):.0%} of runs at 90% or more; "
+        f"standard deviation within a seed (ties alone) "
+        f"{100 * statistics.fmean(statistics.stdev(v) for v in by_seed):.1f} points, "
+        f"of the seeds' means {100 * statistics.stdev(means):.1f}; "
+        f"each seed's best stream, in hindsight: {statistics.fmean(max(v) for v in by_seed):.1%}",
+        flush=True,
+    )
+
+
+def _first_refusal(result: SimResult) -> float:
+    refusal = result.utilization_at_first_fragmentation
+    return 1.0 if refusal is None else refusal
 
 
 def _margin(values: list[float]) -> float:

@@ -4,7 +4,7 @@ from neuron_scheduler.core.allocation import Policy, is_valid_core_set, is_valid
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.sim.kubescheduler import feasible_nodes_to_find
-from neuron_scheduler.sim.simulation import NodeSpec, PodEvent, Simulation
+from neuron_scheduler.sim.simulation import Feasible, NodeSpec, PodEvent, Simulation
 from neuron_scheduler.sim.workloads import default_fleet, generate_workload
 
 
@@ -69,3 +69,21 @@ def test_kube_scheduler_sampling_formula() -> None:
 
 def test_core_units(catalog: Catalog) -> None:
     assert NeuronRequest("aws.amazon.com/neuroncore", 2).unit is Unit.CORE
+
+
+def test_a_shortlist_rules_nodes_out_before_scoring(catalog: Catalog) -> None:
+    # Two nodes fit both pods and n1 (a ring of 6) is the tighter home for each; a contender
+    # whose shortlist keeps only n0 places both there, the base simulation on n1.
+    class OnlyN0(Simulation):
+        def _shortlist(self, feasible: list[Feasible], request: NeuronRequest) -> list[Feasible]:
+            return [f for f in feasible if "n0" in f[2]] or feasible
+
+    fleet = [NodeSpec("n0", "inf2.48xlarge"), NodeSpec("n1", "inf2.24xlarge")]
+    events = [
+        PodEvent(0, "a", NeuronRequest(NEURON, 4)),
+        PodEvent(1, "b", NeuronRequest(NEURON, 2)),
+    ]
+    base = Simulation(fleet, catalog, Policy.BEST_FIT).run(events)
+    assert "a" in base.nodes[1].pods and "b" in base.nodes[1].pods
+    narrowed = OnlyN0(fleet, catalog, Policy.BEST_FIT).run(events)
+    assert "a" in narrowed.nodes[0].pods and "b" in narrowed.nodes[0].pods

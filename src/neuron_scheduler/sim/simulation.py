@@ -227,6 +227,8 @@ def count_allocator(
 
 
 GroupKey = tuple[Topology, int, int]  # topology, free devices, free cores
+# A node group that fits a pod: the extender's score, the placement, the group's nodes.
+Feasible = tuple[int, Placement, dict[str, SimNode]]
 
 
 @dataclass(slots=True)
@@ -412,7 +414,7 @@ class Simulation:
         request = waiting.request
         by_cores = request.unit is Unit.CORE
         pod_request = {request.resource: request.count}
-        feasible: list[tuple[int, Placement, dict[str, SimNode]]] = []  # extender score, ...
+        feasible: list[Feasible] = []
         found = 0
         for (topology, free_devices, free_cores), groups in self._index.items():
             if (free_cores if by_cores else free_devices) < request.count:
@@ -438,7 +440,7 @@ class Simulation:
             return None
         best_total: int | None = None
         best: list[tuple[Placement, dict[str, SimNode]]] = []
-        for score, placement, members in feasible:
+        for score, placement, members in self._shortlist(feasible, request):
             _, requested, pods, resources = _key(next(iter(members.values())))
             total = in_tree_score(
                 self.profile, resources, dict(requested), pods, pod_request
@@ -450,6 +452,12 @@ class Simulation:
         node, placement = self._break_tie(best, waiting)
         self._bind(node, pod, placement, request)
         return None
+
+    def _shortlist(self, feasible: list[Feasible], request: NeuronRequest) -> list[Feasible]:
+        """The nodes kube-scheduler scores, of those that fit: all of them. A hook for
+        contenders that rule some out first (bench/quality_variants.py's reservation)."""
+        del request
+        return feasible
 
     def _break_tie(
         self, tied: list[tuple[Placement, dict[str, SimNode]]], waiting: Waiting
@@ -637,6 +645,7 @@ def _summarize(refusals: Counter[str], nodes: int) -> str:
 
 __all__ = [
     "Allocator",
+    "Feasible",
     "NodeSpec",
     "PodEvent",
     "Sample",
