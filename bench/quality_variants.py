@@ -108,15 +108,18 @@ def ceiling(applies: Callable[[NeuronRequest, Topology], bool]) -> Rescore:
     return rescore
 
 
-# Shapes asked for less than this (of the snapshot's ~1024) are not reserved for.
+# Shapes asked for less than this (about 2% of the snapshot's ~1024) are not reserved for.
 RESERVED_WEIGHT = 20
 
 
 class ReservingSimulation(Simulation):
-    """The rule in force, holding back scarce homes of larger shapes: while other nodes fit the
-    pod, leave out a node where it would take the last `homes` homes' worth: the node can take a
-    larger shape the cluster asks for now and not after, and at most `homes` nodes can take that
-    shape now. A node with an identical twin is never the last home."""
+    """The rule in force, holding back scarce homes of larger shapes. A placement takes a scarce
+    home of a shape when its node can take that shape now and not after, and at most `homes`
+    nodes (this one included) can take it now; its cost is the demand weight of the shapes whose
+    scarce homes it takes (shapes larger than the pod, asked for at least RESERVED_WEIGHT). Of
+    the nodes that fit, kube-scheduler scores only those of least cost (all of them when none
+    costs anything), or, `as_tie_break`, picks among its equally scored nodes the least costly.
+    """
 
     homes = 1
     as_tie_break = False  # only among kube-scheduler's equally scored nodes
@@ -141,9 +144,7 @@ class ReservingSimulation(Simulation):
         self, placement: Placement, members: dict[str, SimNode], request: NeuronRequest
     ) -> int:
         """The demand weight of the larger shapes whose scarce home this placement takes."""
-        if len(members) > 1:
-            return 0  # a node alike stays a home
-        node = next(iter(members.values()))
+        node = next(iter(members.values()))  # the members are alike: any of them answers
         topology, state = node.topology, node.state
         cost = 0
         for unit, count, weight in self.demand.weights:
@@ -231,10 +232,16 @@ def main() -> None:
         help="instead: the rule in force under this many streams of random tie-breaks per seed",
     )
     args = parser.parse_args()
+    if args.seeds < 2:
+        parser.error("--seeds must be 2 or more (the figures come with a confidence interval)")
+    if args.tie_streams and (args.tie_streams < 2 or args.adopted or args.variants):
+        parser.error("--tie-streams needs 2 or more streams and runs the rule in force alone")
+    if args.adopted and args.variants:
+        parser.error("--adopted runs the rule in force and demand alone: no --variants with it")
     catalog = Catalog.builtin()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1}")
-    rows = [(name, float(load)) for name, load in (r.split(":") for r in args.rows.split(","))]
+    rows = _rows(parser, args.rows)
     chosen = VARIANTS[:2] if args.adopted else VARIANTS
     variants = [v for v in chosen if v is NEURON_SCHEDULER or args.variants in v.label]
     for name, load in rows:
@@ -276,6 +283,19 @@ def main() -> None:
             )
 
 
+def _rows(parser: argparse.ArgumentParser, text: str) -> list[tuple[str, float]]:
+    rows = []
+    for row in text.split(","):
+        name, _, load = row.partition(":")
+        try:
+            rows.append((name, float(load)))
+        except ValueError:
+            parser.error(f"--rows: {row!r} is not workload:load (e.g. mixed:0.85)")
+        if name not in STANDARD or not 0 < rows[-1][1] < 100:
+            parser.error(f"--rows: {row!r}: workloads are {', '.join(STANDARD)}, loads above 0")
+    return rows
+
+
 def _tie_streams(
     name: str, load: float, workload: Workload, catalog: Catalog, seeds: range, streams: int
 ) -> None:
@@ -298,7 +318,8 @@ def _tie_streams(
     means = [statistics.fmean(values) for values in by_seed]
     print(
         f"{name} {load}: the rule in force, {streams} tie-break streams x {len(seeds)} seeds: "
-        f"first refusal {statistics.fmean(runs):.1%} ±{100 * _margin(runs):.1f}, "
+        # The interval comes from the seeds' means: a seed's streams share its pods.
+        f"first refusal {statistics.fmean(runs):.1%} ±{100 * _margin(means):.1f}, "
         f"{sum(v >= 0.9 for v in runs) / len(runs):.0%} of runs at 90% or more; "
         f"standard deviation within a seed (ties alone) "
         f"{100 * statistics.fmean(statistics.stdev(v) for v in by_seed):.1f} points, "
