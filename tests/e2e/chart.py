@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from tests.testbed import ControlPlane
+from tests.testbed.controlplane import ServiceAccountCredentials
 from tests.testbed.pki import Pki
 from tests.testbed.stack import ExtenderProcess
 
@@ -163,6 +164,24 @@ def apply(cp: ControlPlane, docs: list[Doc], *, manager: str = "chart-test") -> 
     )
     assert result.returncode == 0, f"kubectl apply failed:\n{result.stderr}\n{result.stdout}"
     return result.stdout
+
+
+DEVICE_PLUGIN = "neuron-device-plugin"  # its ServiceAccount, ClusterRole and binding
+
+
+def device_plugin_credentials(cp: ControlPlane) -> ServiceAccountCredentials:
+    """The device plugin's ServiceAccount, ClusterRole and ClusterRoleBinding as the chart
+    renders them (applied server-side, so again is harmless), and a token for that account: a
+    plugin run with it may do what the chart lets it do, and nothing more."""
+    docs = render({"scheduler": {"enabled": False}})
+    apply(
+        cp,
+        [
+            find(docs, kind, DEVICE_PLUGIN)
+            for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+        ],
+    )
+    return cp.service_account("kube-system", DEVICE_PLUGIN)
 
 
 def extender_args(docs: list[Doc]) -> list[str]:

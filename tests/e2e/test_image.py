@@ -24,6 +24,7 @@ import pytest
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import node_json, pod_json
+from tests.e2e.chart import device_plugin_credentials
 from tests.e2e.harness import ROOT
 from tests.e2e.test_deviceplugin_kubelet import KubeletPeer
 from tests.testbed import ControlPlane, ManagedProcess, Stack
@@ -207,7 +208,9 @@ def test_device_plugin_image_registers_the_fake_tree_with_the_kubelet(
         plugin_dir,
         tmp_path / "kubeletpeer.log",
     )
-    mounts, env = in_cluster(cp, tmp_path / "serviceaccount", cp.admin_token)
+    # As the chart runs it: with its own ServiceAccount, bound to the rendered ClusterRole.
+    token = device_plugin_credentials(cp).token
+    mounts, env = in_cluster(cp, tmp_path / "serviceaccount", token)
     plugin = Container(
         image,
         [

@@ -25,7 +25,7 @@ import pytest
 from neuron_scheduler.core.ids import cores_of_devices, format_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import node_json, pod_json
-from tests.e2e.chart import find, render
+from tests.e2e.chart import device_plugin_credentials
 from tests.e2e.harness import ROOT, wait_for
 from tests.e2e.test_deviceplugin_kubelet import KubeletPeer
 from tests.testbed import ControlPlane, KubeError, ManagedProcess, Stack
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.e2e
 NODE = "real-node"
 INSTANCE = "inf1.6xlarge"
 DEVICES, CORES_PER_DEVICE = 4, 4
-PLUGIN_ROLE = "neuron-device-plugin"
 CORRECTED = "NeuronIdsCorrected"
 # Safety net against a hang, never a performance bound.
 PATIENCE = 60.0
@@ -69,40 +68,6 @@ class RealNode:
         return self.plugin.log_tail(300)
 
 
-def plugin_kubeconfig(cp: ControlPlane) -> Path:
-    """A ServiceAccount bound to the device plugin's ClusterRole as the chart renders it."""
-    role = find(render({"scheduler": {"enabled": False}}), "ClusterRole", PLUGIN_ROLE)
-    cp.request(
-        "POST",
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": PLUGIN_ROLE},
-            "rules": role["rules"],
-        },
-    )
-    credentials = cp.service_account("kube-system", PLUGIN_ROLE)
-    cp.request(
-        "POST",
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": PLUGIN_ROLE},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": PLUGIN_ROLE,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": PLUGIN_ROLE, "namespace": "kube-system"}
-            ],
-        },
-    )
-    return credentials.kubeconfig_path
-
-
 @pytest.fixture(scope="module")
 def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     work = tmp_path_factory.mktemp("real-kubelet")
@@ -115,7 +80,7 @@ def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
             NODE,
             kubelet.plugin_dir,
             work / "tree",
-            plugin_kubeconfig(cp),
+            device_plugin_credentials(cp).kubeconfig_path,
             cp.log_dir / "device-plugin.log",
             devices=DEVICES,
             cores=CORES_PER_DEVICE,
@@ -490,7 +455,7 @@ def test_the_peer_and_the_real_kubelet_agree(
         peer_node,
         plugin_dir,
         tmp_path / "tree",
-        real.cp.kubeconfig_path,
+        device_plugin_credentials(real.cp).kubeconfig_path,
         tmp_path / "device-plugin.log",
         devices=DEVICES,
         cores=CORES_PER_DEVICE,
