@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.builders import node_json
+from tests.e2e.chart import device_plugin_credentials
 from tests.e2e.harness import remove_pods_and_nodes
 from tests.testbed import ControlPlane, ManagedProcess, Stack
 
@@ -230,7 +231,8 @@ class Node:
                 "--sys-root",
                 str(self.sys),
                 "--kubeconfig",
-                str(cp.kubeconfig_path),
+                # As the chart runs it: its own ServiceAccount, bound to the rendered ClusterRole.
+                str(device_plugin_credentials(cp).kubeconfig_path),
                 "--logical-nc-config",
                 str(workdir / "no-lnc-file"),
                 "--health-interval",
