@@ -268,6 +268,7 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
         ],
     )
     assert full.exit_code == 0, full.output
+    assert "&id" not in full.stdout and "*id" not in full.stdout  # no anchors: plain to edit
     job = yaml.safe_load(full.stdout)
     assert job["kind"] == "MPIJob"
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]

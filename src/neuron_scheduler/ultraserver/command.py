@@ -108,7 +108,15 @@ def ultraserver_affinity(
             if full_example
             else worker_placement(job_name, workers, config)
         )
-    sys.stdout.write(yaml.safe_dump(document, sort_keys=False, width=100))
+    sys.stdout.write(yaml.dump(document, Dumper=_PlainDumper, sort_keys=False, width=100))
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value used twice (the launcher's volume mounts) out twice: anchors and aliases
+    (`&id001`, `*id001`) are valid YAML, but people copy these manifests by hand and edit them."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def register(app: typer.Typer) -> None:
