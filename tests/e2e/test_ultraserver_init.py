@@ -19,7 +19,7 @@ from tests import ultraserver_seed as seed
 from tests.builders import node_json
 from tests.e2e.harness import remove_pods_and_nodes
 from tests.e2e.ultraserver_sshd import ENVIRONMENT, SYSFS, FakeWorker, FakeWorkers
-from tests.testbed import ControlPlane
+from tests.testbed import ControlPlane, KubeError
 
 pytestmark = pytest.mark.e2e
 KEPT = 'PATH="/usr/local/bin:/usr/bin:/bin"\nNEURON_GLOBAL_TOPOID=99\nLANG=C.UTF-8\n'
@@ -242,8 +242,66 @@ class LabelledCluster:
     def host(self, pod: str) -> str:
         return seed.host(pod, self.namespace)
 
+    def launcher_kubeconfig(self) -> Path:
+        """A launcher's ServiceAccount with what docs/ultraserver.md says it needs and nothing
+        more: `get` on pods in its namespace (a Role) and on nodes (a ClusterRole)."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        credentials = self.cp.service_account(self.namespace, "launcher")
+        subject = [{"kind": "ServiceAccount", "name": "launcher", "namespace": self.namespace}]
+        self.cp.request(
+            "POST",
+            f"{rbac}/namespaces/{self.namespace}/roles",
+            {
+                "metadata": {"name": "launcher"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+            },
+        )
+        self.cp.request(
+            "POST",
+            f"{rbac}/namespaces/{self.namespace}/rolebindings",
+            {
+                "metadata": {"name": "launcher"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "launcher",
+                },
+                "subjects": subject,
+            },
+        )
+        self.cp.request(
+            "POST",
+            f"{rbac}/clusterroles",
+            {
+                "metadata": {"name": self.cluster_role},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+            },
+        )
+        self.cp.request(
+            "POST",
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": self.cluster_role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": self.cluster_role,
+                },
+                "subjects": subject,
+            },
+        )
+        return credentials.kubeconfig_path
+
+    @property
+    def cluster_role(self) -> str:
+        return f"ultraserver-launcher-{self.id}"
+
     def cleanup(self) -> None:
         remove_pods_and_nodes(self.cp, self.namespace, self.nodes)
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        for kind in ("clusterrolebindings", "clusterroles"):
+            with contextlib.suppress(KubeError):  # not made by every test
+                self.cp.request("DELETE", f"{rbac}/{kind}/{self.cluster_role}")
 
 
 @pytest.fixture
@@ -260,15 +318,13 @@ def kube_workers(cluster: LabelledCluster) -> list[FakeWorker]:
     ]
 
 
-def test_seed_example_from_node_labels(
-    tmp_path: Path, labelled: LabelledCluster, control_plane: ControlPlane
-) -> None:
+def test_seed_example_from_node_labels(tmp_path: Path, labelled: LabelledCluster) -> None:
     nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
     for pod, node in seed.PODS.items():
         labelled.pod(pod, nodes[node])
     with workers(kube_workers(labelled)) as fake:
         hosts = [labelled.host(p) for p in seed.PODS]
-        args = ("--source", "kube", "--kubeconfig", str(control_plane.kubeconfig_path))
+        args = ("--source", "kube", "--kubeconfig", str(labelled.launcher_kubeconfig()))
         result = init(fake, tmp_path, hosts, "4", *args)
         assert result.returncode == 0, result.stderr
         table = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
@@ -292,7 +348,7 @@ def test_seed_example_from_node_labels(
 
 
 def test_unscheduled_worker_and_plain_node_from_labels(
-    tmp_path: Path, labelled: LabelledCluster, control_plane: ControlPlane
+    tmp_path: Path, labelled: LabelledCluster
 ) -> None:
     nodes = {name: labelled.node(name, seed.labels(name)) for name in list(seed.NODES)[:2]}
     plain = labelled.node("plain-trn2u", {})
@@ -302,7 +358,7 @@ def test_unscheduled_worker_and_plain_node_from_labels(
     labelled.pod("demo-worker-3", None)  # not scheduled
     with workers(kube_workers(labelled)) as fake:
         hosts = [labelled.host(p) for p in seed.PODS]
-        args = ("--source", "kube", "--kubeconfig", str(control_plane.kubeconfig_path))
+        args = ("--source", "kube", "--kubeconfig", str(labelled.launcher_kubeconfig()))
         result = init(fake, tmp_path, hosts, "4", *args)
         ns = labelled.namespace
         assert_failed(
@@ -318,7 +374,7 @@ def test_unscheduled_worker_and_plain_node_from_labels(
 
 
 def test_ssh_source_names_the_nodes_when_the_api_is_there(
-    tmp_path: Path, labelled: LabelledCluster, control_plane: ControlPlane
+    tmp_path: Path, labelled: LabelledCluster
 ) -> None:
     nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
     for pod, node in seed.PODS.items():
@@ -332,7 +388,7 @@ def test_ssh_source_names_the_nodes_when_the_api_is_there(
     specs[3].sysfs["server_id_4"] = "00000000deadbeef"
     with workers(specs) as fake:
         hosts = [labelled.host(p) for p in seed.PODS]
-        args = ("--kubeconfig", str(control_plane.kubeconfig_path))  # --source ssh, the default
+        args = ("--kubeconfig", str(labelled.launcher_kubeconfig()))  # --source ssh, the default
         result = init(fake, tmp_path, hosts, "4", *args)
         assert_failed(
             fake,
