@@ -9,6 +9,7 @@ with the ledger the commands use.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -18,16 +19,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from neuron_scheduler.core.allocation import NodeState, Placement, allocate, largest_free_run
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from neuron_scheduler.core.topology import Topology
-from tests.e2e.harness import Scenario, ids
+from tests.e2e.harness import ROOT, Scenario, ids
+from tests.testbed import ControlPlane
 
 ONE_MODE = pytest.mark.parametrize("mode", [True], ids=["nodeCacheCapable"], indirect=True)
 PLUGIN = Path(sys.executable).parent / "kubectl-neuron"
+
+
+@functools.cache
+def viewer_kubeconfig(cp: ControlPlane) -> Path:
+    """A ServiceAccount bound to the ClusterRole docs/operations.md gives people for these
+    commands (get and list on nodes and pods), applied from that page: the commands must need
+    no more than it grants."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```yaml\n")[1:]]
+    (role,) = [yaml.safe_load(b) for b in blocks if "name: neuron-viewer" in b]
+    cp.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    credentials = cp.service_account("neuron-viewers", "viewer")
+    cp.request(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": "neuron-viewer"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role["metadata"]["name"],
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "viewer", "namespace": "neuron-viewers"}
+            ],
+        },
+    )
+    return credentials.kubeconfig_path
 
 
 def command(scenario: Scenario, *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,7 +66,7 @@ def command(scenario: Scenario, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "neuron_scheduler", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "KUBECONFIG": str(scenario.cp.kubeconfig_path), "COLUMNS": "120"},
+        env={**os.environ, "KUBECONFIG": str(viewer_kubeconfig(scenario.cp)), "COLUMNS": "120"},
         timeout=300,
     )
 
@@ -47,7 +78,7 @@ def kubectl(scenario: Scenario, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PATH": f"{PLUGIN.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(scenario.cp.kubeconfig_path),
+        "KUBECONFIG": str(viewer_kubeconfig(scenario.cp)),
         "NO_PROXY": "127.0.0.1,localhost",
         "COLUMNS": "120",
     }
