@@ -26,6 +26,7 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from neuron_scheduler.core.topology import Topology
+from tests.e2e.chart import apply
 from tests.e2e.harness import ROOT, Scenario, ids
 from tests.testbed import ControlPlane
 
@@ -37,27 +38,39 @@ PLUGIN = Path(sys.executable).parent / "kubectl-neuron"
 def viewer_kubeconfig(cp: ControlPlane) -> Path:
     """A ServiceAccount bound to the ClusterRole docs/operations.md gives people for these
     commands (get and list on nodes and pods), applied from that page: the commands must need
-    no more than it grants."""
+    no more than it grants, and the account gets nothing else."""
     page = (ROOT / "docs" / "operations.md").read_text()
     blocks = [b.split("```", 1)[0] for b in page.split("```yaml\n")[1:]]
     (role,) = [yaml.safe_load(b) for b in blocks if "name: neuron-viewer" in b]
-    cp.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
     credentials = cp.service_account("neuron-viewers", "viewer")
-    cp.request(
-        "POST",
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "metadata": {"name": "neuron-viewer"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role["metadata"]["name"],
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "viewer", "namespace": "neuron-viewers"}
-            ],
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "neuron-viewer"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role["metadata"]["name"],
         },
-    )
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "neuron-viewers"}],
+    }
+    apply(cp, [role, binding])  # server-side: a retry after a failed first call is harmless
+    for verb, resource, allowed in (
+        ("list", "pods", "yes"),
+        ("get", "nodes", "yes"),
+        ("patch", "pods", "no"),
+        ("get", "secrets", "no"),
+    ):
+        answer = cp.kubectl(
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "-A",
+            kubeconfig=credentials.kubeconfig_path,
+            check=False,
+        )
+        assert answer.stdout.strip() == allowed, (verb, resource, answer.stdout, answer.stderr)
     return credentials.kubeconfig_path
 
 

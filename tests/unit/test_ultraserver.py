@@ -269,7 +269,9 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
     )
     assert full.exit_code == 0, full.output
     assert "&id" not in full.stdout and "*id" not in full.stdout  # no anchors: plain to edit
+    assert "- |" in full.stdout and "\\n" not in full.stdout  # the launcher's script as lines
     job = yaml.safe_load(full.stdout)
+    assert job == affinity.mpijob("demo", 8, 2)  # the plain forms load back to the same document
     assert job["kind"] == "MPIJob"
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     init = launcher["initContainers"][1]

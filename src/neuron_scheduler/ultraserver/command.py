@@ -112,11 +112,23 @@ def ultraserver_affinity(
 
 
 class _PlainDumper(yaml.SafeDumper):
-    """Writes a value used twice (the launcher's volume mounts) out twice: anchors and aliases
-    (`&id001`, `*id001`) are valid YAML, but people copy these manifests by hand and edit them."""
+    """YAML for people who copy the manifest and edit it by hand: a value used twice (the
+    launcher's volume mounts) written out twice, not as an anchor and an alias (`&id001`,
+    `*id001`), and a script of several lines as a literal block (`|`), not one quoted line of
+    `\n` escapes. Both load back to the same document."""
 
     def ignore_aliases(self, data: object) -> bool:
         return True
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # PyYAML writes quoted instead where a literal block cannot hold the text exactly.
+    return dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    )
+
+
+_PlainDumper.add_representer(str, _text)
 
 
 def register(app: typer.Typer) -> None:
