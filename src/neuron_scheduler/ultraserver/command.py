@@ -115,7 +115,7 @@ class _PlainDumper(yaml.SafeDumper):
     """YAML for people who copy the manifest and edit it by hand: a value used twice (the
     launcher's volume mounts) written out twice, not as an anchor and an alias (`&id001`,
     `*id001`), and a script of several lines as a literal block (`|`), not one quoted line of
-    `\n` escapes. Both load back to the same document."""
+    escaped newlines. Both load back to the same document."""
 
     def ignore_aliases(self, data: object) -> bool:
         return True
