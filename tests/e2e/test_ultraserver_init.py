@@ -239,6 +239,14 @@ class LabelledCluster:
             {"metadata": {"name": name, "labels": labels}, "spec": spec},
         )
 
+    def seed(self) -> dict[str, str]:
+        """The seed's nodes, labelled, with its worker pods bound to them: node name by the
+        seed's name for it."""
+        nodes = {name: self.node(name, seed.labels(name)) for name in seed.NODES}
+        for pod, node in seed.PODS.items():
+            self.pod(pod, nodes[node])
+        return nodes
+
     def host(self, pod: str) -> str:
         return seed.host(pod, self.namespace)
 
@@ -325,9 +333,7 @@ def kube_workers(cluster: LabelledCluster) -> list[FakeWorker]:
 
 
 def test_seed_example_from_node_labels(tmp_path: Path, labelled: LabelledCluster) -> None:
-    nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
-    for pod, node in seed.PODS.items():
-        labelled.pod(pod, nodes[node])
+    nodes = labelled.seed()
     with workers(kube_workers(labelled)) as fake:
         hosts = [labelled.host(p) for p in seed.PODS]
         args = ("--source", "kube", "--kubeconfig", str(labelled.launcher_kubeconfig()))
@@ -358,9 +364,7 @@ def test_kube_source_without_get_on_nodes_says_so_per_worker(
 ) -> None:
     # docs/ultraserver.md: the launcher needs get on nodes; without it, each worker's line says
     # which permission is missing, and nothing is written.
-    nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
-    for pod, node in seed.PODS.items():
-        labelled.pod(pod, nodes[node])
+    nodes = labelled.seed()
     with workers(kube_workers(labelled)) as fake:
         hosts = [labelled.host(p) for p in seed.PODS]
         kubeconfig = labelled.launcher_kubeconfig(nodes=False)
@@ -410,9 +414,7 @@ def test_unscheduled_worker_and_plain_node_from_labels(
 def test_ssh_source_names_the_nodes_when_the_api_is_there(
     tmp_path: Path, labelled: LabelledCluster
 ) -> None:
-    nodes = {name: labelled.node(name, seed.labels(name)) for name in seed.NODES}
-    for pod, node in seed.PODS.items():
-        labelled.pod(pod, nodes[node])
+    nodes = labelled.seed()
     specs = [
         FakeWorker(labelled.host(pod), f"{pod}.fqdn", seed.sysfs(pod, "1,2,4"), environment=KEPT)
         for pod in seed.PODS
