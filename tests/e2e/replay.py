@@ -121,8 +121,11 @@ def simulate(replay: Replay, catalog: Catalog, seed: int = 0) -> tuple[Outcome, 
     return outcome, result
 
 
-def run_real(scenario: Scenario, replay: Replay, settle_seconds: float = 120.0) -> Outcome:
-    """Replay through the testbed's my-scheduler and extender (the scenario's nodes only)."""
+def run_real(
+    scenario: Scenario, replay: Replay, settle_seconds: float = 120.0, isolated: bool = False
+) -> Outcome:
+    """Replay through the testbed's my-scheduler and extender (the scenario's nodes only).
+    `isolated`: a nodeSelector on every pod (for the scenario's nodes, so all of them)."""
     node_types = {}
     for kind, count in replay.fleet:
         for _ in range(count):
@@ -142,7 +145,7 @@ def run_real(scenario: Scenario, replay: Replay, settle_seconds: float = 120.0) 
                 scenario.delete_pod(pod)
             placed |= settler.settle()
         for pod, request in current.arriving:
-            scenario.create_pod(pod, {request.resource: request.count}, isolated=False)
+            scenario.create_pod(pod, {request.resource: request.count}, isolated=isolated)
         placed |= settler.settle()
     outcome = Outcome(placed=len(placed), seconds=time.perf_counter() - start)
     requests = replay.requests()

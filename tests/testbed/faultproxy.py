@@ -60,6 +60,9 @@ class Faults:
     # 10 s), then forwarded: a write that lands, or fails its preconditions, after its answer.
     late: float = 0.0
     late_seconds: float = 12.0
+    # Every watch's data reaches the client this much after the API server sent it (in order):
+    # a client whose cache lags behind kube-scheduler's.
+    watch_lag: float = 0.0
 
 
 class FaultProxy:
@@ -287,18 +290,53 @@ class FaultProxy:
         await writer.drain()
         self.counts["watches"] += 1
         content = answer.content
+        arrivals: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(self._read_stream(content, arrivals))
+        try:
+            return await self._relay(arrivals, cut_at, writer)
+        finally:
+            reader.cancel()
+
+    @staticmethod
+    async def _read_stream(
+        content: aiohttp.StreamReader, arrivals: asyncio.Queue[tuple[float, bytes | None]]
+    ) -> None:
+        """Each chunk of a watch as it arrives, with when (so a lag counts from its arrival);
+        None when the upstream failed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data: bytes | None = await content.readany()
+            except (aiohttp.ClientError, TimeoutError):
+                data = None
+            await arrivals.put((loop.time(), data))
+            if not data:
+                return
+
+    async def _relay(
+        self,
+        arrivals: asyncio.Queue[tuple[float, bytes | None]],
+        cut_at: float | None,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        loop = asyncio.get_running_loop()
         while True:
             timeout = None
             if cut_at is not None:
-                timeout = max(0.0, cut_at - asyncio.get_running_loop().time())
+                timeout = max(0.0, cut_at - loop.time())
             try:
-                data = await asyncio.wait_for(content.readany(), timeout)
+                arrived, data = await asyncio.wait_for(arrivals.get(), timeout)
             except TimeoutError:
                 if not self.faults.watch_cut:  # the faults stopped meanwhile
                     cut_at = None
                     continue
                 self.counts["watch-cut"] += 1
                 return False
+            lag = arrived + self.faults.watch_lag - loop.time()
+            if lag > 0:
+                await asyncio.sleep(lag)
+            if data is None:
+                return False  # the upstream failed: the client sees the watch cut
             if not data:
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()

@@ -165,7 +165,13 @@ class ExtenderProcess:
 class Stack:
     """A control plane, the extender with least privilege, and a `my-scheduler` using it."""
 
-    def __init__(self, cp: ControlPlane, extender_port: int | None = None) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        extender_port: int | None = None,
+        extender_args: Sequence[str] = (),
+    ) -> None:
+        """`extender_args`: more options for the `extender` command (e.g. --wake-rate)."""
         self.cp = cp
         if not RULES.exists():
             raise FileNotFoundError(
@@ -211,7 +217,7 @@ class Stack:
         # As the chart installs it: my-scheduler presents a client certificate, nobody else can.
         self.pki = Pki.create(cp.workdir / "extender-pki")
         self.extender = ExtenderProcess(
-            cp, credentials.kubeconfig_path, extender_port, pki=self.pki
+            cp, credentials.kubeconfig_path, extender_port, pki=self.pki, extra_args=extender_args
         )
         self.extender.start()
         self.scheduler: Scheduler | None = None

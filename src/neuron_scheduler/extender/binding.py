@@ -20,11 +20,12 @@ bind settles it first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -87,10 +88,13 @@ class Binder:
         policy: Policy = Policy.BEST_FIT,
         reservers: Sequence[Reserver] = (),
         scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
+        quiet: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> None:
         """`synced`: set once the watches have listed every pod and node; `reservers` hold a
         placement while its API calls are in flight (the ledger, and any plugin that counts
-        bound pods itself); `scheduler_names`: the profiles whose binds this extender serves."""
+        bound pods itself); `scheduler_names`: the profiles whose binds this extender serves;
+        `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
+        the pod while bind's writes are conditioned on its resourceVersion."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
@@ -101,6 +105,7 @@ class Binder:
         self.scheduler_names = frozenset(scheduler_names)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._binding: dict[str, str] = {}  # pod uid -> the node its bind in flight is for
+        self._quiet = quiet or (lambda _: contextlib.nullcontext())
         self._open: dict[str, Attempt] = {}  # pod uid -> its failed attempt that may still land
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
@@ -128,7 +133,8 @@ class Binder:
             )
         self._binding[args.PodUID] = args.Node
         try:
-            return await self._settle_earlier(args.PodUID, key) or await self._bind(args, key)
+            async with self._quiet(args.PodUID):
+                return await self._settle_earlier(args.PodUID, key) or await self._bind(args, key)
         finally:
             del self._binding[args.PodUID]
 

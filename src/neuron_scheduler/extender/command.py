@@ -72,6 +72,21 @@ def extender(
         float, typer.Option(help="seconds the leader keeps leading without a renewal")
     ] = 10.0,
     retry_period: Annotated[float, typer.Option(help="seconds between Lease rounds")] = 2.0,
+    wake_rate: Annotated[
+        float,
+        typer.Option(
+            help="annotation writes per second that wake pending pods the extender refused once "
+            "room frees for them (kube-scheduler sees no event for holds that end); 0: only log "
+            "which pods would be woken"
+        ),
+    ] = 20.0,
+    wake_grace: Annotated[
+        float,
+        typer.Option(
+            help="seconds kube-scheduler gets to retry a refused pod itself after a cluster "
+            "event freed its room, before the extender wakes it"
+        ),
+    ] = 0.5,
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
@@ -100,6 +115,10 @@ def extender(
                 raise UsageError(f"{option} {value} is not a TCP port")
         if metrics_port == port:
             raise UsageError("--metrics-port must differ from --port")
+        if not 0 <= wake_rate <= 1000:
+            raise UsageError(f"--wake-rate {wake_rate} is not between 0 and 1000 writes a second")
+        if not 0 <= wake_grace <= 60:
+            raise UsageError(f"--wake-grace {wake_grace} is not between 0 and 60 seconds")
         names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
         if any(not n for n in names):
             raise UsageError("--scheduler-name cannot be empty")
@@ -132,6 +151,8 @@ def extender(
                 log_level=log_level,
                 body_limit=body_limit,
                 election=election,
+                wake_rate=wake_rate,
+                wake_grace=wake_grace,
             )
         )
 

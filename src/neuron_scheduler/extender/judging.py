@@ -19,7 +19,7 @@ from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.plugins import NodeFilter
+from neuron_scheduler.extender.plugins import NodeFilter, RefusalListener
 from neuron_scheduler.extender.wire import (
     BadRequest,
     ExtenderArgs,
@@ -45,11 +45,17 @@ class Judge:
         metrics: Metrics,
         policy: Policy = Policy.BEST_FIT,
         filters: Sequence[NodeFilter] = (),
+        listener: RefusalListener | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`filters` narrow what passed the device check, given `clock()`'s time; `listener`
+        hears which pods got no node."""
+        self.clock = clock
         self.ledger = ledger
         self.metrics = metrics
         self.policy = policy
         self.filters = tuple(filters)
+        self.listener = listener
 
     def _strangers(
         self, args: ExtenderArgs, request: NeuronRequest, body: bytes | None
@@ -149,7 +155,7 @@ class Judge:
                 outcomes[outcome] += 1
             if late_fits:
                 result.passed = [name for name in names if name in fits or name in late_fits]
-        now = time.monotonic()
+        now = self.clock()
         for node_filter in self.filters:
             result.passed, narrowed = node_filter.filter(pod, result.passed, now)
             if narrowed:
@@ -158,6 +164,11 @@ class Judge:
                 outcomes[node_filter.outcome] += len(narrowed)
         for outcome, count in outcomes.items():
             self.metrics.filter_outcomes.labels(outcome).inc(count)
+        if self.listener is not None:
+            if result.passed:
+                self.listener.placed(pod.metadata.uid)
+            elif result.failed:  # (refusals for good, unresolvable, wait for nothing)
+                self.listener.refused(pod, request)
         self._log_filter(pod, request, result)
         return result
 

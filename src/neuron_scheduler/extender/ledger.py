@@ -42,6 +42,16 @@ from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import assignment, held_by_others, neuron_request, node_topology
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
+# Why a node's room grew (or may have), as the ledger tells its `on_freed` listener (the waker).
+POD_DELETED = "pod_deleted"
+POD_FINISHED = "pod_finished"
+POD_CHANGED = "pod_changed"
+NODE_CHANGED = "node_changed"
+NOMINATION_ENDED = "nomination_ended"
+BIND_RELEASED = "bind_released"
+HOLD_EXPIRED = "hold_expired"
+HOLD_RELEASED = "hold_released"
+
 log = logging.getLogger(__name__)
 UNIT_RESOURCE = {Unit.DEVICE: NEURON, Unit.CORE: NEURONCORE}
 
@@ -187,6 +197,8 @@ class Ledger:
         self.demand = Demand()
         self._counted: set[str] = set()  # pod uids already in `demand`
         self._verdicts_demand = 0
+        # Told which nodes got room back, and why (the waker); never about room taken.
+        self.on_freed: Callable[[Iterable[str], str], None] | None = None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -209,7 +221,7 @@ class Ledger:
         self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
-            self._invalidate(name)
+            self._invalidate(name, NODE_CHANGED)
 
     def _set_unusable(self, node: Node, problem: Unusable) -> None:
         name = node.metadata.name
@@ -244,17 +256,17 @@ class Ledger:
         previous = self._holdings.get(uid)
         if holding != previous:
             if previous is not None:
-                self._drop(uid, previous)
+                self._drop(uid, previous, POD_FINISHED if pod.finished else POD_CHANGED)
             if holding is not None:
                 self._holdings[uid] = holding
                 self._by_node.setdefault(holding.node, {})[uid] = holding
                 self._invalidate(holding.node)
-        self._announce(uid, self._announced_of(pod))
+        self._announce(uid, self._announced_of(pod), POD_CHANGED)
         reservation = self._reservations.get(uid)
         if reservation is not None and (pod.finished or (holding is not None and holding.ours)):
             # The watch now shows what the bind wrote (or the pod is gone): the reservation has
             # done its job.
-            self._release(uid)
+            self._release(uid, POD_FINISHED if pod.finished else None)
         if holding is None and not self._keeps_key(uid):
             self._pod_keys.pop(uid, None)
         self._announce_holds()
@@ -272,13 +284,13 @@ class Ledger:
         self._counted.discard(uid)
         previous = self._holdings.get(uid)
         if previous is not None:
-            self._drop(uid, previous)
-        self._release(uid)
-        self._announce(uid, None)
+            self._drop(uid, previous, POD_DELETED)
+        self._release(uid, POD_DELETED)
+        self._announce(uid, None, POD_DELETED)
         self._disowned.pop(uid, None)
         nomination = self.nominations.pop(uid, None)
         if nomination is not None:
-            self._invalidate(nomination.node)
+            self._invalidate(nomination.node, POD_DELETED)
         self._pod_keys.pop(uid, None)
         self._rejected.discard(uid)
         self._held.discard(uid)
@@ -308,7 +320,7 @@ class Ledger:
             return
         if previous is not None:
             del self.nominations[uid]
-            self._invalidate(previous.node)
+            self._invalidate(previous.node, NOMINATION_ENDED)
             self._held.discard(uid)
         if nomination is not None:
             self.nominations[uid] = nomination
@@ -325,13 +337,13 @@ class Ledger:
         known += [uid for uid, at in self._reserved_at.items() if at < listed_since]
         replace_all(pods, pod_uid, self.apply_pod, dict.fromkeys(known), self.remove_pod)
 
-    def _drop(self, uid: str, holding: Holding) -> None:
+    def _drop(self, uid: str, holding: Holding, cause: str) -> None:
         del self._holdings[uid]
         on_node = self._by_node.get(holding.node, {})
         on_node.pop(uid, None)
         if not on_node:
             self._by_node.pop(holding.node, None)
-        self._invalidate(holding.node)
+        self._invalidate(holding.node, cause)
 
     def _keeps_key(self, uid: str) -> bool:
         return uid in self._reservations or uid in self.nominations or uid in self._announced
@@ -346,7 +358,7 @@ class Ledger:
         self._disowned[uid] = alloc_time
         announced = self._announced.get(uid)
         if announced is not None and announced.written_at == alloc_time:  # not others' since
-            self._announce(uid, None)
+            self._announce(uid, None, HOLD_RELEASED)
 
     def _announced_of(self, pod: Pod) -> Announced | None:
         """The ids a bind wrote on this pending pod, and until when they are held: its Binding
@@ -379,23 +391,36 @@ class Ledger:
         holding = Holding(entry.name, cores=found.core_mask, ours=True)
         return Announced(holding, until, annotations[ALLOC_TIME])
 
-    def _announce(self, uid: str, announced: Announced | None) -> None:
+    def _announce(self, uid: str, announced: Announced | None, cause: str) -> None:
+        """`cause`: why the ids held before, if any, are let go."""
         previous = self._announced.pop(uid, None)
         if announced is not None:
             self._announced[uid] = announced
         if previous is not None and announced is not None and previous.holding == announced.holding:
             return  # the same ids held: nothing derived from them changes
-        for changed in (previous, announced):
-            if changed is not None:
-                self._invalidate(changed.holding.node)
+        if previous is not None:
+            self._invalidate(previous.holding.node, cause)
+        if announced is not None:
+            self._invalidate(announced.holding.node)
 
     def _expire_announced(self) -> None:
-        """Drops the held ids whose time is up (checked on every read: usually none are held)."""
+        """Drops the held ids whose time is up (checked on every read, and by the waker when the
+        next is due: usually none are held)."""
         if not self._announced:
             return
         now = self.wall_clock()
         for uid in [u for u, announced in self._announced.items() if announced.until <= now]:
-            self._announce(uid, None)
+            self._announce(uid, None, HOLD_EXPIRED)
+
+    # A HoldKeeper (extender.plugins): the waker ends announced holds when they are due.
+
+    def seconds_to_next_expiry(self) -> float | None:
+        if not self._announced:
+            return None
+        return min(a.until for a in self._announced.values()) - self.wall_clock()
+
+    def expire(self) -> None:
+        self._expire_announced()
 
     def _holding_of(self, pod: Pod) -> Holding | None:
         node = pod.spec.nodeName
@@ -462,19 +487,24 @@ class Ledger:
     def unreserve(self, pod: Pod, node: str) -> None:
         reservation = self._reservations.get(pod.metadata.uid)
         if reservation is not None and reservation.node == node:
-            self._release(pod.metadata.uid)
+            self._release(pod.metadata.uid, BIND_RELEASED)
 
-    def _release(self, uid: str) -> None:
+    def _release(self, uid: str, cause: str | None = None) -> None:
+        """`cause`: why the room comes back, when it does (not when the watch has shown the
+        pod bound with the same ids)."""
         reservation = self._reservations.pop(uid, None)
         self._reserved_at.pop(uid, None)
         if reservation is not None:
-            self._invalidate(reservation.node)
+            self._invalidate(reservation.node, cause)
 
-    def _invalidate(self, node: str) -> None:
-        """The node's holdings or topology changed: drop what was derived from them."""
+    def _invalidate(self, node: str, freed: str | None = None) -> None:
+        """The node's holdings or topology changed: drop what was derived from them. `freed`:
+        why room may have come back (the listener hears of it)."""
         self._states.pop(node, None)
         for verdicts in self._verdicts.values():
             verdicts.forget(node)
+        if freed is not None and self.on_freed is not None:
+            self.on_freed((node,), freed)
 
     # --- reading -----------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -68,6 +68,20 @@ class Metrics:
         self.preempt_victims = Counter(
             "neuron_scheduler_preempt_victims",
             "Victims named in preempt answers",
+            registry=self.registry,
+        )
+        self.wakes = Counter(
+            "neuron_scheduler_wakes",
+            "Pending pods the extender refused and then woke (an annotation update kube-scheduler "
+            "retries them on) because room freed for them, by why it freed and the write's "
+            "result: woken, failed (left to kube-scheduler's flush), gone (pod deleted), off "
+            "(--wake-rate 0: only logged)",
+            ["cause", "result"],
+            registry=self.registry,
+        )
+        self.waiting = Gauge(
+            "neuron_scheduler_waiting_pods",
+            "Pending pods the extender refused everywhere, kept to wake when room frees",
             registry=self.registry,
         )
         self.registry.register(_NodeCollector(ledger))

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.kube.objects import Node, Pod
 
 
@@ -41,6 +42,23 @@ class NodeFilter(Protocol):
         """(nodes still passing, newly failed node -> reason)."""
         ...
 
+    def admits(self, pod: Pod, node: str, now: float) -> bool:
+        """Whether `filter` would pass the pod on this node now; no side effects (the waker
+        asks it before waking a pod that fits on the node's devices)."""
+        ...
+
+
+class HoldKeeper(Protocol):
+    """Holds devices or nodes for pods that are not bound yet, each until a deadline. Nobody
+    reads a hold when it ends, so the waker asks when the next one does and ends it then; the
+    keeper tells its listener which nodes got their room back."""
+
+    def seconds_to_next_expiry(self) -> float | None:
+        """None: nothing held until a deadline."""
+        ...
+
+    def expire(self) -> None: ...
+
 
 class Reserver(Protocol):
     """Told when bind holds a placement for a pod (before the API calls that make it real) and
@@ -51,3 +69,12 @@ class Reserver(Protocol):
     def reserve(self, pod: Pod, node: str, placement: Placement) -> None: ...
 
     def unreserve(self, pod: Pod, node: str) -> None: ...
+
+
+class RefusalListener(Protocol):
+    """Told what filter answered a pod: no node (`refused`, with room it may get later), or
+    some (`placed`). The waker keeps the refused pods to wake when room frees."""
+
+    def refused(self, pod: Pod, request: NeuronRequest) -> None: ...
+
+    def placed(self, uid: str) -> None: ...

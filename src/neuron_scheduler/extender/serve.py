@@ -21,6 +21,7 @@ from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.plugins import ClusterView
+from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import DISRUPTION_BUDGETS, NODES, PODS, KubeAPI
 from neuron_scheduler.kube.config import load_config
@@ -51,6 +52,10 @@ class ExtenderOptions:
     body_limit: int = DEFAULT_BODY_LIMIT
     election: ElectionConfig | None = None
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES
+    # Wake writes per second for refused pods whose room freed (0: only log them), and how long
+    # kube-scheduler gets to retry on a cluster event itself before the extender wakes a pod.
+    wake_rate: float = DEFAULT_RATE
+    wake_grace: float = DEFAULT_GRACE
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -204,8 +209,16 @@ async def serve(options: ExtenderOptions) -> None:
     config = load_config(options.kubeconfig)
     _warn_if_open(options)
     async with KubeAPI(config) as api:
-        extender = wire(api, catalog, scheduler_names=options.scheduler_names)
+        extender = wire(
+            api,
+            catalog,
+            scheduler_names=options.scheduler_names,
+            wake_rate=options.wake_rate,
+            wake_grace=options.wake_grace,
+        )
         elector = LeaderElector(api, options.election) if options.election else None
+        if elector is not None:
+            extender.waker.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:
@@ -237,6 +250,7 @@ async def serve(options: ExtenderOptions) -> None:
         tasks = start_watches(api, extender)
         returner = MemoryReturner(trim=malloc_trim())
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
+        tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))
             tasks += election

@@ -1,5 +1,6 @@
 """The extender's parts wired together: the one place that decides which views, node filters and
-reservers the judge and binder get (today the ledger and the UltraServer unit rule)."""
+reservers the judge and binder get (today the ledger and the UltraServer unit rule), and what the
+waker hears from."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
+from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
@@ -36,6 +38,7 @@ class Extender:
     judge: Judge
     binder: Binder
     preemptor: Preemptor
+    waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
 
 
 def wire(
@@ -43,21 +46,37 @@ def wire(
     catalog: Catalog,
     policy: Policy = Policy.BEST_FIT,
     scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
+    wake_rate: float = DEFAULT_RATE,
+    wake_grace: float = DEFAULT_GRACE,
 ) -> Extender:
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
+    units = UnitPlacement(occupancy)
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
+    waker = Waker(
+        ledger,
+        api,
+        scheduler_names,
+        filters=[units],
+        keepers=[ledger, units],
+        policy=policy,
+        rate=wake_rate,
+        grace=wake_grace,
+        on_wake=lambda cause, result: metrics.wakes.labels(cause, result).inc(),
+    )
+    ledger.on_freed = units.on_freed = waker.node_changed
+    metrics.waiting.set_function(lambda: len(waker.waiting))
     return Extender(
         ledger,
         metrics,
         synced,
         events,
-        (ledger, occupancy),
+        (ledger, occupancy, waker),
         budgets,
-        Judge(ledger, metrics, policy, filters=[UnitPlacement(occupancy)]),
+        Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
             api,
             ledger,
@@ -67,6 +86,8 @@ def wire(
             policy,
             reservers=[ledger, occupancy],
             scheduler_names=scheduler_names,
+            quiet=waker.quiet,
         ),
         Preemptor(ledger, budgets, metrics, policy),
+        waker,
     )

@@ -31,6 +31,10 @@ class ApiError(Exception):
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
 
 
+class Forbidden(ApiError):
+    """403: the caller's RBAC does not allow the request."""
+
+
 class NotFound(ApiError):
     """404: the object does not exist (or no longer does)."""
 
@@ -51,7 +55,7 @@ class TooLarge(ApiError):
         super().__init__(method, path, 0, f"answer larger than {limit} bytes".encode())
 
 
-_BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone}
+_BY_STATUS: dict[int, type[ApiError]] = {403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}
 
 
 def api_error(method: str, path: str, status: int, body: bytes) -> ApiError:

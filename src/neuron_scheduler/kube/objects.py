@@ -75,8 +75,16 @@ class PodSpec(msgspec.Struct):
     priority: int | None = None
 
 
+class PodCondition(msgspec.Struct):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+
+
 class PodStatus(msgspec.Struct):
     phase: str = ""
+    # kube-scheduler's PodScheduled=False/Unschedulable tells a pod it could not place.
+    conditions: list[PodCondition] = []
     startTime: str | None = None
     # Set by kube-scheduler on a pod it preempted others for: the node it waits to get.
     nominatedNodeName: str = ""

@@ -1,5 +1,5 @@
-"""UltraServer-aware placement of MPI job workers, for the extender's filter. Pure (the caller
-passes the time).
+"""UltraServer-aware placement of MPI job workers, for the extender's filter. No I/O (filter's
+caller passes the time).
 
 A worker pod is one labelled `training.kubeflow.org/job-name` and `training.kubeflow.org/job-role:
 worker`; its node config (4, 2 or 1 nodes per unit) is the pod annotation
@@ -21,7 +21,8 @@ Nodes without UltraServer labels are left alone: the Worker's nodeSelector picks
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -308,14 +309,29 @@ def _blocker(
     return None
 
 
+# Why the waker hears of a unit's nodes (extender.waking): a claim ended, its room is free again.
+CLAIM_ENDED = "claim_ended"
+
+
 class UnitPlacement:
-    """The extender's node filter: the rule plus the claims it makes."""
+    """The extender's node filter: the rule plus the claims it makes. Also a hold keeper: a claim
+    that ends frees its unit for other jobs without any cluster event, so the waker asks when
+    the next one ends (`seconds_to_next_expiry`) and ends it then (`expire`), and `on_freed`
+    hears of the unit's nodes."""
 
     outcome = "ultraserver_unit"  # the filter-outcome metric label for the nodes it fails
 
-    def __init__(self, occupancy: Occupancy, claim_seconds: float = CLAIM_SECONDS) -> None:
+    def __init__(
+        self,
+        occupancy: Occupancy,
+        claim_seconds: float = CLAIM_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock`: the one filter's `now` is read from."""
         self.occupancy = occupancy
         self.claim_seconds = claim_seconds
+        self.clock = clock
+        self.on_freed: Callable[[Iterable[str], str], None] | None = None
 
     def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
         """Narrow the nodes that passed the device check; returns (passed, newly failed)."""
@@ -331,6 +347,29 @@ class UnitPlacement:
         decision = decide(self.occupancy, job, config, passed, now)
         if decision.claim is not None:
             self.occupancy.claims[(job, config)] = Claim(decision.claim, now + self.claim_seconds)
-        for key in [k for k, c in self.occupancy.claims.items() if c.until <= now]:
-            del self.occupancy.claims[key]
+        self._expire(now)
         return decision.passed, decision.failed
+
+    def admits(self, pod: Pod, node: str, now: float) -> bool:
+        """Whether `filter` could pass the pod on this node now (claims untouched)."""
+        job = worker_job(pod)
+        if job is None or node not in self.occupancy.servers:
+            return True
+        try:
+            config = pod_node_config(pod)
+        except NodeConfigError:
+            return False
+        return node in decide(self.occupancy, job, config, [node], now).passed
+
+    def seconds_to_next_expiry(self) -> float | None:
+        claims = self.occupancy.claims
+        return min(c.until for c in claims.values()) - self.clock() if claims else None
+
+    def expire(self) -> None:
+        self._expire(self.clock())
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, c in self.occupancy.claims.items() if c.until <= now]:
+            claim = self.occupancy.claims.pop(key)
+            if self.on_freed is not None:
+                self.on_freed(sorted(self.occupancy.nodes_of(claim.unit)), CLAIM_ENDED)
