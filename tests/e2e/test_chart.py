@@ -806,6 +806,7 @@ def exported_series() -> dict[str, set[str]]:
         metrics.preempt_nodes,
     ):
         labelled.labels("example")
+    metrics.wakes.labels("example", "example")
     series: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         assert family.samples, f"{family.name}: no samples; give it a child above"

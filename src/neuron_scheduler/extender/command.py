@@ -87,6 +87,13 @@ def extender(
             "event freed its room, before the extender wakes it"
         ),
     ] = 0.5,
+    ultraserver_claim_seconds: Annotated[
+        float,
+        typer.Option(
+            help="how long an MPI job keeps the UltraServer unit it opened closed to other jobs "
+            "after its last worker was filtered, while its workers are bound"
+        ),
+    ] = 120.0,
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
@@ -119,6 +126,11 @@ def extender(
             raise UsageError(f"--wake-rate {wake_rate} is not between 0 and 1000 writes a second")
         if not 0 <= wake_grace <= 60:
             raise UsageError(f"--wake-grace {wake_grace} is not between 0 and 60 seconds")
+        if not 1 <= ultraserver_claim_seconds <= 3600:
+            raise UsageError(
+                f"--ultraserver-claim-seconds {ultraserver_claim_seconds} is not between 1 and "
+                "3600 seconds"
+            )
         names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
         if any(not n for n in names):
             raise UsageError("--scheduler-name cannot be empty")
@@ -153,6 +165,7 @@ def extender(
                 election=election,
                 wake_rate=wake_rate,
                 wake_grace=wake_grace,
+                claim_seconds=ultraserver_claim_seconds,
             )
         )
 

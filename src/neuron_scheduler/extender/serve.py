@@ -28,6 +28,7 @@ from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
 from neuron_scheduler.kube.objects import Node, Pod, PodDisruptionBudget
 from neuron_scheduler.kube.watching import Watch
+from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS
 
 log = logging.getLogger("neuron_scheduler.server")
 T = TypeVar("T")
@@ -56,6 +57,8 @@ class ExtenderOptions:
     # kube-scheduler gets to retry on a cluster event itself before the extender wakes a pod.
     wake_rate: float = DEFAULT_RATE
     wake_grace: float = DEFAULT_GRACE
+    # How long a job's claim on the UltraServer unit it opened outlives its last worker's filter.
+    claim_seconds: float = CLAIM_SECONDS
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -215,6 +218,7 @@ async def serve(options: ExtenderOptions) -> None:
             scheduler_names=options.scheduler_names,
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
+            claim_seconds=options.claim_seconds,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:

@@ -20,7 +20,7 @@ from neuron_scheduler.extender.preempting import Preemptor
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS, Occupancy, UnitPlacement
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ def wire(
     scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
+    claim_seconds: float = CLAIM_SECONDS,
 ) -> Extender:
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
-    units = UnitPlacement(occupancy)
+    units = UnitPlacement(occupancy, claim_seconds)
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
