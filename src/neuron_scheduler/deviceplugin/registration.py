@@ -2,7 +2,8 @@
 
 kubelet dials a plugin's endpoint while handling Register, so every endpoint serves before it
 registers. When kubelet restarts it deletes every socket in the plugin directory and creates a new
-kubelet.sock; a poll of the directory notices both, serves again and registers again.
+kubelet.sock; a poll of the directory notices both, serves again and registers again, and then
+says so (`on_kubelet_start`): the pods bound by then reach the new kubelet in one batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -104,6 +106,7 @@ class Registrar:
         endpoints: list[Endpoint],
         poll_interval: float = 0.5,
         register_timeout: float = 15.0,
+        on_kubelet_start: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
@@ -114,6 +117,11 @@ class Registrar:
         self.registered: dict[str, FileIdentity] = {}
         self._backoff = {e.resource: Backoff(initial=0.5, maximum=30.0) for e in endpoints}
         self._tried: dict[str, FileIdentity] = {}
+        # Told of each kubelet that starts while this process watches (not of one that was
+        # already running when it started: that kubelet's start batch is long admitted).
+        self.on_kubelet_start = on_kubelet_start
+        self._kubelet: FileIdentity | None = None
+        self._watched = False  # a first look at the directory has been taken
         # Only their throttled log lines use these two.
         self._absent = Backoff(initial=1.0, maximum=3600.0)
         self._dir_problem = Backoff(initial=1.0, maximum=3600.0)
@@ -161,6 +169,7 @@ class Registrar:
                 backoff.succeeded()
                 self.registered.pop(endpoint.resource, None)
         kubelet = identity(self.kubelet_socket)
+        watched, self._watched = self._watched, True
         if kubelet is None:
             self.registered.clear()
             self._absent.failed()
@@ -176,6 +185,10 @@ class Registrar:
             self._absent.succeeded()
         for endpoint in self.endpoints:
             await self._register(endpoint, kubelet)
+        if kubelet != self._kubelet:
+            self._kubelet = kubelet
+            if watched and self.on_kubelet_start is not None:
+                await self.on_kubelet_start()
 
     async def _register(self, endpoint: Endpoint, kubelet: FileIdentity) -> None:
         if not endpoint.intact or self.registered.get(endpoint.resource) == kubelet:
