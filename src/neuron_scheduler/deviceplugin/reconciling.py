@@ -196,8 +196,8 @@ def _compare(
     if not_offered:
         parts.append(
             "kubelet did not offer the annotated ids: it still counted them as in use (after a "
-            "restart it keeps the devices of pods deleted meanwhile until it has read all its "
-            f"pods): {'; '.join(not_offered)}."
+            "restart it holds the devices of pods deleted since its last allocation until it "
+            f"has admitted the pods it started with): {'; '.join(not_offered)}."
         )
     if swapped:
         parts.append(
