@@ -12,7 +12,7 @@ us when they obey the node's topology rule and touch no core the scheduler gave 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -99,6 +99,13 @@ class AnnotatedPod:
 class NodeView:
     holdings: tuple[AnnotatedPod, ...]
     unreadable: tuple[str, ...] = ()  # "pod: why", pods whose annotations cannot be used
+
+    def slots(self, unit: Unit) -> Iterator[tuple[Slot, AnnotatedPod]]:
+        """Every container's slice in `unit`, with its pod."""
+        for holding in self.holdings:
+            if holding.unit is unit:
+                for slot in holding.slots:
+                    yield slot, holding
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +286,7 @@ def decide_allocation(
     show it yet (the patch failed or is in flight).
     """
     wanted = set(ids)
-    exact = [
-        (slot, holding)
-        for holding in view.holdings
-        if holding.unit is unit
-        for slot in holding.slots
-        if set(slot.ids) == wanted
-    ]
+    exact = [(slot, holding) for slot, holding in view.slots(unit) if set(slot.ids) == wanted]
 
     def fresh(item: tuple[Slot, AnnotatedPod]) -> bool:
         slot, holding = item
@@ -385,9 +386,7 @@ def _admitting(
     first, then containers of admitted pods that kubelet allocates again at container start."""
     found = [
         (slot, holding)
-        for holding in view.holdings
-        if holding.unit is unit
-        for slot in holding.slots
+        for slot, holding in view.slots(unit)
         if len(slot.ids) == size
         and (slot.uid, slot.container) not in handed_out
         and slot.stage(unit, kubelet) is Stage.ADMITTING
@@ -457,10 +456,9 @@ def preferred_ids(
         candidates = sorted(
             (
                 slot
-                for holding in view.holdings
-                if holding.pending and holding.unit is unit
-                for slot in holding.slots
-                if not slot.allocated
+                for slot, holding in view.slots(unit)
+                if holding.pending
+                and not slot.allocated
                 and (slot.uid, slot.container) not in skip
                 and len(slot.ids) == size
             ),

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from neuron_scheduler.grpcsocket import FileIdentity, SocketServer, identity
 from neuron_scheduler.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -26,59 +27,22 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 
-FileIdentity = tuple[int, int, int]
-
-
-def identity(path: Path) -> FileIdentity | None:
-    """Changes whenever the file is re-created (inode numbers alone get reused at once)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
 
 def socket_name(resource: str) -> str:
     return f"neuron-scheduler-{resource.rsplit('/', 1)[-1]}.sock"
 
 
-class Endpoint:
-    """One resource's gRPC server on its unix socket."""
+class Endpoint(SocketServer):
+    """One resource's DevicePlugin service on its socket in kubelet's device plugin directory."""
 
     def __init__(
         self, plugin_dir: Path, resource: str, servicer: api_pb2_grpc.DevicePluginServicer
     ) -> None:
+        def add(server: grpc.aio.Server) -> None:
+            api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+
+        super().__init__(plugin_dir / socket_name(resource), add, resource)
         self.resource = resource
-        self.socket = plugin_dir / socket_name(resource)
-        self.servicer = servicer
-        self._server: grpc.aio.Server | None = None
-        self._identity: FileIdentity | None = None
-
-    async def start(self) -> None:
-        await self.stop()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()  # left by an earlier run; binding over it would fail
-        server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
-        self._identity = identity(self.socket)
-        log.info("serving %s on %s", self.resource, self.socket)
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        await server.stop(grace=0.5)
-        if self._identity is not None and identity(self.socket) == self._identity:
-            with contextlib.suppress(FileNotFoundError):
-                self.socket.unlink()
-        self._identity = None
-
-    @property
-    def intact(self) -> bool:
-        return self._server is not None and identity(self.socket) == self._identity
 
 
 async def register(kubelet_socket: Path, endpoint: Endpoint, timeout: float) -> None:
