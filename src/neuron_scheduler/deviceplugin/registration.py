@@ -101,6 +101,9 @@ class Registrar:
                 await endpoint.stop()
 
     async def tick(self) -> None:
+        # A kubelet that was not there at the first look (no directory yet, or no socket) started
+        # while this process watched.
+        watched, self._watched = self._watched, True
         problem = socket_dir_problem(self.plugin_dir)
         if problem is not None:
             self.registered.clear()
@@ -133,7 +136,6 @@ class Registrar:
                 backoff.succeeded()
                 self.registered.pop(endpoint.resource, None)
         kubelet = identity(self.kubelet_socket)
-        watched, self._watched = self._watched, True
         if kubelet is None:
             self.registered.clear()
             self._absent.failed()
