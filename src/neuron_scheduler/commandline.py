@@ -1,5 +1,6 @@
 """What every command shares: errors a person can fix as one line and an exit code, never a
-traceback, and the process's log format.
+traceback, the process's log format, and the options several commands take (declared once here,
+with their checks: `node_agent_options` for the device plugin and the DRA driver).
 
 Each package's `command` module defines its commands with these; `cli` only registers them.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from pathlib import Path
+from typing import Annotated, NoReturn, TypedDict
 
 import typer
 from rich.console import Console
@@ -57,3 +59,90 @@ def setup_logging(level: str) -> None:
     # grpc's debug output is one line per call on every stream; aiohttp's per connection.
     for name in ("grpc", "aiohttp", "asyncio"):
         logging.getLogger(name).setLevel(quieter)
+
+
+# Options several commands take. A parameter of one of these types becomes the option named after
+# it (`node_name: NodeName = None` is --node-name); the default stays with the command.
+NodeName = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NODE_NAME",
+        help="this node's name (a pod gets it from the downward API: spec.nodeName)",
+    ),
+]
+Kubeconfig = Annotated[
+    Path | None, typer.Option(help="kubeconfig file (default: in-cluster service account)")
+]
+DevRoot = Annotated[
+    Path,
+    typer.Option(
+        help="where this process sees the host's /dev (what containers are given still names /dev)"
+    ),
+]
+SysRoot = Annotated[Path, typer.Option(help="where this process sees the host's /sys")]
+LogicalNcConfig = Annotated[
+    Path, typer.Option(help="Trn2 Logical NeuronCore setting; cores per device = physical/LNC")
+]
+CoresPerDevice = Annotated[
+    int | None,
+    typer.Option(help="logical cores per device, instead of sysfs core_count and the LNC file"),
+]
+HealthInterval = Annotated[float, typer.Option(help="seconds between device health checks")]
+LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error")]
+
+
+def check_kubeconfig(kubeconfig: Path | None) -> None:
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise UsageError(f"--kubeconfig {kubeconfig}: no such file")
+
+
+class NodeAgentOptions(TypedDict):
+    """What the device plugin and the DRA driver are both told, checked; their configs take these
+    as keywords (`PluginConfig(**options, ...)`)."""
+
+    node_name: str
+    kubeconfig: Path | None
+    dev_root: Path
+    sys_root: Path
+    logical_nc_config: Path
+    cores_per_device: int | None
+    health_interval: float
+
+
+def node_agent_options(
+    *,
+    node_name: str | None,
+    kubeconfig: Path | None,
+    dev_root: Path,
+    sys_root: Path,
+    logical_nc_config: Path,
+    cores_per_device: int | None,
+    health_interval: float,
+    log_level: str,
+    **own: object,
+) -> tuple[NodeAgentOptions, str]:
+    """A node agent command's shared options, checked, and its log level. Called with all the
+    command's parameters (`**ctx.params`); the command checks its `own` itself. Raises
+    UsageError naming the option."""
+    if not node_name:
+        raise UsageError("--node-name (or NODE_NAME) is required")
+    level = check_log_level(log_level)
+    if cores_per_device is not None and cores_per_device < 1:
+        raise UsageError(f"--cores-per-device {cores_per_device}: must be at least 1")
+    check_positive("--health-interval", health_interval)
+    check_kubeconfig(kubeconfig)
+    options = NodeAgentOptions(
+        node_name=node_name,
+        kubeconfig=kubeconfig,
+        dev_root=dev_root,
+        sys_root=sys_root,
+        logical_nc_config=logical_nc_config,
+        cores_per_device=cores_per_device,
+        health_interval=health_interval,
+    )
+    return options, level
+
+
+def check_positive(option: str, value: float) -> None:
+    if value <= 0:
+        raise UsageError(f"{option} {value}: must be positive")

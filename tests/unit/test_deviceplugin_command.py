@@ -9,17 +9,11 @@ import typer
 from typer.testing import CliRunner
 
 from neuron_scheduler.deviceplugin.command import register
+from tests.unit.commands import app_with
 
 
 def app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """The project CLI has several commands; so does this stand-in."""
-
-    register(app)
-    return app
+    return app_with(register)
 
 
 @pytest.mark.parametrize(

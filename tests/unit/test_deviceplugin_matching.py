@@ -214,22 +214,24 @@ def test_preference_is_a_pending_slice_of_that_size_within_what_is_offered() -> 
         pod("early", NEURONCORE, {"m": 2}, "4,5", slices={"m": "4,5"}, alloc_time=2),
     )
     every = list(range(24))
-    ids, slot = preferred_ids(v, Unit.CORE, every, [], 2, 2, INF2)
+    choice = preferred_ids(v, Unit.CORE, every, [], 2, 2, INF2)
+    ids, slot = choice.ids, choice.slot
     assert ids == (4, 5) and slot is not None and slot.pod == "ns/early"
-    ids, _ = preferred_ids(v, Unit.CORE, [c for c in every if c != 4], [], 2, 2, INF2)
+    ids = preferred_ids(v, Unit.CORE, [c for c in every if c != 4], [], 2, 2, INF2).ids
     assert ids == (6, 7)
-    ids, _ = preferred_ids(v, Unit.CORE, every, [6], 2, 2, INF2)
+    ids = preferred_ids(v, Unit.CORE, every, [6], 2, 2, INF2).ids
     assert ids == (6, 7)
-    ids, _ = preferred_ids(v, Unit.CORE, every, [], 2, 2, INF2, [("uid-early", "m")])
+    ids = preferred_ids(v, Unit.CORE, every, [], 2, 2, INF2, [("uid-early", "m")]).ids
     assert ids == (6, 7)
 
 
 def test_preference_without_a_matching_pod_avoids_everyone_and_obeys_topology() -> None:
     v = view(pod("held", NEURON, {"m": 4}, "0,1,2,3", slices={"m": "0,1,2,3"}, allocated=True))
-    ids, slot = preferred_ids(v, Unit.DEVICE, list(range(16)), [], 4, 2, TRN1)
+    choice = preferred_ids(v, Unit.DEVICE, list(range(16)), [], 4, 2, TRN1)
+    ids, slot = choice.ids, choice.slot
     assert slot is None
     assert sorted(ids) in ([4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15])
-    ids, _ = preferred_ids(view(), Unit.CORE, [0, 1, 2, 5, 6, 7], [], 3, 2, INF2)
+    ids = preferred_ids(view(), Unit.CORE, [0, 1, 2, 5, 6, 7], [], 3, 2, INF2).ids
     assert list(ids) in ([0, 1, 2], [5, 6, 7])
 
 

@@ -13,15 +13,15 @@ import msgspec
 import pytest
 
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, Unit
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.admission import Withheld
 from neuron_scheduler.deviceplugin.correcting import Corrector
 from neuron_scheduler.deviceplugin.holdings import (
     HoldingsError,
     KubeletHoldings,
     holdings_of,
 )
-from neuron_scheduler.deviceplugin.matching import admission_rank, node_view, preferred_ids
 from neuron_scheduler.deviceplugin.podresources.v1 import api_pb2
 from neuron_scheduler.deviceplugin.reconciling import CORRECTED, review
 from neuron_scheduler.kube.errors import api_error
@@ -43,6 +43,7 @@ def pod(
     node: str = NODE,
     phase: str = "Running",
     alloc_time: int = 0,
+    created: str = "2026-11-25T10:00:00Z",
 ) -> Pod:
     """A pod as the extender annotates it; `slices` is container -> ids in the pod's unit."""
     ids = ",".join(slices.values())
@@ -62,6 +63,7 @@ def pod(
                 "namespace": "ns",
                 "uid": f"uid-{name}",
                 "resourceVersion": version,
+                "creationTimestamp": created,
                 "annotations": {
                     "AWS_NEURON_IDS": ids,
                     "NEURON_RESOURCE_TYPE": resource,
@@ -164,7 +166,41 @@ def test_a_swapped_pair_is_corrected_to_what_each_container_holds() -> None:
         "NEURON_ALLOCATED": "true",
     }
     assert by_pod["b"].values["NEURON_DEVS"] == "0"
-    assert "container main holds cores 4,5, not the annotated 0,1" in by_pod["a"].message
+    assert by_pod["a"].message.startswith("kubelet admitted this pod in another order")
+    assert (
+        "container main holds cores 4,5, not the annotated 0,1 (kubelet gave those to ns/b "
+        "container main)" in by_pod["a"].message
+    )
+    assert "did not offer" not in by_pod["a"].message
+
+
+def test_ids_kubelet_did_not_offer_are_named_as_the_cause() -> None:
+    # Pods deleted while kubelet was down still hold 0-3 in its checkpoint: a and b, bound onto
+    # them, got 4,5 and 6,7. No container kubelet lists holds 0-3.
+    pods = [pod("a", {"main": "0,1"}), pod("b", {"main": "2,3"})]
+    kubelet = held(("a", {"main": cores(4, 5)}), ("b", {"main": cores(6, 7)}))
+    withheld = {("uid-a", "main"): Withheld((0, 1), offered=12, total=16)}
+    by_pod = {
+        c.pod.metadata.name: c for c in review(pods, kubelet, NODE, INF1, withheld).corrections
+    }
+    assert by_pod["a"].message.startswith("kubelet did not offer the annotated ids")
+    assert (
+        "container main holds cores 4,5, not the annotated 0,1 (kubelet offered 12 of 16 cores, "
+        "not these)" in by_pod["a"].message
+    )
+    # Without the plugin's record: ids no container holds were not offered either.
+    assert by_pod["b"].message.startswith("kubelet did not offer the annotated ids")
+    assert "another order" not in by_pod["a"].message + by_pod["b"].message
+    assert by_pod["b"].values["AWS_NEURON_IDS"] == "6,7"
+
+
+def test_a_record_of_withheld_ids_wins_over_a_later_holder() -> None:
+    pods = [pod("a", {"main": "0,1"}), pod("c", {"main": "0,1"}, allocated=False)]
+    kubelet = held(("a", {"main": cores(4, 5)}), ("c", {"main": cores(0, 1)}))
+    withheld = {("uid-a", "main"): Withheld((0, 1))}
+    (correction,) = review(pods, kubelet, NODE, INF1, withheld).corrections
+    assert correction.message.startswith("kubelet did not offer")
+    assert "(kubelet" not in correction.message
 
 
 def test_pods_that_agree_or_are_not_admitted_are_left_alone() -> None:
@@ -228,25 +264,6 @@ def test_answers_that_cannot_be_right_change_nothing(kubelet: KubeletHoldings, w
     found = review([pod("p", {"main": "4,5"})], kubelet, NODE, INF1)
     assert found.corrections == ()
     assert why in found.problems[0]
-
-
-# --- kubelet's admission order steers the preference -----------------------------------------
-
-
-def test_the_pod_bound_first_is_preferred_whatever_its_bind_time() -> None:
-    # "late" took its ids first (older NEURON_ALLOC_TIME) but its binding reached the API
-    # server after "early"'s: kubelet's watch delivers "early" first.
-    late = pod("late", {"main": "0,1"}, version="20", allocated=False, alloc_time=1)
-    early = pod("early", {"main": "2,3"}, version="19", allocated=False, alloc_time=2)
-    view = node_view([late, early], NODE, INF1)
-    ids, slot = preferred_ids(view, Unit.CORE, list(range(16)), [], 2, 4, INF1)
-    assert slot is not None and slot.pod == "ns/early" and ids == (2, 3)
-
-
-def test_a_resource_version_that_is_not_a_revision_ranks_last() -> None:
-    assert admission_rank(pod("p", {"main": "0"}, version="12")) == 12
-    for odd in ("", "abc", "1e5", "²", "9" * 40):
-        assert admission_rank(pod("p", {"main": "0"}, version=odd)) > 10**18
 
 
 # --- correcting ------------------------------------------------------------------------------

@@ -13,17 +13,11 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.dra.command import register
 from neuron_scheduler.dra.driver import efa_pairing, node_topology
 from neuron_scheduler.dra.hardware import read_host, read_logical_nc
+from tests.unit.commands import app_with
 
 
 def app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """The project CLI has several commands; so does this stand-in."""
-
-    register(app)
-    return app
+    return app_with(register)
 
 
 @pytest.mark.parametrize(

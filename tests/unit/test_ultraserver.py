@@ -301,6 +301,19 @@ def test_init_cli_rejects_config_3_in_one_line() -> None:
     ]
 
 
+def test_init_cli_kubeconfig_that_does_not_exist(tmp_path: Path) -> None:
+    # With --source ssh a kubeconfig that cannot be read was passed over in silence.
+    result = CliRunner().invoke(
+        app,
+        ["ultraserver-init", "--kubeconfig", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path)],
+        env={"NEURON_ULTRASERVER_NODE_CONFIG": "4"},
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: --kubeconfig {tmp_path / 'nowhere'}: no such file"
+    ]
+
+
 def test_init_cli_hostfile_that_is_not_text(tmp_path: Path) -> None:
     hostfile_path = tmp_path / "hostfile"
     hostfile_path.write_bytes(b"\xff\xfe demo-worker-0 slots=1\n")

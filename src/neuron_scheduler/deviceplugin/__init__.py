@@ -3,7 +3,8 @@
 One gRPC endpoint per resource (neuroncore, neuron, neurondevice) in kubelet's device plugin
 directory. Discovery and health come from /dev and sysfs (`hardware`, `inventory`,
 `devicewatch`); `registration` serves and keeps the endpoints registered; `assigning` and
-`matching` turn kubelet's id-only requests into the containers the scheduler annotated;
+`matching` turn kubelet's id-only requests into the containers the scheduler annotated, and
+`admission` says which pod kubelet is admitting (its pod resources, else its own order);
 `holdings` reads which container kubelet really gave each id (its pod resources API, stubs in
 podresources/), `reconciling` finds the annotations that disagree and `correcting` rewrites them;
 `plugin` runs it all; `command` is the CLI entry point.

@@ -1,6 +1,10 @@
 """Answers kubelet's GetPreferredAllocation and Allocate from the scheduler's pod annotations, and
 marks pods allocated. Shared by the three resource endpoints, because a core and the device that
-owns it are the same silicon whichever resource kubelet asks through."""
+owns it are the same silicon whichever resource kubelet asks through.
+
+Each call reads this node's pods from the API server and kubelet's pod resources (which pod it is
+admitting, `admission`); a container given other ids than its annotated ones because kubelet did
+not offer those is remembered in `withheld`, for the correction's event."""
 
 from __future__ import annotations
 
@@ -15,13 +19,16 @@ from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
 from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
+from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader
 from neuron_scheduler.deviceplugin.matching import (
     ALLOCATED_CONTAINERS,
     AnnotatedPod,
     Matched,
     NodeView,
     Rejected,
+    Slot,
     Unclaimed,
     decide_allocation,
     kubelet_ids,
@@ -87,8 +94,11 @@ class Assigner:
         catalog: Catalog | None = None,
         *,
         on_allocate: Callable[[], None] | None = None,
+        kubelet: HoldingsReader | None = None,
     ) -> None:
         self.pods = pods
+        # kubelet's pod resources: which pod it is admitting while it asks (None: never read).
+        self.kubelet = kubelet
         # Told when an Allocate begins and ends (the annotations' corrector waits for quiet).
         self.on_allocate = on_allocate
         self.node = node
@@ -101,6 +111,14 @@ class Assigner:
         # (pod uid, container) given ids by this process, until the pod's annotation shows it.
         self._handed_out: set[tuple[str, str]] = set()
         self._retries = BackgroundTasks()  # annotation patches retried after an API error
+        # Pods bound when this process saw kubelet start: its first batch (uids).
+        self._batch: frozenset[str] = frozenset()
+        # (pod uid, container) -> how many ids kubelet offered when it did not offer the
+        # annotated ones, of how many (from GetPreferredAllocation, for the Allocate after it).
+        self._offers: dict[tuple[str, str], tuple[int, int]] = {}
+        # (pod uid, container) -> given other ids because kubelet did not offer the annotated
+        # ones; read by the corrector for its event, forgotten when the pod is gone.
+        self.withheld: dict[tuple[str, str], Withheld] = {}
 
     # --- reading the node -----------------------------------------------------------------
 
@@ -171,7 +189,44 @@ class Assigner:
             for name in h.slot_names - h.allocated_containers
         }
         self._handed_out &= shown
+        live = {h.uid for h in view.holdings}
+        for memo in (self._offers, self.withheld):
+            for key in [k for k in memo if k[0] not in live]:
+                del memo[key]
         return view
+
+    async def _kubelet_view(self) -> KubeletView:
+        """kubelet's pod resources now, read while it waits for this call's answer."""
+        if self.kubelet is None:
+            return KubeletView(None, self._batch)
+        try:
+            held = await self.kubelet.read()
+        except HoldingsError as error:
+            self._warn_once(
+                f"cannot ask kubelet which pod it is admitting ({error}); predicting from its "
+                "admission order"
+            )
+            return KubeletView(None, self._batch)
+        # A name kubelet lists twice is an old and a new pod: listed, with no ids known.
+        listed = {**held.pods, **{key: {} for key in held.ambiguous}}
+        return KubeletView(listed, self._batch)
+
+    async def kubelet_started(self) -> None:
+        """A new kubelet registered: the pods bound now reach it in one batch, in its own order."""
+        try:
+            pods = await self._pods(attempts=1)
+            topology = await self.topology()
+        except AllocationError as error:
+            log.warning("kubelet restarted; cannot read the pods it will admit first: %s", error)
+            self._batch = frozenset()
+            return
+        view = node_view(pods, self.node, topology)
+        self._batch = frozenset(h.uid for h in view.holdings if h.pending)
+        if self._batch:
+            log.info(
+                "kubelet started; %d pods bound here wait for it, in its start batch",
+                len(self._batch),
+            )
 
     # --- GetPreferredAllocation -----------------------------------------------------------
 
@@ -183,6 +238,7 @@ class Assigner:
             # A preference is only advice; kubelet still gets an answer it can use.
             log.warning("GetPreferredAllocation without the scheduler's choices: %s", error)
             view = NodeView(())
+        kubelet = await self._kubelet_view()
         answers: list[list[str]] = []
         taken: list[tuple[str, str]] = list(self._handed_out)
         for request in requests:
@@ -192,7 +248,7 @@ class Assigner:
                 log.warning("GetPreferredAllocation with ids that are not ours: %s", request)
                 answers.append(list(request.must_include))
                 continue
-            ids, slot = preferred_ids(
+            choice = preferred_ids(
                 view,
                 unit,
                 available,
@@ -201,8 +257,25 @@ class Assigner:
                 self.state.cores_per_device,
                 topology,
                 taken,
+                kubelet,
             )
-            if slot is not None:
+            ids, slot = choice.ids, choice.slot
+            if slot is not None and choice.withheld:
+                taken.append((slot.uid, slot.container))
+                total = len(self.state.advertised(unit))
+                self._offers[(slot.uid, slot.container)] = (len(available), total)
+                log.warning(
+                    "kubelet is admitting %s container %s but did not offer its annotated %s %s "
+                    "(it offered %d of %d); preferring %s",
+                    slot.pod,
+                    slot.container,
+                    unit.value,
+                    format_ids(list(slot.ids)),
+                    len(available),
+                    total,
+                    format_ids(list(ids)),
+                )
+            elif slot is not None:
                 taken.append((slot.uid, slot.container))
                 log.info(
                     "preferring %s %s for %s container %s (size %d)",
@@ -244,6 +317,7 @@ class Assigner:
             pods = await self._pods(attempts=self.LIST_ATTEMPTS)
             topology = await self.topology()
             view = self._view(pods, topology)
+            kubelet = await self._kubelet_view()
             by_uid = {p.metadata.uid: p for p in pods}
             responses: list[api_pb2.ContainerAllocateResponse] = []
             marks: list[AnnotatedPod] = []
@@ -261,6 +335,7 @@ class Assigner:
                     self.state.cores_per_device,
                     topology,
                     frozenset(self._handed_out),
+                    kubelet,
                 )
                 if isinstance(decision, Rejected):
                     log.warning("Allocate refused: %s", decision.message)
@@ -281,6 +356,8 @@ class Assigner:
                         VISIBLE_CORES,
                         visible,
                     )
+                    if decision.substitute:
+                        self._substituted(unit, slot, ids)
                     if not decision.again:
                         self._handed_out.add((slot.uid, slot.container))
                         marks.append(decision.holding)
@@ -290,6 +367,20 @@ class Assigner:
                 if pod is not None:
                     await self._mark(pod, holding)
             return responses
+
+    def _substituted(self, unit: Unit, slot: Slot, ids: Sequence[int]) -> None:
+        key = (slot.uid, slot.container)
+        offered, total = self._offers.pop(key, (None, None))
+        self.withheld[key] = Withheld(tuple(slot.ids), offered, total)
+        log.warning(
+            "%s container %s gets %s %s instead of its annotated %s: kubelet did not offer "
+            "them; the annotations will be corrected from kubelet's pod resources",
+            slot.pod,
+            slot.container,
+            unit.value,
+            format_ids(sorted(ids)),
+            format_ids(list(slot.ids)),
+        )
 
     def _done(self, pod: Pod, uid: str) -> set[str]:
         raw = pod.metadata.annotations.get(ALLOCATED_CONTAINERS, "")

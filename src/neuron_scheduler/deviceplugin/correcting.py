@@ -7,7 +7,8 @@ what a pass missed (an API error, a conflict, a restarted kubelet). A pass that 
 Allocate is dropped: it may have read half of an admission. When kubelet's answer is the one a
 pass already found in agreement, the API server is not asked again. Each correction is a merge
 patch of our keys only, on the resourceVersion the pass read, and an event on the pod says what
-changed.
+changed and why (`reconciling`; the Assigner's `withheld` says which containers kubelet did not
+offer their ids).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.admission import Withheld
 from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader, KubeletHoldings
 from neuron_scheduler.deviceplugin.pods import NodePods
 from neuron_scheduler.deviceplugin.reconciling import CORRECTED, Correction, Review, review
@@ -39,6 +41,7 @@ class Corrector:
         *,
         settle: float = 1.0,
         interval: float = 30.0,
+        withheld: Mapping[tuple[str, str], Withheld] | None = None,
     ) -> None:
         self.pods = pods
         self.holdings = holdings
@@ -46,6 +49,7 @@ class Corrector:
         self.topology = topology
         self.settle = settle
         self.interval = interval
+        self.withheld = withheld if withheld is not None else {}
         self.corrected = 0  # corrections applied since start
         self._allocations = 0  # Allocate calls begun or ended: a pass must see it unchanged
         self._due = time.monotonic() + settle
@@ -92,7 +96,7 @@ class Corrector:
         if self._allocations != before:
             log.debug("kubelet allocated during the pass; comparing again once it settles")
             return None
-        found = review(pods, held, self.node, topology)
+        found = review(pods, held, self.node, topology, self.withheld)
         problems = [f"left alone: {problem}" for problem in (*held.skipped, *found.problems)]
         self._tell(problems)
         for correction in found.corrections:

@@ -1,16 +1,19 @@
 """Which pod kubelet is asking for, and which ids to steer it to. Pure.
 
-kubelet's Allocate and GetPreferredAllocation carry device ids and nothing about the pod, so the
-only sound link to the scheduler's choice is the ids themselves: a request is matched to the
+kubelet's Allocate and GetPreferredAllocation carry device ids and nothing about the pod. A
+preference is the annotated slice of the container kubelet is admitting (`admission`: what its pod
+resources say, else its own order). An allocation is matched by the ids themselves: to the
 container whose annotated slice is exactly those ids, never to "the oldest pending pod of that
-size". Ids that match no slice are accepted only when they obey the node's topology rule and touch
-no core the scheduler gave to another live pod.
+size". Other ids are accepted for the container kubelet is known to be admitting when they are
+legal and no other pod's (kubelet did not offer its annotated ids), and for a pod placed without
+us when they obey the node's topology rule and touch no core the scheduler gave to another pod.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from neuron_scheduler.core import handoff as keys
@@ -32,6 +35,14 @@ from neuron_scheduler.core.resources import (
     Unit,
 )
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.admission import (
+    UNREAD,
+    Arrival,
+    KubeletView,
+    OrderKey,
+    Stage,
+    arrival,
+)
 from neuron_scheduler.kube.objects import Container, Pod
 from neuron_scheduler.kube.reading import assignment, neuron_request
 
@@ -55,9 +66,16 @@ class Slot:
     container: str
     ids: tuple[int, ...]
     allocated: bool
-    # Among equal candidates, the one kubelet admits first (see admission_rank), then bind time,
-    # pod, container position: stable across calls.
-    order: tuple[int, int, str, int]
+    arrival: Arrival  # what kubelet's admission order is made of
+    position: int  # among the pod's Neuron containers, init containers first
+    init: bool
+
+    def order(self, unit: Unit, kubelet: KubeletView) -> OrderKey:
+        """Among candidates, the one kubelet admits first; stable across calls."""
+        return kubelet.order(self.arrival, self.uid, self.container, self.position, self.init, unit)
+
+    def stage(self, unit: Unit, kubelet: KubeletView) -> Stage:
+        return kubelet.stage(self.arrival, self.container, self.init, unit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +100,22 @@ class NodeView:
     holdings: tuple[AnnotatedPod, ...]
     unreadable: tuple[str, ...] = ()  # "pod: why", pods whose annotations cannot be used
 
+    def slots(self, unit: Unit) -> Iterator[tuple[Slot, AnnotatedPod]]:
+        """Every container's slice in `unit`, with its pod."""
+        for holding in self.holdings:
+            if holding.unit is unit:
+                for slot in holding.slots:
+                    yield slot, holding
+
 
 @dataclass(frozen=True, slots=True)
 class Matched:
     slot: Slot
     holding: AnnotatedPod
     again: bool  # the slot was handed out before: kubelet is retrying for the same pod
+    # kubelet gives the container it is admitting other ids than its annotated ones: it did not
+    # offer those (it still counts them as in use).
+    substitute: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,26 +164,27 @@ def unit_count(container: Container, unit: Unit) -> int:
 
 def _slots(pod: Pod, found: keys.Assignment, done: frozenset[str]) -> tuple[Slot, ...]:
     unit = RESOURCE_UNITS[found.resource]
-    key = pod.key
-    rank, alloc_time = admission_rank(pod), _alloc_time(pod)
-    shares: list[tuple[str, tuple[int, ...]]] = []
+    came = arrival(pod, _alloc_time(pod))
+    shares: list[tuple[str, tuple[int, ...], bool]] = []
     # kubelet admits init containers first, each with the pod's first ids (the app containers
     # then reuse them); the extender records only app containers.
     for container in pod.spec.initContainers:
         count = unit_count(container, unit)
         if count and container.name not in found.containers:
-            shares.append((container.name, found.ids[:count]))
-    shares.extend(app_slices(pod, found).items())
+            shares.append((container.name, found.ids[:count], True))
+    shares.extend((name, ids, False) for name, ids in app_slices(pod, found).items())
     return tuple(
         Slot(
-            key,
+            pod.key,
             pod.metadata.uid,
             name,
             ids,
             found.allocated or name in done,
-            (rank, alloc_time, key, position),
+            came,
+            position,
+            init,
         )
-        for position, (name, ids) in enumerate(shares)
+        for position, (name, ids, init) in enumerate(shares)
         if ids
     )
 
@@ -182,28 +211,6 @@ def _split_without_record(
             return list(split.items())
     users = [c.name for c in pod.spec.containers if unit_count(c, unit)]
     return [(users[0] if users else "", found.ids)]
-
-
-# Beyond any etcd revision; a resourceVersion that is not one sorts last.
-_UNRANKED = 1 << 63
-
-
-def admission_rank(pod: Pod) -> int:
-    """Where kubelet's admission order puts a bound, not yet admitted pod: lower goes first.
-
-    A running kubelet watches its pods, and each watch event is a batch of its own: it sorts a
-    batch by creation time, but one pod per batch means it admits pods in the order their
-    bindings reached the API server (pkg/kubelet/config/apiserver.go feeds an UndeltaStore;
-    HandlePodAdditions sorts within the batch). Until kubelet admits a pod nothing else writes it,
-    so its resourceVersion is still that of its binding. resourceVersions are opaque to clients,
-    but every API server backed by etcd gives revisions, which grow; anything else ranks last
-    and the bind time decides. Only the first list after a kubelet start is one batch, sorted
-    by creation time; a swap there is corrected from the pod resources API.
-    """
-    version = pod.metadata.resourceVersion
-    if not (version.isascii() and version.isdigit()) or len(version) > 18:
-        return _UNRANKED
-    return int(version)
 
 
 def _alloc_time(pod: Pod) -> int:
@@ -271,6 +278,7 @@ def decide_allocation(
     cores_per_device: int,
     topology: Topology,
     handed_out: frozenset[tuple[str, str]] = frozenset(),
+    kubelet: KubeletView = UNREAD,
 ) -> Match:
     """Whose container kubelet's `ids` are for.
 
@@ -278,13 +286,7 @@ def decide_allocation(
     show it yet (the patch failed or is in flight).
     """
     wanted = set(ids)
-    exact = [
-        (slot, holding)
-        for holding in view.holdings
-        if holding.unit is unit
-        for slot in holding.slots
-        if set(slot.ids) == wanted
-    ]
+    exact = [(slot, holding) for slot, holding in view.slots(unit) if set(slot.ids) == wanted]
 
     def fresh(item: tuple[Slot, AnnotatedPod]) -> bool:
         slot, holding = item
@@ -292,7 +294,10 @@ def decide_allocation(
             holding.pending and not slot.allocated and (slot.uid, slot.container) not in handed_out
         )
 
-    waiting = sorted((item for item in exact if fresh(item)), key=lambda item: item[0].order)
+    def first(item: tuple[Slot, AnnotatedPod]) -> OrderKey:
+        return item[0].order(unit, kubelet)
+
+    waiting = sorted((item for item in exact if fresh(item)), key=first)
     if waiting:
         slot, holding = waiting[0]
         if len({s.uid for s, _ in waiting}) > 1:
@@ -304,13 +309,16 @@ def decide_allocation(
             )
         return Matched(slot, holding, again=False)
     if exact:
-        slot, holding = min(exact, key=lambda item: item[0].order)
+        slot, holding = min(exact, key=first)
         return Matched(slot, holding, again=True)
-    partial = _in_progress(view, unit, wanted, handed_out)
+    partial = _in_progress(view, unit, wanted, handed_out, kubelet)
     if partial is not None:
         return partial
 
     mask = cores_of(unit, ids, cores_per_device)
+    instead = _substitute(view, unit, ids, mask, topology, handed_out, kubelet)
+    if instead is not None:
+        return instead
     clashes = [h for h in view.holdings if h.core_mask & mask]
     if clashes:
         owners = "; ".join(
@@ -341,7 +349,11 @@ def decide_allocation(
 
 
 def _in_progress(
-    view: NodeView, unit: Unit, wanted: set[int], handed_out: frozenset[tuple[str, str]]
+    view: NodeView,
+    unit: Unit,
+    wanted: set[int],
+    handed_out: frozenset[tuple[str, str]],
+    kubelet: KubeletView,
 ) -> Matched | None:
     """The pod kubelet is in the middle of admitting, when the ids lie within its assignment.
 
@@ -358,9 +370,68 @@ def _in_progress(
             continue
         left = [s for s in holding.slots if not s.allocated and s.container not in served]
         if left:
-            slot = min(left, key=lambda s: (len(s.ids) != len(wanted), s.order))
+            slot = min(left, key=lambda s: (len(s.ids) != len(wanted), s.order(unit, kubelet)))
             found.append(Matched(slot, holding, again=False))
     return found[0] if len(found) == 1 else None
+
+
+def _admitting(
+    view: NodeView,
+    unit: Unit,
+    size: int,
+    handed_out: AbstractSet[tuple[str, str]],
+    kubelet: KubeletView,
+) -> list[tuple[Slot, AnnotatedPod]]:
+    """The slots of `size` that kubelet's pod resources show it admitting now: pending pods'
+    first, then containers of admitted pods that kubelet allocates again at container start."""
+    found = [
+        (slot, holding)
+        for slot, holding in view.slots(unit)
+        if len(slot.ids) == size
+        and (slot.uid, slot.container) not in handed_out
+        and slot.stage(unit, kubelet) is Stage.ADMITTING
+    ]
+    return sorted(
+        found,
+        key=lambda item: (
+            not (item[1].pending and not item[0].allocated),
+            item[0].order(unit, kubelet),
+        ),
+    )
+
+
+def _substitute(
+    view: NodeView,
+    unit: Unit,
+    ids: Sequence[int],
+    mask: int,
+    topology: Topology,
+    handed_out: frozenset[tuple[str, str]],
+    kubelet: KubeletView,
+) -> Matched | None:
+    """The one container kubelet is admitting, given ids other than its annotated ones because
+    kubelet did not offer those; None unless the new ids are legal and no other pod's."""
+    admitting = _admitting(view, unit, len(ids), handed_out, kubelet)
+    if len({(s.uid, s.container) for s, _ in admitting}) != 1:
+        return None
+    slot, holding = admitting[0]
+    others = 0
+    for other in view.holdings:
+        if other.uid != holding.uid:
+            others |= other.core_mask
+    if others & mask or not obeys_topology(topology, unit, ids):
+        return None
+    pending = holding.pending and not slot.allocated
+    return Matched(slot, holding, again=not pending, substitute=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """The ids to steer kubelet to for one container."""
+
+    ids: tuple[int, ...]
+    slot: Slot | None  # whose annotated slice they are, or the container kubelet is admitting
+    withheld: bool = False  # kubelet is admitting `slot` but does not offer its annotated ids
 
 
 def preferred_ids(
@@ -372,29 +443,36 @@ def preferred_ids(
     cores_per_device: int,
     topology: Topology,
     taken: Iterable[tuple[str, str]] = (),
-) -> tuple[tuple[int, ...], Slot | None]:
-    """The ids to steer kubelet to for one container, and the slot they come from (None when no
-    pending pod's slice fits: then a topology-valid choice that avoids everyone's ids)."""
+    kubelet: KubeletView = UNREAD,
+) -> Preference:
+    """The annotated slice of the container kubelet admits now; when it is not offered, or no
+    container can be named, a topology-valid choice that avoids everyone's ids."""
     offered = set(available)
     required = set(must_include)
     skip = set(taken)
-    candidates = sorted(
-        (
-            slot
-            for holding in view.holdings
-            if holding.pending and holding.unit is unit
-            for slot in holding.slots
-            if not slot.allocated
-            and (slot.uid, slot.container) not in skip
-            and len(slot.ids) == size
-            and offered.issuperset(slot.ids)
-            and required.issubset(slot.ids)
-        ),
-        key=lambda slot: slot.order,
-    )
-    if candidates:
-        return tuple(candidates[0].ids), candidates[0]
-    return _fallback(view, unit, offered, required, size, cores_per_device, topology), None
+    if kubelet.listed is not None:
+        candidates = [slot for slot, _ in _admitting(view, unit, size, skip, kubelet)]
+    else:
+        candidates = sorted(
+            (
+                slot
+                for slot, holding in view.slots(unit)
+                if holding.pending
+                and not slot.allocated
+                and (slot.uid, slot.container) not in skip
+                and len(slot.ids) == size
+            ),
+            key=lambda slot: slot.order(unit, kubelet),
+        )
+    for slot in candidates:
+        if offered.issuperset(slot.ids) and required.issubset(slot.ids):
+            return Preference(tuple(slot.ids), slot)
+        if kubelet.listed is not None and not offered.issuperset(slot.ids):
+            # kubelet is admitting this very container and does not offer its ids.
+            fallback = _fallback(view, unit, offered, required, size, cores_per_device, topology)
+            return Preference(fallback, slot, withheld=True)
+    fallback = _fallback(view, unit, offered, required, size, cores_per_device, topology)
+    return Preference(fallback, None)
 
 
 def _fallback(

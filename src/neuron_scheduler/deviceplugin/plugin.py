@@ -66,20 +66,29 @@ async def serve(
         state = await watch.discover(stop)
         if state is None:
             return
-        assigner = Assigner(ApiNodePods(api, config.node_name), config.node_name, state)
+        kubelet = SocketHoldings(config.pod_resources_socket, config.resources)
+        assigner = Assigner(
+            ApiNodePods(api, config.node_name), config.node_name, state, kubelet=kubelet
+        )
         corrector = Corrector(
             assigner.pods,
-            SocketHoldings(config.pod_resources_socket, config.resources),
+            kubelet,
             config.node_name,
             assigner.topology,
             interval=config.reconcile_interval,
+            withheld=assigner.withheld,
         )
         assigner.on_allocate = corrector.allocating
         endpoints = [
             Endpoint(config.plugin_dir, resource, NeuronDevicePlugin(resource, state, assigner))
             for resource in config.resources
         ]
-        registrar = Registrar(config.plugin_dir, endpoints, config.poll_interval)
+        registrar = Registrar(
+            config.plugin_dir,
+            endpoints,
+            config.poll_interval,
+            on_kubelet_start=assigner.kubelet_started,
+        )
         await asyncio.gather(
             watch.run(state, stop),
             registrar.run(stop),

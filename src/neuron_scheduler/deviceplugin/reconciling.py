@@ -1,24 +1,31 @@
 """Which pods' annotations disagree with what their containers really hold, and the annotations
 that say what they hold. Pure.
 
-kubelet's Allocate carries no pod identity, so when two pods of one size wait on a node and
-kubelet admits them in another order than the device plugin expected, each container gets the
-other pod's annotated ids. The sets stay disjoint, but the annotations then describe the wrong
-pod: when one pod ends, the scheduler would free the ids its neighbour still uses. kubelet's pod
-resources API names the pod and container behind every id, so the annotations are rewritten from
-it: the scheduler always frees exactly what a container held.
+A container can hold other ids than its pod's annotations say for two reasons, and the event
+names which:
+- kubelet admitted two pods of one size in another order than the device plugin expected (it
+  could not ask kubelet which pod it was admitting), so each got the other's annotated ids;
+- kubelet did not offer the annotated ids: after a restart it still counts the devices of pods
+  that were deleted meanwhile as in use until it has read all its pods, so a pod bound onto them
+  gets other ids (the device plugin remembers it in `withheld`; without that record, ids that no
+  container kubelet lists holds tell the same).
+The sets stay disjoint, but the annotations describe the wrong ids: when a pod ends, the scheduler
+would free ids another pod uses. kubelet's pod resources API names the pod and container behind
+every id, so the annotations are rewritten from it: the scheduler always frees exactly what a
+container held.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from neuron_scheduler.core import handoff as keys
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, Unit
 from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.deviceplugin.admission import Withheld
 from neuron_scheduler.deviceplugin.holdings import ContainerIds, KubeletHoldings
 from neuron_scheduler.deviceplugin.matching import app_slices, unit_count
 from neuron_scheduler.kube.objects import Pod
@@ -50,9 +57,33 @@ def _ids_text(unit: Unit, ids: Iterable[int]) -> str:
     return f"{noun} {format_ids(ordered) if ordered else 'none'}"
 
 
-def review(pods: Iterable[Pod], held: KubeletHoldings, node: str, topology: Topology) -> Review:
+# (unit, id) -> "namespace/pod container" holding it, from kubelet's List.
+Owners = dict[tuple[Unit, int], str]
+
+
+def _owners(held: KubeletHoldings) -> Owners:
+    owners: Owners = {}
+    for (namespace, name), containers in held.pods.items():
+        for container, resources in containers.items():
+            for resource, ids in resources.items():
+                unit = RESOURCE_UNITS.get(resource)
+                if unit is not None:
+                    for i in ids:
+                        owners[(unit, i)] = f"{namespace}/{name} container {container}"
+    return owners
+
+
+def review(
+    pods: Iterable[Pod],
+    held: KubeletHoldings,
+    node: str,
+    topology: Topology,
+    withheld: Mapping[tuple[str, str], Withheld] | None = None,
+) -> Review:
     """Compare each live pod bound to `node` that carries our annotations with what kubelet says
-    its containers hold. Pods kubelet has not (fully) allocated yet are left alone."""
+    its containers hold. Pods kubelet has not (fully) allocated yet are left alone. `withheld`:
+    (pod uid, container) the device plugin gave other ids because kubelet did not offer theirs."""
+    owners = _owners(held)
     corrections: list[Correction] = []
     problems: list[str] = []
     agreeing = 0
@@ -73,7 +104,7 @@ def review(pods: Iterable[Pod], held: KubeletHoldings, node: str, topology: Topo
             continue
         if found is None:
             continue
-        outcome = _compare(pod, found, containers, topology)
+        outcome = _compare(pod, found, containers, topology, owners, withheld or {})
         if isinstance(outcome, Correction):
             corrections.append(outcome)
         elif outcome is None:
@@ -84,7 +115,12 @@ def review(pods: Iterable[Pod], held: KubeletHoldings, node: str, topology: Topo
 
 
 def _compare(
-    pod: Pod, found: keys.Assignment, containers: ContainerIds, topology: Topology
+    pod: Pod,
+    found: keys.Assignment,
+    containers: ContainerIds,
+    topology: Topology,
+    owners: Owners,
+    withheld: Mapping[tuple[str, str], Withheld],
 ) -> Correction | str | None:
     """A correction; None when they agree; a reason (empty: nothing to say) when left alone."""
     unit = RESOURCE_UNITS[found.resource]
@@ -129,14 +165,44 @@ def _compare(
         # kubelet holds ids for every Neuron container: the pod is allocated, whoever marked it.
         keys.ALLOCATED: "true",
     }
-    changed = [
-        f"container {name} holds {_ids_text(unit, real[name])}, not the annotated "
-        f"{format_ids(sorted(annotated.get(name, ()))) or 'none'}"
-        for name in real
-        if set(real[name]) != set(annotated.get(name, ()))
-    ]
-    message = (
-        f"kubelet admitted this pod in another order than the device plugin expected: "
-        f"{'; '.join(changed)}. The Neuron annotations now record what its containers hold."
-    )
+    swapped: list[str] = []
+    not_offered: list[str] = []
+    for name in real:
+        wanted_ids = annotated.get(name, ())
+        if set(real[name]) == set(wanted_ids):
+            continue
+        text = (
+            f"container {name} holds {_ids_text(unit, real[name])}, not the annotated "
+            f"{format_ids(sorted(wanted_ids)) or 'none'}"
+        )
+        record = withheld.get((pod.metadata.uid, name))
+        others = sorted(
+            {
+                owners[(unit, i)]
+                for i in wanted_ids
+                if (unit, i) in owners and not owners[(unit, i)].startswith(f"{pod.key} ")
+            }
+        )
+        if record is None and others:
+            swapped.append(f"{text} (kubelet gave those to {', '.join(others)})")
+        elif record is not None and record.offered is not None:
+            not_offered.append(
+                f"{text} (kubelet offered {record.offered} of {record.total} "
+                f"{unit.value}s, not these)"
+            )
+        else:
+            not_offered.append(text)
+    parts = []
+    if not_offered:
+        parts.append(
+            "kubelet did not offer the annotated ids: it still counted them as in use (after a "
+            "restart it holds the devices of pods deleted since its last allocation until it "
+            f"has admitted the pods it started with): {'; '.join(not_offered)}."
+        )
+    if swapped:
+        parts.append(
+            "kubelet admitted this pod in another order than the device plugin expected: "
+            f"{'; '.join(swapped)}."
+        )
+    message = f"{' '.join(parts)} The Neuron annotations now record what its containers hold."
     return Correction(pod, values, message)

@@ -2,7 +2,8 @@
 
 kubelet dials a plugin's endpoint while handling Register, so every endpoint serves before it
 registers. When kubelet restarts it deletes every socket in the plugin directory and creates a new
-kubelet.sock; a poll of the directory notices both, serves again and registers again.
+kubelet.sock; a poll of the directory notices both, serves again and registers again, and then
+says so (`on_kubelet_start`): the pods bound by then reach the new kubelet in one batch.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from neuron_scheduler.grpcsocket import FileIdentity, SocketServer, identity
 from neuron_scheduler.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -24,59 +27,22 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 
-FileIdentity = tuple[int, int, int]
-
-
-def identity(path: Path) -> FileIdentity | None:
-    """Changes whenever the file is re-created (inode numbers alone get reused at once)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
 
 def socket_name(resource: str) -> str:
     return f"neuron-scheduler-{resource.rsplit('/', 1)[-1]}.sock"
 
 
-class Endpoint:
-    """One resource's gRPC server on its unix socket."""
+class Endpoint(SocketServer):
+    """One resource's DevicePlugin service on its socket in kubelet's device plugin directory."""
 
     def __init__(
         self, plugin_dir: Path, resource: str, servicer: api_pb2_grpc.DevicePluginServicer
     ) -> None:
+        def add(server: grpc.aio.Server) -> None:
+            api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+
+        super().__init__(plugin_dir / socket_name(resource), add, resource)
         self.resource = resource
-        self.socket = plugin_dir / socket_name(resource)
-        self.servicer = servicer
-        self._server: grpc.aio.Server | None = None
-        self._identity: FileIdentity | None = None
-
-    async def start(self) -> None:
-        await self.stop()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()  # left by an earlier run; binding over it would fail
-        server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
-        self._identity = identity(self.socket)
-        log.info("serving %s on %s", self.resource, self.socket)
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        await server.stop(grace=0.5)
-        if self._identity is not None and identity(self.socket) == self._identity:
-            with contextlib.suppress(FileNotFoundError):
-                self.socket.unlink()
-        self._identity = None
-
-    @property
-    def intact(self) -> bool:
-        return self._server is not None and identity(self.socket) == self._identity
 
 
 async def register(kubelet_socket: Path, endpoint: Endpoint, timeout: float) -> None:
@@ -104,6 +70,7 @@ class Registrar:
         endpoints: list[Endpoint],
         poll_interval: float = 0.5,
         register_timeout: float = 15.0,
+        on_kubelet_start: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
@@ -114,6 +81,11 @@ class Registrar:
         self.registered: dict[str, FileIdentity] = {}
         self._backoff = {e.resource: Backoff(initial=0.5, maximum=30.0) for e in endpoints}
         self._tried: dict[str, FileIdentity] = {}
+        # Told of each kubelet that starts while this process watches (not of one that was
+        # already running when it started: that kubelet's start batch is long admitted).
+        self.on_kubelet_start = on_kubelet_start
+        self._kubelet: FileIdentity | None = None
+        self._watched = False  # a first look at the directory has been taken
         # Only their throttled log lines use these two.
         self._absent = Backoff(initial=1.0, maximum=3600.0)
         self._dir_problem = Backoff(initial=1.0, maximum=3600.0)
@@ -129,6 +101,9 @@ class Registrar:
                 await endpoint.stop()
 
     async def tick(self) -> None:
+        # A kubelet that was not there at the first look (no directory yet, or no socket) started
+        # while this process watched.
+        watched, self._watched = self._watched, True
         problem = socket_dir_problem(self.plugin_dir)
         if problem is not None:
             self.registered.clear()
@@ -176,6 +151,10 @@ class Registrar:
             self._absent.succeeded()
         for endpoint in self.endpoints:
             await self._register(endpoint, kubelet)
+        if kubelet != self._kubelet:
+            self._kubelet = kubelet
+            if watched and self.on_kubelet_start is not None:
+                await self.on_kubelet_start()
 
     async def _register(self, endpoint: Endpoint, kubelet: FileIdentity) -> None:
         if not endpoint.intact or self.registered.get(endpoint.resource) == kubelet:

@@ -26,13 +26,9 @@ from neuron_scheduler.dra.devicegroups import pairing
 from neuron_scheduler.dra.hardware import HostDevices, read_host, read_logical_nc
 from neuron_scheduler.dra.preparing import NodeDevices, Preparer
 from neuron_scheduler.dra.publisher import Owner, Publisher
-from neuron_scheduler.dra.service import (
-    Registration,
-    SocketServer,
-    dra_server,
-    registration_server,
-)
+from neuron_scheduler.dra.service import Registration, dra_server, registration_server
 from neuron_scheduler.dra.slices import NodeInventory
+from neuron_scheduler.grpcsocket import SocketServer
 from neuron_scheduler.kube.backoff import Backoff
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import load_config

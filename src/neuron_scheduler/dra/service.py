@@ -1,5 +1,5 @@
 """kubelet's gRPC side: the DRAPlugin service (v1 and v1beta1, same messages) over the Preparer,
-the plugin registration service, and the unix sockets both are served on.
+the plugin registration service, and the unix sockets both are served on (`grpcsocket`).
 
 kubelet finds `<registry dir>/<driver>-reg.sock`, asks GetInfo, and from then on calls the DRA
 socket the answer names, choosing the first service of `supported_versions` it knows (v1 first).
@@ -7,9 +7,8 @@ socket the answer names, choosing the first service of `supported_versions` it k
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from neuron_scheduler.dra.v1 import api_pb2 as v1_pb2
 from neuron_scheduler.dra.v1 import api_pb2_grpc as v1_grpc
 from neuron_scheduler.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from neuron_scheduler.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from neuron_scheduler.grpcsocket import SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # kubelet takes the first it knows
 MAX_CLAIMS_PER_CALL = 256  # a pod has at most a few; more is not a real kubelet call
-
-FileIdentity = tuple[int, int, int]
-
-
-def identity(path: Path) -> FileIdentity | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _refs(claims: Sequence[Any]) -> list[ClaimRef]:
@@ -137,45 +127,6 @@ class Registration(registration_grpc.RegistrationServicer):
         else:
             log.error("kubelet refused DRA driver %s: %s", self.driver, request.error[:500])
         return registration_pb2.RegistrationStatusResponse()
-
-
-class SocketServer:
-    """One gRPC server on one unix socket; `intact` turns false if the file is removed or
-    replaced (kubelet or a person cleaning the directory), and the owner starts it again."""
-
-    def __init__(self, socket: Path, add: Callable[[grpc.aio.Server], None], what: str) -> None:
-        self.socket = socket
-        self.add = add
-        self.what = what
-        self._server: grpc.aio.Server | None = None
-        self._identity: FileIdentity | None = None
-
-    async def start(self) -> None:
-        await self.stop()
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()  # left by an earlier run; binding over it would fail
-        server = grpc.aio.server()
-        self.add(server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
-        self._identity = identity(self.socket)
-        log.info("serving %s on %s", self.what, self.socket)
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        await server.stop(grace=0.5)
-        if self._identity is not None and identity(self.socket) == self._identity:
-            with contextlib.suppress(FileNotFoundError):
-                self.socket.unlink()
-        self._identity = None
-
-    @property
-    def intact(self) -> bool:
-        return self._server is not None and identity(self.socket) == self._identity
 
 
 def dra_server(socket: Path, preparer: Preparer) -> SocketServer:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from neuron_scheduler.commandline import fail, user_errors
+from neuron_scheduler.commandline import Kubeconfig, check_kubeconfig, fail, user_errors
 from neuron_scheduler.ultraserver.labels import (
     ENV_NODE_CONFIG,
     SYSFS_DIR,
@@ -53,22 +53,20 @@ def ultraserver_init(
     environment_file: Annotated[
         str, typer.Option(help="the file on each worker that gets the runtime's variables")
     ] = DEFAULT_ENVIRONMENT_FILE,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(
-            help="kubeconfig (default: in-cluster): --source kube reads node labels with it; "
-            "--source ssh uses it, when there is one, to name each worker's node in errors"
-        ),
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     namespace: Annotated[
         str | None,
         typer.Option(help="--source kube: the workers' namespace when the hostfile has none"),
     ] = None,
 ) -> None:
     """The MPIJob launcher's init step for Trn2 UltraServers: validate the workers' placement,
-    write NEURON_GLOBAL_TOPOID & co. into each worker's /etc/environment, write new_hostfile."""
+    write NEURON_GLOBAL_TOPOID & co. into each worker's /etc/environment, write new_hostfile.
+
+    The API (--kubeconfig, else the pod's service account): --source kube reads the workers' node
+    labels from it; --source ssh, when it can be reached, names each worker's node in errors."""
     with user_errors(NodeConfigError, ValueError):
         config = parse_node_config(node_config)
+        check_kubeconfig(kubeconfig)
         command = tuple(shlex.split(ssh))
     if not command:
         fail("--ssh is empty")

@@ -1,0 +1,265 @@
+"""Which pod kubelet is admitting: its pod resources first, then its own order (single additions
+by binding, its start batch by creation second), and ids it does not offer."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, Unit
+from neuron_scheduler.deviceplugin.admission import (
+    UNRANKED,
+    KubeletView,
+    Stage,
+    Withheld,
+    arrival,
+    version_rank,
+)
+from neuron_scheduler.deviceplugin.assigning import Assigner, ContainerRequest
+from neuron_scheduler.deviceplugin.devicewatch import DeviceState
+from neuron_scheduler.deviceplugin.holdings import HoldingsError, KubeletHoldings
+from neuron_scheduler.deviceplugin.inventory import DeviceHealth
+from neuron_scheduler.deviceplugin.matching import (
+    Matched,
+    Rejected,
+    decide_allocation,
+    node_view,
+    preferred_ids,
+)
+from neuron_scheduler.deviceplugin.reconciling import CORRECTED
+from neuron_scheduler.kube.objects import Node, Pod
+from tests.unit.test_deviceplugin_reconciling import (
+    INF1,
+    NODE,
+    FakeLister,
+    MemoryPods,
+    cores,
+    corrector,
+    held,
+    pod,
+)
+
+EVERY_CORE = list(range(16))
+
+
+def pending(name: str, ids: str, *, version: str, created: str = "2026-11-25T10:00:00Z") -> Pod:
+    return pod(name, {"main": ids}, version=version, allocated=False, created=created)
+
+
+def kubelet_lists(*pods: tuple[str, dict[str, dict[str, list[str]]]]) -> KubeletView:
+    return KubeletView(held(*pods).pods)
+
+
+def prefer(pods: list[Pod], kubelet: KubeletView, available: list[int] = EVERY_CORE) -> object:
+    view = node_view(pods, NODE, INF1)
+    return preferred_ids(view, Unit.CORE, available, [], 2, 4, INF1, (), kubelet)
+
+
+# --- kubelet's own order ---------------------------------------------------------------------
+
+
+def test_single_additions_go_in_binding_order_whatever_the_bind_time() -> None:
+    # "late" took its ids first (older NEURON_ALLOC_TIME) but its binding reached the API
+    # server after "early"'s: kubelet's watch delivers "early" first.
+    late = pod("late", {"main": "0,1"}, version="20", allocated=False, alloc_time=1)
+    early = pod("early", {"main": "2,3"}, version="19", allocated=False, alloc_time=2)
+    choice = prefer([late, early], KubeletView())
+    assert choice.slot is not None and choice.slot.pod == "ns/early" and choice.ids == (2, 3)
+
+
+def test_the_start_batch_goes_first_and_by_creation_second() -> None:
+    # Created earlier, bound later: within kubelet's start batch creation time decides...
+    older = pending("older", "0,1", version="30", created="2026-11-25T10:00:00Z")
+    newer = pending("newer", "2,3", version="29", created="2026-11-25T10:00:01Z")
+    bound_after = pending("after", "4,5", version="5", created="2026-11-25T09:00:00Z")
+    batch = KubeletView(None, frozenset({"uid-older", "uid-newer"}))
+    choice = prefer([older, newer, bound_after], batch)
+    assert choice.slot is not None and choice.slot.pod == "ns/older"
+    # ... and outside it, the binding.
+    choice = prefer([older, newer], KubeletView())
+    assert choice.slot is not None and choice.slot.pod == "ns/newer"
+
+
+def test_a_resource_version_that_is_not_a_revision_ranks_last() -> None:
+    assert version_rank(pod("p", {"main": "0"}, version="12")) == 12
+    for odd in ("", "abc", "1e5", "²", "9" * 40):
+        assert version_rank(pod("p", {"main": "0"}, version=odd)) == UNRANKED
+    assert arrival(pod("p", {"main": "0"}, created="yesterday"), 0).created == UNRANKED
+
+
+# --- what kubelet's pod resources say ------------------------------------------------------
+
+
+def test_the_pod_kubelet_lists_without_ids_is_the_one_it_admits() -> None:
+    # Same creation second, so kubelet's batch order is its map's: b came first this time. It
+    # has taken b into its pod manager and not a (later in the batch).
+    a = pending("a", "0,1", version="10")
+    b = pending("b", "2,3", version="11")
+    choice = prefer([a, b], kubelet_lists(("b", {"main": {}}), ("running", {"main": cores(8, 9)})))
+    assert choice.slot is not None and choice.slot.pod == "ns/b" and choice.ids == (2, 3)
+    assert not choice.withheld
+    # Then a, once b holds its ids.
+    choice = prefer(
+        [a, b], kubelet_lists(("b", {"main": cores(2, 3)}), ("a", {"main": {}})), [0, 1, 4, 5]
+    )
+    assert choice.slot is not None and choice.slot.pod == "ns/a" and choice.ids == (0, 1)
+
+
+def test_stages_from_the_listing() -> None:
+    view = kubelet_lists(("a", {"main": {}}), ("b", {"main": cores(2, 3)}))
+    slots = {
+        s.pod: s
+        for h in node_view(
+            [
+                pending("a", "0,1", version="1"),
+                pending("b", "2,3", version="2"),
+                pending("c", "4,5", version="3"),
+            ],
+            NODE,
+            INF1,
+        ).holdings
+        for s in h.slots
+    }
+    assert slots["ns/a"].stage(Unit.CORE, view) is Stage.ADMITTING
+    assert slots["ns/b"].stage(Unit.CORE, view) is Stage.SERVED
+    assert slots["ns/c"].stage(Unit.CORE, view) is Stage.NOT_ADDED
+    assert slots["ns/c"].stage(Unit.CORE, KubeletView()) is Stage.UNKNOWN
+    # Init containers are not listed: one is served while no container of its pod holds ids.
+    init = pod("i", {"main": "6,7"}, init={"setup": 2}, allocated=False)
+    (holding,) = node_view([init], NODE, INF1).holdings
+    setup = holding.slots[0]
+    assert setup.init and setup.container == "setup"
+    assert setup.stage(Unit.CORE, kubelet_lists(("i", {"main": {}}))) is Stage.ADMITTING
+    assert setup.stage(Unit.CORE, kubelet_lists(("i", {"main": cores(6, 7)}))) is Stage.SERVED
+
+
+def test_when_kubelet_admits_none_of_them_nobodys_ids_are_preferred() -> None:
+    # kubelet is admitting a pod placed without the scheduler: the pending pods keep their ids.
+    a = pending("a", "0,1", version="10")
+    choice = prefer([a], kubelet_lists(("stray", {"main": {}})))
+    assert choice.slot is None and not set(choice.ids) & {0, 1}
+
+
+def test_annotated_ids_kubelet_does_not_offer_are_avoided_and_said() -> None:
+    # kubelet still counts 0-3 for pods deleted while it was down.
+    a = pending("a", "0,1", version="10")
+    b = pending("b", "2,3", version="11")
+    choice = prefer([a, b], kubelet_lists(("a", {"main": {}})), list(range(4, 16)))
+    assert choice.slot is not None and choice.slot.pod == "ns/a" and choice.withheld
+    assert len(choice.ids) == 2 and min(choice.ids) >= 4
+
+
+def test_a_container_kubelet_allocates_again_gets_its_annotated_ids() -> None:
+    # Admitted before, its device record lost: kubelet asks again at container start.
+    admitted = pod("admitted", {"main": "4,5"}, version="3")
+    choice = prefer([admitted], kubelet_lists(("admitted", {"main": {}})))
+    assert choice.slot is not None and choice.slot.pod == "ns/admitted" and choice.ids == (4, 5)
+    # A pending pod kubelet admits goes before it.
+    new = pending("new", "0,1", version="9")
+    choice = prefer([admitted, new], kubelet_lists(("admitted", {"main": {}}), ("new", {})))
+    assert choice.slot is not None and choice.slot.pod == "ns/new"
+
+
+def decide(pods: list[Pod], ids: list[int], kubelet: KubeletView) -> object:
+    view = node_view(pods, NODE, INF1)
+    return decide_allocation(view, Unit.CORE, ids, 4, INF1, frozenset(), kubelet)
+
+
+def test_other_ids_for_the_pod_kubelet_admits_are_its_when_legal_and_nobody_elses() -> None:
+    a = pending("a", "0,1", version="10")
+    b = pending("b", "2,3", version="11")
+    admitting_a = kubelet_lists(("a", {"main": {}}))
+    decision = decide([a, b], [4, 5], admitting_a)
+    assert isinstance(decision, Matched) and decision.substitute and not decision.again
+    assert decision.slot.pod == "ns/a"
+    # Another pod's annotated ids are never given as a substitute.
+    refused = decide([a, b, pod("c", {"main": "4,5"})], [5, 6], admitting_a)
+    assert isinstance(refused, Rejected) and "ns/c holds core 5" in refused.message
+    # Without pod resources the plugin cannot name the pod: as before, the ids are refused when
+    # they overlap someone's and accepted as unclaimed otherwise.
+    assert not isinstance(decide([a, b], [4, 5], KubeletView()), Matched)
+
+
+def test_device_pods_use_device_resources() -> None:
+    d = pod("d", {"main": "1"}, resource=NEURON, version="4", allocated=False)
+    view = node_view([d], NODE, INF1)
+    kubelet = kubelet_lists(("d", {"main": {NEURONCORE: ["0"]}}))  # cores are not devices
+    choice = preferred_ids(view, Unit.DEVICE, [0, 1, 2, 3], [], 1, 4, INF1, (), kubelet)
+    assert choice.slot is not None and choice.ids == (1,)
+
+
+# --- the Assigner asks kubelet on each call ----------------------------------------------------
+
+
+class Pods(MemoryPods):
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
+        return self.pods.get(name)
+
+    async def get_node(self) -> Node | None:
+        return None
+
+
+def inf1() -> DeviceState:
+    return DeviceState(4, {d: DeviceHealth(d, True) for d in range(4)})
+
+
+async def test_withheld_ids_end_in_an_event_that_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    pods = Pods([pending("a", "0,1", version="10"), pending("b", "2,3", version="11")])
+    kubelet = FakeLister(held(("a", {"main": {}})))
+    subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
+    offered = tuple(str(i) for i in range(4, 16))
+    with caplog.at_level(logging.WARNING):
+        (ids,) = await subject.preferred(Unit.CORE, [ContainerRequest(offered, (), 2)])
+    assert "kubelet is admitting ns/a container main but did not offer its annotated core 0,1 " in (
+        caplog.text
+    )
+    assert "(it offered 12 of 16)" in caplog.text
+    await subject.allocate(NEURONCORE, Unit.CORE, [ids])
+    assert subject.withheld == {("uid-a", "main"): Withheld((0, 1), 12, 16)}
+    assert pods.pods["a"].metadata.annotations["NEURON_ALLOCATED"] == "true"
+    # b: kubelet offers exactly two cores, so it asks no preference; it allocates 6,7.
+    kubelet.answer = held(("a", {"main": cores(*map(int, ids))}), ("b", {"main": {}}))
+    rest = [str(i) for i in range(4, 8) if str(i) not in ids]
+    await subject.allocate(NEURONCORE, Unit.CORE, [rest])
+    assert ("uid-b", "main") in subject.withheld
+    kubelet.answer = held(
+        ("a", {"main": cores(*map(int, ids))}), ("b", {"main": cores(*map(int, rest))})
+    )
+
+    fixer = corrector(pods, kubelet)
+    fixer.withheld = subject.withheld
+    await fixer.reconcile()
+    assert [(n, r) for n, r, _ in pods.events] == [("a", CORRECTED), ("b", CORRECTED)]
+    assert all(m.startswith("kubelet did not offer") for _, _, m in pods.events)
+    assert "kubelet offered 12 of 16 cores" in pods.events[0][2]
+    await subject.close()
+
+
+async def test_an_unreadable_pod_resources_socket_falls_back_to_the_order(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pods = Pods([pending("a", "0,1", version="10"), pending("b", "2,3", version="11")])
+    kubelet = FakeLister(KubeletHoldings())
+    kubelet.error = HoldingsError("/x/kubelet.sock does not exist")
+    subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
+    every = tuple(str(i) for i in range(16))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [
+                ["0", "1"]
+            ]
+    assert caplog.text.count("cannot ask kubelet which pod it is admitting") == 1
+    await subject.close()
+
+
+async def test_kubelet_start_takes_the_pods_bound_by_then_as_its_batch() -> None:
+    older = pending("older", "0,1", version="30", created="2026-11-25T10:00:00Z")
+    newer = pending("newer", "2,3", version="29", created="2026-11-25T10:00:01Z")
+    pods = Pods([older, newer])
+    subject = Assigner(pods, NODE, inf1())  # type: ignore[arg-type]
+    every = tuple(str(i) for i in range(16))
+    assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["2", "3"]]
+    await subject.kubelet_started()
+    assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["0", "1"]]
+    await subject.close()
