@@ -690,7 +690,7 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
             for e in events
             if e["involvedObject"]["name"] == "too-many" and e["reason"] == "FailedScheduling"
         ]
-        if any("1 needs 3 devices; only 1 devices free" in m for m in messages):
+        if any("1 needs 3 devices; only 1 device free" in m for m in messages):
             break
         assert time.monotonic() < deadline, f"no FailedScheduling from the extender: {messages}"
         time.sleep(0.1)
