@@ -32,8 +32,12 @@ lint: sync
 typecheck: sync
 	$(UV) run mypy --strict src
 
+# In a random order (modules shuffled, and the tests within each), so a test that passes only
+# after another fails here; the seed is printed first and last. Replay an order with
+# PYTEST_ARGS=--random-order-seed=N; RANDOM_ORDER= runs the tests in file order.
+RANDOM_ORDER ?= --random-order-bucket=module
 test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) image
-	$(UV) run pytest $(PYTEST_ARGS)
+	$(UV) run pytest $(RANDOM_ORDER) $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
 # The testbed is test infrastructure (tests/testbed), not part of the installed package.

@@ -1,6 +1,7 @@
 """What every command shares: errors a person can fix as one line and an exit code, never a
-traceback, the process's log format, and the options several commands take (declared once here,
-with their checks: `node_agent_options` for the device plugin and the DRA driver).
+traceback, the process's log format (one line per message, whatever text it carries), and the
+options several commands take (declared once here, with their checks: `node_agent_options` for
+the device plugin and the DRA driver).
 
 Each package's `command` module defines its commands with these; `cli` only registers them.
 """
@@ -11,11 +12,13 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, TypedDict
+from typing import Annotated, Any, NoReturn, TypedDict
 
 import typer
 from rich.console import Console
 from rich.text import Text
+
+from neuron_scheduler.core.logtext import LINE_LIMIT, loggable
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -52,9 +55,32 @@ def check_log_level(level: str) -> str:
     return level.lower()
 
 
+class OneLineFormatter(logging.Formatter):
+    """LOG_FORMAT with every message escaped and bounded (core.logtext), so that no text it
+    quotes can start a line of its own: call sites escape what they take from requests and API
+    objects; this catches what any other code logs. A traceback, logged on purpose, follows on
+    lines of its own, each indented (and escaped), so that only a record starts a line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = loggable(record.message, LINE_LIMIT)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join(f"    {loggable(line, LINE_LIMIT)}" for line in text.splitlines())
+
+
 def setup_logging(level: str) -> None:
     """One format for every long-running command; third-party chatter kept at INFO or above."""
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, force=True)
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     quieter = max(logging.INFO, logging.getLogger().level)
     # grpc's debug output is one line per call on every stream; aiohttp's per connection.
     for name in ("grpc", "aiohttp", "asyncio"):

@@ -184,10 +184,29 @@ def device_plugin_credentials(cp: ControlPlane) -> ServiceAccountCredentials:
     return cp.service_account("kube-system", DEVICE_PLUGIN)
 
 
+EXTENDER = "k8s-neuron-scheduler"  # its ServiceAccount, ClusterRole and binding
+
+
+def extender_credentials(cp: ControlPlane, docs: list[Doc]) -> ServiceAccountCredentials:
+    """The extender's ServiceAccount and every Role, ClusterRole and binding the rendered chart
+    gives it, applied server-side (again is harmless), and a token for that account: an
+    extender run with it may do what this rendering lets it do, whatever else a test applied."""
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s.get("name") == EXTENDER for s in d.get("subjects", []))
+    ]
+    roles = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings}
+    granted = [d for d in docs if (d["kind"], d["metadata"]["name"]) in roles]
+    apply(cp, [find(docs, "ServiceAccount", EXTENDER), *granted, *bindings])
+    return cp.service_account("kube-system", EXTENDER)
+
+
 def extender_args(docs: list[Doc]) -> list[str]:
     """The rendered extender container's arguments after the `extender` command, minus --port
     and --metrics-port (the test process listens on free ports)."""
-    deployment = find(docs, "Deployment", "k8s-neuron-scheduler")
+    deployment = find(docs, "Deployment", EXTENDER)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args: list[str] = container["args"]
     assert args[0] == "extender", args

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,31 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
     yield _stack
     _stack.stop()
     _stack = None
+
+
+def _mode(item: pytest.Item) -> bool | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("mode") if callspec is not None else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Within each run of one module's tests, those of the node mode in force come first, then
+    the other's: a random order (`make test`) shuffles tests within their module, which would
+    otherwise restart kube-scheduler (`mode`) at almost every test. Each mode's tests keep their
+    shuffled order; pytest's own order (every module's tests of one mode, then the other's)
+    comes through unchanged."""
+    ordered: list[pytest.Item] = []
+    current: bool | None = None
+    for _, run in itertools.groupby(items, key=lambda item: item.path):
+        tests = list(run)
+        modes = [m for m in dict.fromkeys(map(_mode, tests)) if m is not None]
+        modes.sort(key=lambda m: m != current)  # the mode in force first
+        if modes:
+            tests.sort(key=lambda t: -1 if _mode(t) is None else modes.index(_mode(t)))
+            current = modes[-1]
+        ordered += tests
+    items[:] = ordered
 
 
 @pytest.fixture(scope="session", params=[True, False], ids=["nodeCacheCapable", "fullNodeList"])

@@ -33,6 +33,7 @@ from tests.e2e.chart import (
     Doc,
     apply,
     chart_extender_process,
+    extender_credentials,
     find,
     helm,
     kinds,
@@ -588,9 +589,10 @@ def installed(chart_cp: ControlPlane) -> list[Doc]:
 def start_chart_extender(
     cp: ControlPlane, docs: list[Doc], directory: Path, name: str
 ) -> ExtenderProcess:
-    """The extender as the chart runs it, authenticated as the rendered ServiceAccount, so the
-    rendered ClusterRole is all it may do."""
-    credentials = cp.service_account("kube-system", "k8s-neuron-scheduler")
+    """The extender as the chart runs it, authenticated as the rendered ServiceAccount with the
+    rendered RBAC applied (a test may start it before, or without, installing the chart), so
+    what that rendering grants is all it may do."""
+    credentials = extender_credentials(cp, docs)
     extender = chart_extender_process(cp, docs, directory, name, credentials.kubeconfig_path)
     extender.start()
     return extender
@@ -690,7 +692,7 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
             for e in events
             if e["involvedObject"]["name"] == "too-many" and e["reason"] == "FailedScheduling"
         ]
-        if any("1 needs 3 devices; only 1 devices free" in m for m in messages):
+        if any("1 needs 3 devices; only 1 device free" in m for m in messages):
             break
         assert time.monotonic() < deadline, f"no FailedScheduling from the extender: {messages}"
         time.sleep(0.1)
@@ -726,7 +728,8 @@ def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
     try:
         node = add_node(chart_cp)
         chart_cp.client.ensure_namespace("plain")
-        # The first test's node has a pod on 3 of its devices, so only the new node fits this one.
+        # A node another test of this module added has pods on some of its devices (whichever
+        # ran first): only the new node fits four.
         create_pod(chart_cp, "plain", "four-devices", None, {"aws.amazon.com/neuron": "4"})
         pod = wait_bound(
             chart_cp, "plain", "four-devices", [scheduler.log_path, extender.process.log_path]

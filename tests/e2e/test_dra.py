@@ -212,6 +212,12 @@ def test_shapes_bind_and_prepare_over_grpc_without_kubelet(
         assert driver.prepare([claim], version).claims[uid].devices[0] == device
         assert driver.unprepare([claim]).claims[uid].error == ""
         assert driver.cdi_spec(uid) is None
+    # The module's nodes are shared: what this test placed goes (the other tests need their
+    # devices, in whatever order they run).
+    for name in ("wrap", "row", "half", "all16"):
+        work.release(name, work.pod_claim(name))
+    for name in ("hold-2-8", "hold-9-10"):
+        work.release(name, name)
 
 
 def test_a_claim_that_cannot_fit_stays_pending_with_the_schedulers_reason(
@@ -240,7 +246,6 @@ def test_a_driver_restart_loses_no_prepared_claim_over_grpc_without_kubelet(
     work: Workloads, drivers: dict[str, DriverProcess]
 ) -> None:
     driver = drivers["trn1-whole"]
-    work.release("all16", work.pod_claim("all16"))
     work.claim("restart-row", 4)
     work.pod("restart-row", claim="restart-row", node_selector=on_node(driver))
     claim = work.wait_allocated("restart-row")

@@ -107,28 +107,38 @@ def pod_creator(scenario: Scenario) -> Any:
     return cp.client_for(credentials.token)
 
 
+# 3,000 ids around 10^7: far beyond any node, and a long annotation.
+FAR_IDS = ",".join(str(10**7 + i) for i in range(3000))
+
+
+def create_with_ids_beyond_the_node(
+    scenario: Scenario, creator: Any, node: str, name: str, limits: dict[str, int], cores: str
+) -> None:
+    """A pod set on `node` by its creator (no scheduler), annotated as if we had given it ids:
+    `cores` as its NEURON_CORES."""
+    body = pod_json(
+        name,
+        limits,
+        namespace=scenario.namespace,
+        node=node,
+        annotations={"AWS_NEURON_IDS": "0", "NEURON_RESOURCE_TYPE": NEURON, "NEURON_CORES": cores},
+    )
+    creator.create(f"/api/v1/namespaces/{scenario.namespace}/pods", body)
+
+
 def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario) -> None:
     extender = scenario.stack.extender
     node = scenario.add_node("inf1.24xlarge")  # 16 devices, 64 cores
     creator = pod_creator(scenario)
     quiet = quiet_p99(extender)
     before = extender.rss_mb()
-    far = ",".join(str(10**7 + i) for i in range(3000))
     probe = HealthProbe(extender)
     with probe.running():
         for i in range(10):
-            body = pod_json(
-                f"hostile{i}",
-                {NEURONCORE: 1},
-                namespace=scenario.namespace,
-                node=node,
-                annotations={
-                    "AWS_NEURON_IDS": "0",
-                    "NEURON_RESOURCE_TYPE": NEURON,
-                    "NEURON_CORES": "1000000000" if i % 2 else far,
-                },
+            cores = "1000000000" if i % 2 else FAR_IDS
+            create_with_ids_beyond_the_node(
+                scenario, creator, node, f"hostile{i}", {NEURONCORE: 1}, cores
             )
-            creator.create(f"/api/v1/namespaces/{scenario.namespace}/pods", body)
         for i in range(10):
             scenario.wait_event(f"hostile{i}", "NeuronAnnotationsRejected", "not used")
     assert_responsive(probe, quiet)
@@ -141,6 +151,43 @@ def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario) ->
     assert len(cores) == 2 and all(0 <= c < 64 for c in cores)
     assert (
         extender.metric('neuron_scheduler_rejected_assignments_total{reason="annotations"}') >= 10
+    )
+
+
+def test_pods_with_unusable_ids_count_in_the_metrics_as_filter_counts_them(
+    scenario: Scenario,
+) -> None:
+    """Issue 35: a user allowed only to create pods puts three on an inf1.6xlarge (4 devices x 4
+    cores), each asking for one device and naming ids that node cannot have. Their ids are
+    refused and each still holds a device somewhere: the metrics say what filter gives."""
+    extender = scenario.stack.extender
+    node = scenario.add_node("inf1.6xlarge")
+    creator = pod_creator(scenario)
+    for i, cores in enumerate(["100000000", "1000000000", FAR_IDS]):
+        create_with_ids_beyond_the_node(scenario, creator, node, f"unusable{i}", {NEURON: 1}, cores)
+    for i in range(3):
+        scenario.wait_event(f"unusable{i}", "NeuronAnnotationsRejected", "not used")
+
+    def answer(devices: int) -> tuple[bool, str]:
+        status, result = extender.call(
+            "filter", {"Pod": pod_json("asking", {NEURON: devices}), "NodeNames": [node]}
+        )
+        assert status == 200, result
+        failed = {**(result["FailedNodes"] or {}), **(result["FailedAndUnresolvableNodes"] or {})}
+        return node in (result["NodeNames"] or []), failed.get(node, "")
+
+    answers = {n: answer(n) for n in range(1, 5)}
+    allowed = max((n for n, (passed, _) in answers.items() if passed), default=0)
+    assert allowed == 1, answers
+    for name in ("free_devices", "largest_free_block"):
+        assert extender.metric(f'neuron_scheduler_node_{name}{{node="{node}"}}') == allowed, name
+    assert answers[2][1] == "needs 2 devices; only 1 device free (12 cores held with ids unknown)"
+    # And kube-scheduler, asking the extender, places exactly that much more.
+    scenario.create_pod("fits", {NEURON: 1})
+    assert scenario.wait_bound("fits")["spec"]["nodeName"] == node
+    wait_for(
+        lambda: extender.metric(f'neuron_scheduler_node_free_devices{{node="{node}"}}') == 0,
+        "the metric to count the placed pod",
     )
 
 

@@ -336,6 +336,36 @@ def odd_requests() -> Iterator[tuple[str, str, bytes]]:
         yield "POST", path, b'{"NodeNames": []}'
 
 
+def test_node_names_with_newlines_or_nul_cannot_forge_a_log_line(stack: Stack) -> None:
+    """Issue 35: the extender writes what a request names (NodeNames, the pod's name) escaped,
+    so a caller cannot add lines of its choosing to its log."""
+    extender = stack.extender
+    scenario = Scenario(stack)
+    try:
+        node = scenario.add_node("inf1.6xlarge")
+        marker = f"forged-{scenario.id}"
+        forged = f"2001-01-01 00:00:00,000 WARNING neuron_scheduler.extender: {marker}"
+        names = [f"{node}\n{forged}", f"{node}\r{forged}", f"{node}\x00{forged}", "x" * 50_000]
+        offset = extender.process.log_path.stat().st_size
+        for verb in ("filter", "prioritize"):
+            body = {"Pod": pod_json(f"p\n{forged}", {NEURON: 1}), "NodeNames": [node, *names]}
+            status, _ = extender.call(verb, body)
+            assert status == 200, verb
+        victims = {name: {"Pods": [{"UID": "u"}], "NumPDBViolations": 0} for name in names}
+        status, _ = extender.call(
+            "preempt", {"Pod": pod_json("p", {NEURON: 1}), "NodeNameToMetaVictims": victims}
+        )
+        assert status == 200
+        log = extender.process.log_path.read_bytes()[offset:]
+        text = log.decode(errors="replace")
+        assert "\\n" + forged in text  # logged, escaped
+        assert b"\x00" not in log and b"\r" not in log
+        assert not [line for line in text.splitlines() if line.startswith(("2001", marker))]
+        assert max(len(line) for line in text.splitlines()) < 20_000
+    finally:
+        scenario.cleanup()
+
+
 def test_ten_thousand_hostile_requests(stack: Stack) -> None:
     extender = stack.extender
     scenario = Scenario(stack)

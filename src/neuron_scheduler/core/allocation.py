@@ -7,6 +7,10 @@ Node state is the set of cores in use (a device is busy for device requests as s
 cores is in use; a device request takes all of its cores), plus a count of cores held by pods whose
 ids we do not know (placed without us): those must stay free somewhere, so a placement must leave at
 least that many cores free.
+
+What a node can still give (`free_devices`, `largest_free_block`) is defined here once, as what
+`allocate` would give, and read by the extender's metrics and `status`. Refusal reasons name the
+unit of every count they give (devices or cores).
 """
 
 from __future__ import annotations
@@ -115,21 +119,29 @@ def check_request(topology: Topology, request: NeuronRequest) -> Refusal | None:
     return _static_refusal(topology, request.unit, request.count)
 
 
+def counted(count: int, unit: Unit) -> str:
+    """`1 device`, `3 cores`: every count in a reason carries its unit."""
+    return f"{count} {unit.value}{'' if count == 1 else 's'}"
+
+
 def _static_refusal(topology: Topology, unit: Unit, count: int) -> Refusal | None:
     if count < 1:
-        return Refusal(f"requests {count} {unit.value}s; at least 1 is needed", True)
+        return Refusal(f"requests {counted(count, unit)}; at least 1 is needed", True)
     if unit is Unit.DEVICE:
         allowed = topology.allowed_device_counts
         if allowed is not None and count not in allowed:
             return Refusal(torus_count_warning(topology.instance_type, count), True)
         if count > topology.devices:
+            has = counted(topology.devices, Unit.DEVICE)
             return Refusal(
-                f"requests {count} devices; {topology.instance_type} has {topology.devices}", True
+                f"requests {counted(count, unit)}; {topology.instance_type} has {has}", True
             )
     elif count > topology.total_cores:
         return Refusal(
-            f"requests {count} cores; {topology.instance_type} has {topology.total_cores} "
-            f"({topology.devices} devices x {topology.cores_per_device} cores)",
+            f"requests {counted(count, unit)}; {topology.instance_type} has "
+            f"{counted(topology.total_cores, Unit.CORE)} "
+            f"({counted(topology.devices, Unit.DEVICE)} x "
+            f"{counted(topology.cores_per_device, Unit.CORE)})",
             True,
         )
     return None
@@ -144,16 +156,15 @@ def _decide(
     refusal = _static_refusal(topology, unit, count)
     if refusal is not None:
         return refusal
-    free_cores = topology.total_cores - used.bit_count()
-    needed = count * (topology.cores_per_device if unit is Unit.DEVICE else 1)
-    if free_cores - unattributed < needed:
-        held = (
-            f" ({unattributed} held by pods placed without neuron-scheduler)"
-            if unattributed
-            else ""
-        )
-        available = max(free_cores - unattributed, 0) // (needed // count)
-        return Refusal(f"needs {count} {unit.value}s; only {available} {unit.value}s free{held}")
+    if unit is Unit.DEVICE:
+        available = _free_devices(topology, used, unattributed)
+    else:
+        available = max(topology.total_cores - used.bit_count() - unattributed, 0)
+    if available < count:
+        held = ""
+        if unattributed:
+            held = f" ({counted(unattributed, Unit.CORE)} held with ids unknown)"
+        return Refusal(f"needs {counted(count, unit)}; only {counted(available, unit)} free{held}")
     if unit is Unit.DEVICE:
         return _place_devices(topology, used, count, policy)
     return _place_cores(topology, used, count, policy)
@@ -162,6 +173,34 @@ def _decide(
 def busy_devices(topology: Topology, used_cores: int) -> int:
     """Mask of devices with at least one core in use."""
     return devices_touched(used_cores, topology.cores_per_device, topology.devices)
+
+
+def free_devices(topology: Topology, state: NodeState) -> int:
+    """How many devices device requests could still be given on the node, in any shape: the
+    devices with no core in use, less those the cores held with ids unknown must take once the
+    free cores of partly used devices are full (the allocator counts those cores, not where they
+    are). A device request of more is refused as `only N devices free`."""
+    return _free_devices(topology, state.used_cores, state.unattributed_cores)
+
+
+def _free_devices(topology: Topology, used: int, unattributed: int) -> int:
+    idle = topology.devices - busy_devices(topology, used).bit_count()
+    spare = topology.total_cores - used.bit_count() - unattributed
+    return max(min(idle, spare // topology.cores_per_device), 0)
+
+
+def largest_free_block(topology: Topology, state: NodeState) -> int:
+    """The most devices one device request could get on the node now: the largest allowed size
+    that `allocate` would place (0 when none)."""
+    most = free_devices(topology, state)
+    busy = busy_devices(topology, state.used_cores)
+    if topology.kind is TopologyKind.TORUS:
+        for size in _capacity_sizes(topology):
+            if size <= most and any(not mask & busy for mask in topology.device_sets(size)):
+                return size
+        return 0
+    # Chains, rings and switches allow every size up to their longest free run.
+    return min(largest_free_run(topology, busy), most)
 
 
 @lru_cache(maxsize=256)
@@ -437,7 +476,7 @@ def _no_device_set_reason(topology: Topology, busy: int, count: int) -> str:
     if topology.kind is TopologyKind.TORUS and 1 < count < topology.devices:
         shape = _torus_shape_text(topology, count)
         return f"needs {count} devices as {shape}; none is wholly free {free_text}"
-    largest = largest_free_run(topology, busy)
+    largest = counted(largest_free_run(topology, busy), Unit.DEVICE)
     return f"needs {count} contiguous devices; largest free contiguous run is {largest} {free_text}"
 
 
@@ -447,8 +486,8 @@ def _no_core_run_reason(topology: Topology, used: int, count: int) -> str:
     free = mask_ids(~used & ((1 << topology.total_cores) - 1))
     where = " within one allowed device group" if topology.kind is TopologyKind.TORUS else ""
     return (
-        f"needs {count} contiguous cores{where}; largest free contiguous core run is {longest} "
-        f"(free cores: {format_ids(free)})"
+        f"needs {count} contiguous cores{where}; largest free contiguous core run is "
+        f"{counted(longest, Unit.CORE)} (free cores: {format_ids(free)})"
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from neuron_scheduler.core import handoff as keys
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld
@@ -125,7 +126,7 @@ class Assigner:
     def _warn_once(self, text: str) -> None:
         if text not in self._warned:
             self._warned.add(text)
-            log.warning("%s", text)
+            log.warning("%s", loggable(text))
 
     async def topology(self) -> Topology:
         now = time.monotonic()
@@ -134,7 +135,9 @@ class Assigner:
             try:
                 node = await self.pods.get_node()
             except API_ERRORS as error:
-                log.warning("cannot read node %s for its instance type: %s", self.node, error)
+                log.warning(
+                    "cannot read node %s for its instance type: %s", self.node, loggable(error)
+                )
             else:
                 if node is None:
                     self._warn_once(f"node {self.node} does not exist in the API")
@@ -173,7 +176,10 @@ class Assigner:
                     ) from error
                 delay = backoff.failed()
                 log.warning(
-                    "listing pods on %s failed (%s); retrying in %.1fs", self.node, error, delay
+                    "listing pods on %s failed (%s); retrying in %.1fs",
+                    self.node,
+                    loggable(error),
+                    delay,
                 )
                 await asyncio.sleep(delay)
 
@@ -236,7 +242,9 @@ class Assigner:
             view = self._view(await self._pods(attempts=1), topology)
         except AllocationError as error:
             # A preference is only advice; kubelet still gets an answer it can use.
-            log.warning("GetPreferredAllocation without the scheduler's choices: %s", error)
+            log.warning(
+                "GetPreferredAllocation without the scheduler's choices: %s", loggable(error)
+            )
             view = NodeView(())
         kubelet = await self._kubelet_view()
         answers: list[list[str]] = []
@@ -245,7 +253,9 @@ class Assigner:
             available = kubelet_ids(request.available)
             must = kubelet_ids(request.must_include)
             if available is None or must is None:
-                log.warning("GetPreferredAllocation with ids that are not ours: %s", request)
+                log.warning(
+                    "GetPreferredAllocation with ids that are not ours: %s", loggable(request)
+                )
                 answers.append(list(request.must_include))
                 continue
             choice = preferred_ids(
@@ -281,8 +291,8 @@ class Assigner:
                     "preferring %s %s for %s container %s (size %d)",
                     unit.value,
                     format_ids(list(ids)),
-                    slot.pod,
-                    slot.container,
+                    loggable(slot.pod),
+                    loggable(slot.container),
                     request.size,
                 )
             else:
@@ -338,20 +348,20 @@ class Assigner:
                     kubelet,
                 )
                 if isinstance(decision, Rejected):
-                    log.warning("Allocate refused: %s", decision.message)
+                    log.warning("Allocate refused: %s", loggable(decision.message))
                     raise AllocationError(decision.message)
                 response = container_response(unit, ids, self.state.cores_per_device)
                 visible = response.envs[VISIBLE_CORES]
                 if isinstance(decision, Unclaimed):
-                    log.warning("%s: %s", resource, decision.note)
+                    log.warning("%s: %s", resource, loggable(decision.note))
                 elif isinstance(decision, Matched):
                     slot = decision.slot
                     log.info(
                         "%s %s -> %s container %s: %s, %s=%s",
                         resource,
                         format_ids(sorted(ids)),
-                        slot.pod,
-                        slot.container,
+                        loggable(slot.pod),
+                        loggable(slot.container),
                         ",".join(d.host_path for d in response.devices),
                         VISIBLE_CORES,
                         visible,
@@ -405,7 +415,9 @@ class Assigner:
             await self._mark_once(pod, holding)
         except API_ERRORS as error:
             log.warning(
-                "could not mark %s allocated (%s); retrying in the background", holding.pod, error
+                "could not mark %s allocated (%s); retrying in the background",
+                loggable(holding.pod),
+                loggable(error),
             )
             self._retries.spawn(self._mark_later(pod, holding))
 
@@ -418,14 +430,14 @@ class Assigner:
             except Conflict:
                 fresh = await self.pods.get_pod(pod.metadata.namespace, pod.metadata.name)
                 if fresh is None or fresh.metadata.uid != holding.uid:
-                    log.info("%s is gone; nothing to mark", holding.pod)
+                    log.info("%s is gone; nothing to mark", loggable(holding.pod))
                     return
                 pod = fresh
                 continue
             if values.get(keys.ALLOCATED) == "true":
-                log.info("marked %s %s=true", holding.pod, keys.ALLOCATED)
+                log.info("marked %s %s=true", loggable(holding.pod), keys.ALLOCATED)
             return
-        log.warning("gave up marking %s allocated after repeated conflicts", holding.pod)
+        log.warning("gave up marking %s allocated after repeated conflicts", loggable(holding.pod))
 
     async def _mark_later(self, pod: Pod, holding: AnnotatedPod) -> None:
         backoff = Backoff(initial=1.0, maximum=30.0)
@@ -439,7 +451,9 @@ class Assigner:
                 return
             except API_ERRORS as error:
                 if backoff.should_log:
-                    log.warning("still cannot mark %s allocated: %s", holding.pod, error)
+                    log.warning(
+                        "still cannot mark %s allocated: %s", loggable(holding.pod), loggable(error)
+                    )
 
     async def close(self) -> None:
         await self._retries.close()

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.admission import Withheld
 from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader, KubeletHoldings
@@ -109,9 +110,9 @@ class Corrector:
         # A trouble that persists from pass to pass is said once, then at debug level.
         for text in problems:
             if text in self._said:
-                log.debug("%s", text)
+                log.debug("%s", loggable(text))
             else:
-                log.warning("%s", text)
+                log.warning("%s", loggable(text))
         self._said = set(problems)
 
     async def _apply(self, correction: Correction) -> bool:
@@ -121,16 +122,18 @@ class Corrector:
             await self.pods.patch_annotations(pod, correction.values, resource_version=True)
         except Conflict:
             # Changed since this pass read it (or recreated): read again after the next settle.
-            log.info("%s changed while being corrected; comparing again", pod.key)
+            log.info("%s changed while being corrected; comparing again", loggable(pod.key))
             self._due = min(self._due, time.monotonic() + self.settle)
             return False
         except NotFound:
             return False
         except API_ERRORS as error:
-            log.warning("could not correct %s (%s); retrying later", pod.key, error)
+            log.warning(
+                "could not correct %s (%s); retrying later", loggable(pod.key), loggable(error)
+            )
             return False
         self.corrected += 1
-        log.warning("corrected %s: %s", pod.key, correction.message)
+        log.warning("corrected %s: %s", loggable(pod.key), loggable(correction.message))
         with contextlib.suppress(*API_ERRORS):
             await self.pods.record_event(pod, CORRECTED, correction.message)
         return True

@@ -25,6 +25,7 @@ from neuron_scheduler.core.allocation import (
     is_valid_device_set,
 )
 from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask, mask_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import whole_quantity
 from neuron_scheduler.core.resources import (
     NEURON,
@@ -304,8 +305,8 @@ def decide_allocation(
             log.warning(
                 "%s are annotated for more than one pending pod (%s); giving them to %s",
                 _ids_text(unit, ids),
-                ", ".join(sorted({s.pod for s, _ in waiting})),
-                slot.pod,
+                ", ".join(sorted({loggable(s.pod) for s, _ in waiting})),
+                loggable(slot.pod),
             )
         return Matched(slot, holding, again=False)
     if exact:

@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.deviceplugin import (
     DEFAULT_LOGICAL_NC_CONFIG,
@@ -110,7 +111,7 @@ async def _check_api(assigner: Assigner, node: str) -> None:
             "cannot list pods on node %s yet (%s); Allocate will retry, and fail pods only "
             "while the API stays unreachable",
             node,
-            error,
+            loggable(error),
         )
         return
     topology = await assigner.topology()

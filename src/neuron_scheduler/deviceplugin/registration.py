@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_scheduler.grpcsocket import FileIdentity, SocketServer, identity
 from neuron_scheduler.kube.backoff import Backoff
@@ -176,7 +177,7 @@ class Registrar:
                     "registering %s with kubelet failed: %s: %s; retrying in %.1fs",
                     endpoint.resource,
                     error.code().name,
-                    error.details(),
+                    loggable(error.details()),
                     delay,
                 )
             return

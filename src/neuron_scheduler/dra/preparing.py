@@ -19,6 +19,7 @@ from typing import Protocol
 
 from neuron_scheduler.core.allocation import is_valid_device_set
 from neuron_scheduler.core.ids import format_ids, mask_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra import cdi
 from neuron_scheduler.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -153,7 +154,12 @@ class Preparer:
                 try:
                     answers[ref.uid] = await self._prepare(ref)
                 except ClaimError as error:
-                    log.warning("cannot prepare claim %s/%s: %s", ref.namespace, ref.name, error)
+                    log.warning(
+                        "cannot prepare claim %s/%s: %s",
+                        loggable(ref.namespace),
+                        loggable(ref.name),
+                        loggable(error),
+                    )
                     answers[ref.uid] = str(error)
         return answers
 
@@ -202,9 +208,9 @@ class Preparer:
             raise ClaimError(f"cannot record the prepared claim: {error}") from error
         log.info(
             "prepared claim %s/%s (%s): %s",
-            ref.namespace,
-            ref.name,
-            ref.uid,
+            loggable(ref.namespace),
+            loggable(ref.name),
+            loggable(ref.uid),
             ", ".join(f"{d.device} = neuron {format_ids(list(d.members))}" for d in devices)
             or "no devices of ours",
         )
@@ -228,9 +234,9 @@ class Preparer:
             if current is None or current.metadata.uid != uid:
                 log.warning(
                     "forgetting prepared claim %s/%s (%s): it no longer exists",
-                    prepared.namespace,
-                    prepared.name,
-                    uid,
+                    loggable(prepared.namespace),
+                    loggable(prepared.name),
+                    loggable(uid),
                 )
                 self.checkpoint.remove(uid)
                 cdi.remove_spec(self.cdi_root, self.driver, uid)
@@ -277,6 +283,11 @@ class Preparer:
                 except OSError as error:
                     answers[ref.uid] = f"cannot unprepare: {error}"
                     continue
-                log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+                log.info(
+                    "unprepared claim %s/%s (%s)",
+                    loggable(ref.namespace),
+                    loggable(ref.name),
+                    loggable(ref.uid),
+                )
                 answers[ref.uid] = ""
         return answers

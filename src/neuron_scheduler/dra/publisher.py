@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.dra.slices import (
     SPEC_HASH_ANNOTATION,
     NodeInventory,
@@ -250,7 +251,7 @@ class Publisher:
             except CountersDropped as error:
                 delay = dropped.failed()
                 if dropped.should_log:
-                    log.error("%s; checking again in %.0fs", error, delay)
+                    log.error("%s; checking again in %.0fs", loggable(error), delay)
                 await _wait_any(stop, changed, delay)
                 continue
             except READ_ERRORS as error:
@@ -259,7 +260,7 @@ class Publisher:
                     log.warning(
                         "publishing ResourceSlices for %s failed: %s; retrying in %.1fs",
                         self.owner.name,
-                        error,
+                        loggable(error),
                         delay,
                     )
                 await _wait_any(stop, changed, delay)

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.dra.checkpoint import PreparedClaim
 from neuron_scheduler.dra.pluginregistration import api_pb2 as registration_pb2
 from neuron_scheduler.dra.pluginregistration import api_pb2_grpc as registration_grpc
@@ -125,7 +126,7 @@ class Registration(registration_grpc.RegistrationServicer):
         if request.plugin_registered:
             log.info("kubelet registered DRA driver %s (endpoint %s)", self.driver, self.endpoint)
         else:
-            log.error("kubelet refused DRA driver %s: %s", self.driver, request.error[:500])
+            log.error("kubelet refused DRA driver %s: %s", self.driver, loggable(request.error))
         return registration_pb2.RegistrationStatusResponse()
 
 

@@ -32,6 +32,7 @@ from enum import Enum
 from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
@@ -160,7 +161,12 @@ class Binder:
         refusal = self._not_ours_to_bind(pod, request, args.Node)
         if refusal is not None:
             self.metrics.binds.labels("refused").inc()
-            log.warning("refused to bind %s to %s: %s", key, args.Node, refusal)
+            log.warning(
+                "refused to bind %s to %s: %s",
+                loggable(key),
+                loggable(args.Node),
+                loggable(refusal),
+            )
             self._warn(pod, "NeuronBindRefused", f"not bound to {args.Node}: {refusal}")
             return f"not binding pod {key} to {args.Node}: {refusal}"
         assert request is not None  # checked above
@@ -226,11 +232,11 @@ class Binder:
                 reserver.unreserve(pod, node)
             raise
         ids = values[handoff.IDS]
-        log.info("Allocated ids for POD %s are: %s", pod.key, ids)
+        log.info("Allocated ids for POD %s are: %s", loggable(pod.key), ids)
         log.info(
             "Bound POD %s to Node:%s (%s; devices %s, cores %s)",
-            pod.key,
-            node,
+            loggable(pod.key),
+            loggable(node),
             request.describe(),
             format_ids(placement.devices),
             format_ids(placement.cores),
@@ -260,9 +266,9 @@ class Binder:
         if outcome is Outcome.BOUND:
             log.warning(
                 "bind of %s to %s reported %s, but the pod is bound; keeping its ids",
-                pod.key,
-                node,
-                error,
+                loggable(pod.key),
+                loggable(node),
+                loggable(error),
             )
             return True
         if outcome is Outcome.SETTLED:
@@ -277,7 +283,13 @@ class Binder:
             )
         self.metrics.rollbacks.inc()
         self.metrics.binds.labels("failure").inc()
-        log.warning("bind of %s to %s failed (%s); %s", pod.key, node, error, after)
+        log.warning(
+            "bind of %s to %s failed (%s); %s",
+            loggable(pod.key),
+            loggable(node),
+            loggable(error),
+            after,
+        )
         self._warn(pod, "FailedNeuronAllocation", f"binding failed: {error} (node {node})")
         return False
 
@@ -296,7 +308,9 @@ class Binder:
             except NotFound:
                 return Outcome.SETTLED, False  # gone: nothing can land on it, nothing to remove
             except READ_ERRORS as problem:
-                log.warning("could not read %s to settle its bind: %s", pod.key, problem)
+                log.warning(
+                    "could not read %s to settle its bind: %s", loggable(pod.key), loggable(problem)
+                )
                 continue
             if fresh.metadata.uid != meta.uid:
                 return Outcome.SETTLED, False
@@ -323,7 +337,9 @@ class Binder:
             except Conflict:
                 continue  # changed since we read it: read again
             except READ_ERRORS as problem:
-                log.warning("could not remove annotations from %s: %s", pod.key, problem)
+                log.warning(
+                    "could not remove annotations from %s: %s", loggable(pod.key), loggable(problem)
+                )
                 if fenced:  # they stay on the pod, holding nothing
                     self.ledger.disown(pod, ours)
                     return Outcome.SETTLED, False
@@ -374,8 +390,8 @@ class Binder:
             self._let_go(attempt)
         log.info(
             "the earlier bind of %s to %s is settled: %s%s",
-            key,
-            attempt.node,
+            loggable(key),
+            loggable(attempt.node),
             "the pod is bound" if outcome is Outcome.BOUND else "its Binding cannot land",
             " (its annotations removed)" if removed else "",
         )
@@ -411,7 +427,11 @@ class Binder:
             if ours is not None or neuron_request(pod) is None:
                 # kube-scheduler retries a bind whose answer it did not get; it already happened.
                 self.metrics.binds.labels("already_bound").inc()
-                log.info("POD %s is already bound to Node:%s; nothing to do", pod.key, node)
+                log.info(
+                    "POD %s is already bound to Node:%s; nothing to do",
+                    loggable(pod.key),
+                    loggable(node),
+                )
                 return ""
         self.metrics.binds.labels("failure").inc()
         return f"pod {pod.key} is already bound to {pod.spec.nodeName}"

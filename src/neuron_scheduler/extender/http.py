@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.wire import (
@@ -127,7 +128,7 @@ class Verb:
             if status == 405:
                 headers = [*headers, (b"allow", b"POST")]
         except Exception as error:  # a bug: answer it, log it, keep serving
-            log.exception("unexpected error answering %s: %s", self.name, error)
+            log.exception("unexpected error answering %s: %s", self.name, loggable(error))
             status = 500
             message = f"internal error: {type(error).__name__}: {error}"
             body = msgspec.json.encode({"Error": message})
@@ -203,7 +204,7 @@ def build_apps(
         return _json_error(detail, exc.status_code)
 
     async def crash(_: Request, exc: Exception) -> Response:
-        log.exception("unexpected error answering a request: %s", exc)
+        log.exception("unexpected error answering a request: %s", loggable(exc))
         return _json_error(f"internal error: {type(exc).__name__}: {exc}", 500)
 
     verbs = {

@@ -15,6 +15,7 @@ from itertools import repeat
 
 from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.catalog import CapacityError
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.ledger import Claimant, Ledger
@@ -114,7 +115,8 @@ class Judge:
         except RequestError as error:
             self.metrics.filter_outcomes.labels("invalid_request").inc(len(names))
             reason = str(error)
-            log.info("POD %s cannot be placed: %s", args.Pod.key if args.Pod else "?", reason)
+            key = args.Pod.key if args.Pod else "?"
+            log.info("POD %s cannot be placed: %s", loggable(key), loggable(reason))
             return FilterResult([], {}, dict.fromkeys(names, reason))
         if request is None:
             self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
@@ -176,23 +178,24 @@ class Judge:
     def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
         if not log.isEnabledFor(logging.INFO):
             return
+        key = loggable(pod.key)
         for name in result.passed[:5]:
-            log.info("POD %s fits in Node:%s", pod.key, name)
+            log.info("POD %s fits in Node:%s", key, loggable(name))
         shown = result.passed[:20]
         more = f" ... and {len(result.passed) - 20} more" if len(result.passed) > 20 else ""
         log.info(
             "Filtered nodes for POD %s (%s): [%s]%s",
-            pod.key,
+            key,
             request.describe(),
-            " ".join(shown),
+            " ".join(map(loggable, shown)),
             more,
         )
         failed = {**result.failed, **result.unresolvable}
         if failed:
             items = list(failed.items())[:10]
-            text = " ".join(f"{name}:{reason}" for name, reason in items)
+            text = " ".join(f"{loggable(name)}:{loggable(reason)}" for name, reason in items)
             more = f" ... and {len(failed) - 10} more" if len(failed) > 10 else ""
-            log.info("Failed nodes for POD %s: map[%s]%s", pod.key, text, more)
+            log.info("Failed nodes for POD %s: map[%s]%s", key, text, more)
 
     def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
         names = node_names(args, body)

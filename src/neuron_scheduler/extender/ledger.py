@@ -34,6 +34,7 @@ from neuron_scheduler.core.eviction import Occupant
 from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
 from neuron_scheduler.core.handoff import decode as decode_annotations
 from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
@@ -213,9 +214,9 @@ class Ledger:
             self.remove_node(name)
             return
         if self.unusable.pop(name, None) is not None:
-            log.info("node %s: its Neuron capacity is usable again", name)
+            log.info("node %s: its Neuron capacity is usable again", loggable(name))
         if resolved.warning and (name not in self.nodes or self.nodes[name].warning is None):
-            log.warning("node %s: %s", name, resolved.warning)
+            log.warning("node %s: %s", loggable(name), loggable(resolved.warning))
         topology = resolved.topology
         entry = NodeEntry(name, topology, resolved.warning, held_by_others(node, topology))
         self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
@@ -227,7 +228,9 @@ class Ledger:
         name = node.metadata.name
         if self.unusable.get(name) != problem:
             self.unusable[name] = problem
-            log.warning("node %s is unusable for Neuron pods: %s", name, problem.reason)
+            log.warning(
+                "node %s is unusable for Neuron pods: %s", loggable(name), loggable(problem.reason)
+            )
             if self.report is not None:
                 self.report(ObjectRef.of_node(node), "NeuronCapacityUnusable", problem.reason, True)
         self.facts.pop(name, None)
@@ -429,7 +432,9 @@ class Ledger:
         try:
             request = neuron_request(pod)
         except RequestError as error:
-            log.warning("pod %s on %s: %s; not counted", pod.key, node, error)
+            log.warning(
+                "pod %s on %s: %s; not counted", loggable(pod.key), loggable(node), loggable(error)
+            )
             return None
         if request is None:
             return None  # the device plugin's own pod, and every non-Neuron pod
@@ -469,7 +474,7 @@ class Ledger:
             f"Neuron ids in the annotations are not used: {problem}; the pod's "
             f"{request.describe()} stays held on {node} until it ends"
         )
-        log.warning("pod %s on %s: %s", key, node, message)
+        log.warning("pod %s on %s: %s", loggable(key), loggable(node), loggable(message))
         if self.report is not None:
             namespace, _, name = key.partition("/")
             pod = ObjectRef("Pod", namespace, name, uid)

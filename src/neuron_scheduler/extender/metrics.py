@@ -1,5 +1,7 @@
 """The extender's Prometheus metrics. Per-node gauges are computed at scrape time from the ledger,
-not kept up to date on every change."""
+not kept up to date on every change: free devices and the largest free block are what the
+allocator would still give on the node's state (`core.allocation`), the state filter decides on,
+cores held by pods of unknown ids included."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from neuron_scheduler.core.allocation import busy_devices, largest_free_run
+from neuron_scheduler.core.allocation import free_devices, largest_free_block
 from neuron_scheduler.extender.ledger import Ledger
 
 
@@ -95,11 +97,14 @@ class _NodeCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         free = GaugeMetricFamily(
-            "neuron_scheduler_node_free_devices", "Devices with no core in use", labels=["node"]
+            "neuron_scheduler_node_free_devices",
+            "Devices device requests could still get on the node: those with no core in use, less"
+            " those the cores held by pods of unknown ids must take",
+            labels=["node"],
         )
         block = GaugeMetricFamily(
             "neuron_scheduler_node_largest_free_block",
-            "Most devices one request could still get on the node",
+            "Most devices one request could still get on the node (what filter allows)",
             labels=["node"],
         )
         pods = GaugeMetricFamily(
@@ -127,9 +132,9 @@ class _NodeCollector(Collector):
             labels=["unit", "count"],
         )
         for name, entry in list(self.ledger.nodes.items()):
-            busy = busy_devices(entry.topology, self.ledger.state(name).used_cores)
-            free.add_metric([name], entry.topology.devices - busy.bit_count())
-            block.add_metric([name], largest_free_run(entry.topology, busy))
+            state = self.ledger.state(name)
+            free.add_metric([name], free_devices(entry.topology, state))
+            block.add_metric([name], largest_free_block(entry.topology, state))
         pods.add_metric([], self.ledger.pod_count)
         for code, count in Tally(p.code for p in list(self.ledger.unusable.values())).items():
             unusable.add_metric([code], count)

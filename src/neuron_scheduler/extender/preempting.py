@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from neuron_scheduler.core.allocation import Placement, Policy, allocate, check_request
 from neuron_scheduler.core.eviction import plan_eviction
 from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.budgets import DisruptionBudgets
@@ -74,7 +75,7 @@ class Preemptor:
         except QuantityError as error:
             raise BadRequest(str(error)) from error
         except RequestError as error:
-            log.info("preemption for %s: %s; no node helps", pod.key, error)
+            log.info("preemption for %s: %s; no node helps", loggable(pod.key), loggable(error))
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
         answer: dict[str, MetaVictims] = {}
@@ -101,9 +102,9 @@ class Preemptor:
         self.metrics.preempt_victims.inc(len(plan.victims))
         log.info(
             "preemption for %s on %s: evict %s to free devices %s (%s)",
-            pod.key,
-            node,
-            ", ".join(self.ledger.pod_key(uid) for uid in plan.victims),
+            loggable(pod.key),
+            loggable(node),
+            ", ".join(loggable(self.ledger.pod_key(uid)) for uid in plan.victims),
             format_ids(list(plan.block.devices)),
             "kube-scheduler's victims" if plan.kept else "a contiguous block",
         )

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
+from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.ledger import (
     NODE_CHANGED,
@@ -397,8 +398,8 @@ class Waker:
             if self._bucket is None:
                 log.info(
                     "would wake pod %s: %s freed room for it (%s); waking is off (--wake-rate 0)",
-                    waiting.pod.key,
-                    wake.node,
+                    loggable(waiting.pod.key, NAME_LIMIT),
+                    loggable(wake.node, NAME_LIMIT),
                     wake.cause,
                 )
                 self._count(wake.cause, "off")
@@ -431,9 +432,9 @@ class Waker:
                     "cannot wake pending pod %s (%s freed room for it): %s; such pods are left "
                     "to kube-scheduler's periodic retry of unschedulable pods (5 minutes by "
                     "default)%s",
-                    pod.key,
-                    wake.node,
-                    error_text(error),
+                    loggable(pod.key, NAME_LIMIT),
+                    loggable(wake.node, NAME_LIMIT),
+                    loggable(error_text(error)),
                     "; the extender's ClusterRole needs patch on pods"
                     if kind == "forbidden"
                     else "",
@@ -441,7 +442,12 @@ class Waker:
             return
         self._failures.clear()
         self._count(wake.cause, "woken")
-        log.info("woke pending pod %s: %s freed room for it (%s)", pod.key, wake.node, wake.cause)
+        log.info(
+            "woke pending pod %s: %s freed room for it (%s)",
+            loggable(pod.key, NAME_LIMIT),
+            loggable(wake.node, NAME_LIMIT),
+            wake.cause,
+        )
 
     def _count(self, cause: str, result: str) -> None:
         if self.on_wake is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound
 from neuron_scheduler.kube.objects import Lease, LeaseMeta, LeaseSpec
 
@@ -123,10 +124,10 @@ class LeaderElector:
             )
         else:
             log.warning(
-                "lost leadership of Lease %s/%s (holder now %r): no longer ready, binds refused",
+                "lost leadership of Lease %s/%s (holder now %s): no longer ready, binds refused",
                 self.config.namespace,
                 self.config.name,
-                self.holder,
+                loggable(repr(self.holder)),
             )
         if self.on_change is not None:
             self.on_change(leading)
@@ -196,7 +197,9 @@ class LeaderElector:
         try:
             held = await self.try_acquire_or_renew()
         except API_ERRORS as error:
-            log.warning("leader election: cannot reach Lease %s: %s", self.lease_name, error)
+            log.warning(
+                "leader election: cannot reach Lease %s: %s", self.lease_name, loggable(error)
+            )
             held = False
         if held:
             self._set_leading(True)
@@ -238,4 +241,4 @@ class LeaderElector:
             await self.api.replace_lease(body)
             log.info("released Lease %s", self.lease_name)
         except API_ERRORS as error:
-            log.warning("could not release Lease %s: %s", self.lease_name, error)
+            log.warning("could not release Lease %s: %s", self.lease_name, loggable(error))

@@ -9,6 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import API_ERRORS
 from neuron_scheduler.kube.objects import ObjectRef
@@ -48,7 +49,13 @@ class EventRecorder:
         try:
             await self.api.create_event(ref, reason, message, warning)
         except API_ERRORS as error:
-            log.debug("event %s for %s %s not recorded: %s", reason, ref.kind, ref.text, error)
+            log.debug(
+                "event %s for %s %s not recorded: %s",
+                reason,
+                ref.kind,
+                loggable(ref.text),
+                loggable(error),
+            )
 
     async def close(self) -> None:
         await self._tasks.close()

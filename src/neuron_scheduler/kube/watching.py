@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.backoff import Backoff
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, Gone, api_error
@@ -94,7 +95,7 @@ class Watch(Generic[T]):
                 log.info(
                     "watch %s: resourceVersion %s expired (410 Gone); listing again",
                     self.path,
-                    self.resource_version,
+                    loggable(self.resource_version),
                 )
             except asyncio.CancelledError:
                 raise
@@ -103,7 +104,7 @@ class Watch(Generic[T]):
                 log.warning(
                     "watch %s failed: %s; retrying in about %.1fs",
                     self.path,
-                    error or type(error).__name__,
+                    loggable(error or type(error).__name__),
                     delay,
                 )
                 await asyncio.sleep(delay)

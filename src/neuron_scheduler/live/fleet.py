@@ -1,7 +1,8 @@
 """The fleet as the extender's ledger sees it. Pure: a fed ledger goes in, values come out.
 
-Per node: who holds which ids, what is free, the largest free block (the extender's metrics use
-the same definitions: a device is free when none of its cores is in use). Per request size: how
+Per node: who holds which ids, what is free, the largest free block: what the allocator would still
+give (`core.allocation.free_devices`, `largest_free_block`; the extender's metrics read the same),
+so cores held by pods of unknown ids count against them. Per request size: how
 many nodes the allocator would give one to now, and how many allow that size at all.
 """
 
@@ -12,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_scheduler.core.allocation import (
+    NodeState,
     Placement,
     Policy,
-    busy_devices,
     check_request,
-    largest_free_run,
+    free_devices,
+    largest_free_block,
 )
 from neuron_scheduler.core.ids import devices_of_cores, mask_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
@@ -77,12 +79,12 @@ class NodeView:
     warning: str | None  # e.g. an instance type the catalog does not know
 
     @property
-    def busy_devices(self) -> int:
-        return busy_devices(self.topology, self.used_cores)
+    def state(self) -> NodeState:
+        return NodeState(self.used_cores, self.unattributed_cores)
 
     @property
     def free_devices(self) -> int:
-        return self.topology.devices - self.busy_devices.bit_count()
+        return free_devices(self.topology, self.state)
 
     @property
     def free_cores(self) -> int:
@@ -91,7 +93,7 @@ class NodeView:
 
     @property
     def largest_free_block(self) -> int:
-        return largest_free_run(self.topology, self.busy_devices)
+        return largest_free_block(self.topology, self.state)
 
 
 @dataclass(frozen=True, slots=True)
