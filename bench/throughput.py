@@ -1,41 +1,79 @@
-"""Scheduling throughput through the real kube-scheduler, with and without our extender.
+"""Scheduling throughput through the real kube-scheduler: without an extender, with the null
+extender, and with ours, in one run (issues 4 and 36).
 
-One control plane (etcd, kube-apiserver, kube-scheduler v1.36.3 from tools/kube). Two sets of
-500 fake Neuron nodes; 2,000 Neuron pods per set. The pods are created first, for a scheduler that
-is not running yet; then the scheduler starts and we time from the first binding to the last:
-- `my-scheduler` with our extender (filter, prioritize, bind),
-- `plain-scheduler` without it (kube-scheduler's own extended-resource counting).
-Target (issue 4): with/without >= 0.7. Also reports the extender's CPU time and RSS during its run.
+One control plane (etcd, kube-apiserver v1.36.3 from tools/kube) and one set of fake Neuron nodes
+(inf1, inf2, trn1, trn2). Each configuration in turn gets the same nodes and its own pods (70%
+asking for 1, 2 or 4 cores, 30% for one device), created before its kube-scheduler starts; it is
+timed from the first binding to the last, as a watch on bound pods sees them. Then its scheduler
+(and extender) stop and its pods are deleted, so the next one finds the cluster as it was.
+- `without`: kube-scheduler with the chart's profile and no extender (extended-resource counting);
+- `null`: the same kube-scheduler configuration as ours (verbs, nodeCacheCapable, weight, HTTPS
+  with client certificates) calling bench/nullextender.py, which does no work: every node passes,
+  scores are constant, bind is one Binding. The floor any extender pays;
+- `ours`: the extender, run as the chart runs it.
+ours / null is what we own; null / without is what the extender protocol costs kube-scheduler.
 
-Run: uv run python bench/throughput.py [--nodes 500 --pods 2000] [--full-node-list]
+Only the configuration being timed runs: our extender is started for its turn (it lists the
+nodes, then watches its pods being created) and stopped after it, so it never competes for the
+CPU with the others. Per configuration the run reports each component's CPU per pod, the
+machine's idle share, kube-scheduler's own figures per scheduling attempt (its metrics
+`scheduler_scheduling_attempt_duration_seconds`, `scheduler_scheduling_algorithm_duration_seconds`
+and `scheduler_framework_extension_point_duration_seconds`: the extenders' filter and prioritize
+round trips are the algorithm's time its framework plugins do not account for) and, for ours, the
+time in its handlers per pod. `--profile DIR` records each extender with py-spy (a dev
+dependency) into DIR while it is timed, for bench/profile_summary.py.
+
+Run: uv run python bench/throughput.py [--nodes 500 --pods 2000] [--configs without,null,ours]
+     [--full-node-list] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, rss_mb
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
 from tests.builders import node_json
 from tests.testbed import ControlPlane, Stack, find_kubebin
+from tests.testbed.client import opener
+from tests.testbed.manifests import scheduler_config
+from tests.testbed.process import ManagedProcess, free_port
+
+# null-writes: the null extender binding with our bind's API calls (not run unless asked for).
+CONFIGS = ("without", "null", "ours", "null-writes")
+DEFAULT_CONFIGS = ("without", "null", "ours")
+SCHEDULER = "my-scheduler"
+# kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
+# rest of the algorithm's time is the extenders' filter and prioritize calls.
+ALGORITHM_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
+STALL_SECONDS = 180.0  # no new binding for this long: the run is reported as it stands
 
 
-def pod(
-    name: str, namespace: str, group: str, scheduler: str, rng: random.Random
-) -> dict[str, Any]:
+def pod(name: str, namespace: str, rng: random.Random) -> dict[str, Any]:
     limits = {CORE: str(rng.choice([1, 2, 4]))} if rng.random() < 0.7 else {NEURON: "1"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "schedulerName": scheduler,
-            "nodeSelector": {"bench-group": group},
+            "schedulerName": SCHEDULER,
             "containers": [
                 {
                     "name": "main",
@@ -47,59 +85,386 @@ def pod(
     }
 
 
-def populate(cp: ControlPlane, group: str, nodes: int, pods: int, scheduler: str) -> str:
-    namespace = f"bench-{group}"
-    cp.client.ensure_namespace(namespace)
-    rng = random.Random(group)
+def create_nodes(cp: ControlPlane, nodes: int) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
             pool.map(
                 lambda i: cp.request(
-                    "POST",
-                    "/api/v1/nodes",
-                    node_json(
-                        f"{group}-{i:04d}",
-                        TYPES[i % len(TYPES)][0],
-                        labels={"bench-group": group},
-                    ),
+                    "POST", "/api/v1/nodes", node_json(f"node-{i:05d}", TYPES[i % len(TYPES)][0])
                 ),
                 range(nodes),
             )
         )
-        bodies = [pod(f"p{i:05d}", namespace, group, scheduler, rng) for i in range(pods)]
+
+
+def create_pods(cp: ControlPlane, namespace: str, pods: int) -> None:
+    """The same pods for every configuration (one seed), in a namespace of its own."""
+    cp.client.ensure_namespace(namespace)
+    rng = random.Random(36)
+    bodies = [pod(f"p{i:05d}", namespace, rng) for i in range(pods)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
         list(
             pool.map(
                 lambda b: cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", b), bodies
             )
         )
-    return namespace
 
 
-def bound(cp: ControlPlane, namespace: str) -> int:
-    items = cp.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
-    return sum(1 for p in items if p["spec"].get("nodeName"))
+def delete_pods(cp: ControlPlane, namespace: str) -> None:
+    """Every pod of the namespace, at once (no kubelet confirms termination), and waits until
+    none is left."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    cp.client.delete(path)
+    while cp.request("GET", path + "?limit=1")["items"]:
+        time.sleep(1)
 
 
-def timed_run(
-    cp: ControlPlane, namespace: str, pods: int, start: Any, timeout: float = 900
-) -> tuple[float, int]:
-    """Starts the scheduler, returns (seconds from first to last binding, pods bound)."""
-    start()
-    first = last = None
-    count = 0
-    deadline = time.monotonic() + timeout
+class Bindings(threading.Thread):
+    """When each pod of a namespace was first seen bound: a watch on bound pods (one event per
+    pod, where listing 20,000 pods every quarter second would load the API server itself)."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        super().__init__(daemon=True)
+        query = "watch=1&fieldSelector=spec.nodeName%21%3D&timeoutSeconds=7200"
+        self.request = urllib.request.Request(
+            f"{cp.server_url}/api/v1/namespaces/{namespace}/pods?{query}",
+            headers={"Authorization": f"Bearer {cp.admin_token}"},
+        )
+        self.opener = opener(cp.ca_path)
+        self.seen: set[str] = set()
+        self.times: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.opener.open(self.request, timeout=None) as stream:
+                for line in stream:
+                    event = json.loads(line)
+                    uid = event["object"]["metadata"].get("uid", "")
+                    if event["type"] in ("ADDED", "MODIFIED") and uid not in self.seen:
+                        self.seen.add(uid)
+                        self.times.append(time.monotonic())
+        except BaseException as error:  # reported by the caller
+            self.error = error
+
+    @property
+    def count(self) -> int:
+        return len(self.times)
+
+
+@dataclass
+class Outcome:
+    name: str
+    pods: int
+    bound: int = 0
+    seconds: float = float("inf")
+    cpu: dict[str, float] = field(default_factory=dict)  # component -> CPU seconds
+    busy: float = 0.0  # share of the machine's CPU time in use during the run
+    steal: float = 0.0  # share of it the hypervisor gave to other VMs
+    scheduler: dict[str, float] = field(default_factory=dict)  # its metrics, per attempt
+    extender: dict[str, float] = field(default_factory=dict)  # ours: handler ms per pod
+    rss: float = 0.0
+    connections: int = 0  # TCP connections opened on the machine during the run
+
+    @property
+    def rate(self) -> float:
+        return self.bound / self.seconds if self.bound and self.seconds > 0 else 0.0
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def families(text: str) -> Samples:
+    """A /metrics page as name -> [(labels, value)] over every sample."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def total(
+    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str
+) -> float:
+    return sum(
+        value
+        for got, value in samples.get(name, [])
+        if all(got.get(key) == want for key, want in labels.items())
+    )
+
+
+def scheduler_figures(text: str) -> dict[str, float]:
+    """kube-scheduler's own times, ms per scheduling attempt (mean), from its /metrics."""
+    m = families(text)
+    attempts = total(m, "scheduler_scheduling_attempt_duration_seconds_count")
+    if not attempts:
+        return {}
+    per = 1000 / attempts
+    figures = {
+        "attempts": attempts,
+        "attempt": per * total(m, "scheduler_scheduling_attempt_duration_seconds_sum"),
+        "algorithm": per * total(m, "scheduler_scheduling_algorithm_duration_seconds_sum"),
+    }
+    point = "scheduler_framework_extension_point_duration_seconds_sum"
+    for name in (*ALGORITHM_POINTS, "Reserve", "Permit", "PreBind", "Bind"):
+        figures[name] = per * total(m, point, extension_point=name)
+    figures["extenders"] = figures["algorithm"] - sum(figures[p] for p in ALGORITHM_POINTS)
+    return figures
+
+
+def extender_figures(text: str, pods: int) -> dict[str, float]:
+    """Our extender's handler times, ms per pod, and what its caches did, from its /metrics."""
+    m = families(text)
+    figures: dict[str, float] = {}
+    for verb in ("filter", "prioritize", "bind", "preempt"):
+        calls = total(m, "neuron_scheduler_request_seconds_count", verb=verb)
+        figures[f"{verb} calls"] = calls / pods
+        figures[verb] = 1000 * total(m, "neuron_scheduler_request_seconds_sum", verb=verb) / pods
+    figures["bind work"] = 1000 * total(m, "neuron_scheduler_bind_work_seconds_sum") / pods
+    for name, metric in (
+        ("watch", "neuron_scheduler_watch_event_seconds_sum"),
+        ("loop lag", "neuron_scheduler_loop_lag_seconds_sum"),
+    ):
+        if metric in m:
+            figures[name] = 1000 * total(m, metric) / pods
+    figures["demand snapshots"] = total(m, "neuron_scheduler_demand_snapshots_total")
+    figures["decisions"] = total(m, "neuron_scheduler_decisions_total") / pods
+    return figures
+
+
+class NullExtender:
+    """bench/nullextender.py as a process, served with the stack's PKI."""
+
+    def __init__(self, cp: ControlPlane, stack: Stack, writes: str = "binding") -> None:
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = stack.pki.client_context()
+        pki = stack.pki
+        self.process = ManagedProcess(
+            "null-extender",
+            [
+                sys.executable,
+                str(ROOT / "bench" / "nullextender.py"),
+                *("--kubeconfig", str(stack.extender_kubeconfig), "--port", str(self.port)),
+                *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
+                *("--client-ca", str(pki.ca), "--bind-writes", writes),
+            ],
+            cp.log_dir / f"null-extender-{writes}.log",
+        )
+
+    def start(self) -> None:
+        self.process.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(
+                    self.url + "/readyz", timeout=2, context=self.context
+                ) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"null extender not ready:\n{self.process.log_tail()}")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pid(self) -> int | None:
+        return self.process.pid
+
+
+class Profiler:
+    """A sampling profiler recording one process while it is timed: py-spy (Python stacks, raw
+    collapsed, for bench/profile_summary.py; it counts a thread waiting for a CPU as busy, so on
+    a saturated machine read its shares, not its seconds) or perf (CPU time only, by native
+    function and library: TLS, the interpreter, msgspec, the kernel)."""
+
+    def __init__(self, kind: str, pid: int, output: Path) -> None:
+        if kind == "perf":
+            argv = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", f"{output}.perf"]
+        else:
+            spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            options = ["--rate", "200", "--format", "raw", "--nonblocking", "--output", str(output)]
+            argv = [spy, "record", "--pid", str(pid), *options]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(60)
+
+
+@dataclass
+class Contender:
+    """An extender process, started for its configuration's turn only."""
+
+    start: Callable[[], None]
+    stop: Callable[[], None]
+    pid: Callable[[], int | None]
+    metrics: Callable[[], str] | None = None  # ours: its /metrics page
+
+
+def settle(pid: int, idle: float = 0.05) -> None:
+    """Waits until the process uses less than `idle` of a core over a second (the extender's
+    watch has caught up with the pods just created), two minutes at most."""
+    deadline = time.monotonic() + 120
+    before = cpu_seconds(pid)
     while time.monotonic() < deadline:
-        now = time.monotonic()
-        count = bound(cp, namespace)
-        if count and first is None:
-            first = now
-        if count >= pods:
-            last = now
-            break
+        time.sleep(1)
+        now = cpu_seconds(pid)
+        if now - before < idle:
+            return
+        before = now
+
+
+def run(
+    cp: ControlPlane,
+    name: str,
+    pods: int,
+    config: dict[str, Any],
+    extender: Contender | None,
+    profile: Path | None,
+    profiler: str = "py-spy",
+) -> Outcome:
+    """One configuration: (extender up,) pods created, scheduler started and timed, all stopped
+    and its pods deleted."""
+    namespace = f"bench-{name}"
+    outcome = Outcome(name, pods)
+    if extender is not None:
+        extender.start()
+    create_pods(cp, namespace, pods)
+    ext_pid = extender.pid() if extender is not None else None
+    if ext_pid is not None:
+        settle(ext_pid)
+    watch = Bindings(cp, namespace)
+    watch.start()
+    components = {p.name: p.pid for p in cp.processes if p.pid is not None and p.alive()}
+    if ext_pid is not None:
+        components["extender"] = ext_pid
+    components["bench"] = os.getpid()
+    cpu0 = {component: cpu_seconds(pid) for component, pid in components.items()}
+    steal0, ticks0 = cpu_ticks()
+    idle0 = _idle_ticks()
+    opens0 = tcp_opens()
+    recording = None
+    if profile is not None and ext_pid is not None:
+        recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
+    scheduler = cp.start_scheduler(config=config)
+    components["kube-scheduler"] = scheduler.process.pid or 0
+    cpu0["kube-scheduler"] = 0.0  # all of its CPU is this run's
+    last_count, last_change = 0, time.monotonic()
+    while watch.count < pods and watch.error is None:
         time.sleep(0.25)
-    if first is None:
-        return float("inf"), 0
-    return (last or time.monotonic()) - first, count
+        if watch.count != last_count:
+            last_count, last_change = watch.count, time.monotonic()
+        elif time.monotonic() - last_change > STALL_SECONDS:
+            print(f"{name}: no binding for {STALL_SECONDS:.0f} s; reporting what is bound")
+            break
+    if recording is not None:
+        recording.stop()
+    outcome.cpu = {c: cpu_seconds(pid) - cpu0[c] for c, pid in components.items()}
+    steal1, ticks1 = cpu_ticks()
+    elapsed = max(ticks1 - ticks0, 1)
+    outcome.busy = 1 - (_idle_ticks() - idle0) / elapsed
+    outcome.steal = (steal1 - steal0) / elapsed
+    outcome.connections = tcp_opens() - opens0
+    outcome.bound = watch.count
+    if watch.times:
+        outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
+    outcome.scheduler = scheduler_figures(scheduler.metrics(cp.admin_token))
+    if extender is not None and extender.metrics is not None and ext_pid is not None:
+        outcome.extender = extender_figures(extender.metrics(), outcome.bound or 1)
+        outcome.rss = rss_mb(ext_pid)
+    scheduler.stop()
+    if extender is not None:
+        extender.stop()
+    delete_pods(cp, namespace)
+    if watch.error is not None:
+        raise RuntimeError(f"{name}: the watch on bound pods failed: {watch.error}")
+    return outcome
+
+
+def tcp_opens() -> int:
+    """TCP connections accepted on the machine so far (/proc/net/snmp PassiveOpens): on loopback,
+    each is a new connection, and each to a TLS server a full handshake."""
+    lines = Path("/proc/net/snmp").read_text().splitlines()
+    header, values = [line.split() for line in lines if line.startswith("Tcp:")]
+    return int(values[header.index("PassiveOpens")])
+
+
+def _idle_ticks() -> int:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4]  # idle + iowait
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPUs ({model}), load average at start {load}, "
+        f"Python {platform.python_version()}, Kubernetes v1.36.3"
+    )
+
+
+def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
+    mode = "false" if args.full_node_list else "true"
+    print(
+        f"\n{args.nodes} nodes, {args.pods} Neuron pods per configuration, nodeCacheCapable {mode}"
+    )
+    print(
+        f"{'':9} {'bound':>6} {'seconds':>8} {'pods/s':>7} | CPU ms per pod: {'scheduler':>9} "
+        f"{'apiserver':>9} {'etcd':>6} {'extender':>8} {'all':>6} | busy  steal  conns/pod"
+    )
+    for o in outcomes:
+        per = 1000 / max(o.bound, 1)
+        cpu = {k: v * per for k, v in o.cpu.items()}
+        print(
+            f"{o.name:9} {o.bound:6d} {o.seconds:8.1f} {o.rate:7.1f} | {'':15} "
+            f"{cpu.get('kube-scheduler', 0):9.2f} {cpu.get('kube-apiserver', 0):9.2f} "
+            f"{cpu.get('etcd', 0):6.2f} {cpu.get('extender', 0):8.2f} {sum(cpu.values()):6.2f} "
+            f"| {100 * o.busy:3.0f}%  {100 * o.steal:4.1f}%  {o.connections / max(o.bound, 1):6.2f}"
+        )
+    print("\nkube-scheduler, ms per scheduling attempt (its metrics):")
+    print(
+        f"{'':9} {'attempts':>8} {'attempt':>8} {'algorithm':>9} "
+        + " ".join(f"{p:>9}" for p in ALGORITHM_POINTS)
+        + f" {'extenders':>9}"
+    )
+    for o in outcomes:
+        s = o.scheduler
+        if s:
+            print(
+                f"{o.name:9} {s['attempts']:8.0f} {s['attempt']:8.2f} {s['algorithm']:9.2f} "
+                + " ".join(f"{s[p]:9.2f}" for p in ALGORITHM_POINTS)
+                + f" {s['extenders']:9.2f}"
+            )
+    ours = next((o for o in outcomes if o.name == "ours"), None)
+    if ours is not None and ours.extender:
+        e = ours.extender
+        print(
+            "\nours, in its handlers, ms per pod: "
+            + ", ".join(
+                f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
+                for verb in ("filter", "prioritize", "bind")
+            )
+            + f"; bind's own work {e['bind work']:.3f}"
+            + "".join(f"; {k} {e[k]:.2f}" for k in ("watch", "loop lag") if k in e)
+            + f"; decisions made {e['decisions']:.1f} per pod, demand snapshots "
+            f"{e['demand snapshots']:.0f}; RSS {ours.rss:.0f} MB"
+        )
+    rates = {o.name: o.rate for o in outcomes}
+    print()
+    if rates.get("null") and rates.get("ours"):
+        print(
+            f"ours / null    = {rates['ours'] / rates['null']:.2f}  (what we own; target >= 0.95)"
+        )
+    if rates.get("without") and rates.get("null"):
+        print(f"null / without = {rates['null'] / rates['without']:.2f}  (what the protocol costs)")
+    if rates.get("without") and rates.get("ours"):
+        print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
 
 
 def main() -> None:
@@ -107,39 +472,60 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument(
-        "--full-node-list", action="store_true", help="extender with nodeCacheCapable: false"
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"in this order, of {', '.join(CONFIGS)}",
     )
+    parser.add_argument(
+        "--full-node-list", action="store_true", help="extenders with nodeCacheCapable: false"
+    )
+    parser.add_argument("--profile", type=Path, help="record each extender with py-spy here")
+    parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy")
+    parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
     args = parser.parse_args()
-    with ControlPlane(find_kubebin(ROOT)) as cp:
+    configs = args.configs.split(",")
+    if unknown := set(configs) - set(CONFIGS):
+        parser.error(f"unknown configurations {sorted(unknown)}; known: {', '.join(CONFIGS)}")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}")
+    outcomes = []
+    with ControlPlane(find_kubebin(ROOT), args.workdir) as cp:
+        create_nodes(cp, args.nodes)
         stack = Stack(cp)
-        ours = populate(cp, "ext", args.nodes, args.pods, "my-scheduler")
-        plain = populate(cp, "plain", args.nodes, args.pods, "plain-scheduler")
-        pid = stack.extender.process.pid
-        assert pid is not None
-        cpu0 = cpu_seconds(pid)
-        with_ext, n_ext = timed_run(
-            cp, ours, args.pods, lambda: stack.use_scheduler(not args.full_node_list)
-        )
-        cpu = cpu_seconds(pid) - cpu0
-        rss = rss_mb(pid)
-        assert stack.scheduler is not None
-        stack.scheduler.stop()
-        without, n_plain = timed_run(
-            cp, plain, args.pods, lambda: cp.start_scheduler(None, scheduler_name="plain-scheduler")
-        )
-        rate_ext = n_ext / with_ext
-        rate_plain = n_plain / without
-        mode = "nodeCacheCapable: false" if args.full_node_list else "nodeCacheCapable: true"
-        print(
-            f"machine: {platform.machine()}, {os.cpu_count()} cores; Kubernetes v1.36.3; "
-            f"{args.nodes} nodes and {args.pods} Neuron pods per run; extender {mode}"
-        )
-        print(f"with extender:    {n_ext} bound in {with_ext:.1f} s = {rate_ext:.0f} pods/s")
-        print(f"without extender: {n_plain} bound in {without:.1f} s = {rate_plain:.0f} pods/s")
-        print(
-            f"ratio {rate_ext / rate_plain:.2f} (target >= 0.7); extender CPU {cpu:.1f} s "
-            f"({100 * cpu / with_ext:.0f}% of one core during its run), RSS {rss:.0f} MB"
-        )
+        stack.extender.process.stop()  # started for its own turn only
+        nulls = {"null": NullExtender(cp, stack), "null-writes": NullExtender(cp, stack, "ours")}
+        node_cache_capable = not args.full_node_list
+        for name in configs:
+            if name == "without":
+                config = scheduler_config(scheduler_name=SCHEDULER)
+                extender = None
+            else:
+                null = nulls.get(name)
+                url = null.url if null is not None else stack.extender.url
+                config = scheduler_config(
+                    scheduler_name=SCHEDULER,
+                    extender_url=url,
+                    node_cache_capable=node_cache_capable,
+                    pki=stack.pki,
+                )
+                if null is not None:
+                    extender = Contender(null.start, null.stop, null.pid)
+                else:
+                    extender = Contender(
+                        stack.extender.start,
+                        stack.extender.process.stop,
+                        lambda: stack.extender.process.pid,
+                        stack.extender.metrics,
+                    )
+            outcome = run(cp, name, args.pods, config, extender, args.profile, args.profiler)
+            outcomes.append(outcome)
+            print(
+                f"{name}: {outcome.bound} bound in {outcome.seconds:.1f} s = "
+                f"{outcome.rate:.1f} pods/s",
+                flush=True,
+            )
+        report(outcomes, args)
         stack.stop()
 
 

@@ -156,7 +156,8 @@ class _SideServer(uvicorn.Server):
         yield
 
 
-def _config(app: Any, host: str, port: int, log_level: str, **tls: Any) -> uvicorn.Config:
+def server_config(app: Any, host: str, port: int, log_level: str, **tls: Any) -> uvicorn.Config:
+    """The HTTP server as the extender runs it (bench/nullextender.py serves the same way)."""
     return uvicorn.Config(
         app,
         host=host,
@@ -176,7 +177,7 @@ def _config(app: Any, host: str, port: int, log_level: str, **tls: Any) -> uvico
     )
 
 
-def _tls(options: ExtenderOptions) -> dict[str, Any]:
+def tls_settings(options: ExtenderOptions) -> dict[str, Any]:
     if options.tls_cert is None:
         return {}
     tls: dict[str, Any] = {"ssl_certfile": str(options.tls_cert)}
@@ -227,7 +228,7 @@ async def serve(options: ExtenderOptions) -> None:
         side = None
         if options.metrics_port:
             side = _SideServer(
-                _config(side_app, options.host, options.metrics_port, options.log_level)
+                server_config(side_app, options.host, options.metrics_port, options.log_level)
             )
         side_task = asyncio.get_running_loop().create_task(side.serve()) if side else None
 
@@ -248,7 +249,9 @@ async def serve(options: ExtenderOptions) -> None:
                     await asyncio.wait_for(side_task, 10)
 
         server = _Server(
-            _config(app, options.host, options.port, options.log_level, **_tls(options)),
+            server_config(
+                app, options.host, options.port, options.log_level, **tls_settings(options)
+            ),
             on_shutdown=on_shutdown,
         )
         tasks = start_watches(api, extender)

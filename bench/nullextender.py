@@ -1,0 +1,170 @@
+"""The null extender: kube-scheduler's extender protocol with no work behind it, the floor any
+extender pays (issue 36). bench/throughput.py runs it between "without an extender" and ours.
+
+It is served exactly as ours is (the same uvicorn + uvloop + httptools server, `server_config`,
+HTTPS with client certificates) and called by the same kube-scheduler configuration (the same
+verbs, nodeCacheCapable, weights, TLS). Per verb it does the least that still answers correctly:
+- filter: reads the node names (`NodeNames`, or the names of a `Nodes` list; the Pod is skipped
+  unread), and every node passes;
+- prioritize: the same names, each with score 0;
+- bind: one Binding (pods/binding, with the pod's UID as precondition) through the same API
+  client ours uses, with the chart's least-privilege ServiceAccount. kube-scheduler delegates
+  the bind to an extender with a bindVerb, so the null extender must bind, and one Binding is
+  the least a bind is: what kube-scheduler's own DefaultBinder sends. Anything ours writes
+  beyond it (the annotations the device plugin reads, events) is ours to pay for;
+- preempt: kube-scheduler's victims, unchanged (never called while every pod fits).
+
+With `--bind-writes ours` its bind makes the API calls ours makes instead (read the pod, patch
+two annotations on it, the Binding on the patched pod, one event), with no decision behind them:
+what those calls cost, apart from the extender's own work (configuration `null-writes`).
+
+Run by bench/throughput.py as
+    python bench/nullextender.py --kubeconfig K --port P --tls-cert C --tls-key K --client-ca CA
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import uvicorn
+import uvloop
+from starlette.types import Receive, Scope, Send
+
+from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, read_body
+from neuron_scheduler.extender.serve import ExtenderOptions, server_config, tls_settings
+from neuron_scheduler.extender.wire import (
+    ExtenderBindingArgs,
+    FilterResult,
+    HostPriority,
+    MetaVictims,
+    NodeRefList,
+)
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import load_config
+from neuron_scheduler.kube.errors import READ_ERRORS, error_text
+from neuron_scheduler.kube.objects import ObjectRef
+
+log = logging.getLogger("nullextender")
+
+
+class Names(msgspec.Struct):
+    """filter's and prioritize's request, read for the node names only."""
+
+    Nodes: NodeRefList | None = None
+    NodeNames: list[str] | None = None
+
+    def names(self) -> list[str]:
+        if self.NodeNames is not None:
+            return self.NodeNames
+        return [node.metadata.name for node in self.Nodes.items] if self.Nodes else []
+
+
+class Victims(msgspec.Struct):
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+
+_HEADERS = [(b"content-type", b"application/json")]
+
+
+async def bind_as_ours(api: KubeAPI, args: ExtenderBindingArgs) -> None:
+    """Our bind's API calls (binding.py), and nothing else."""
+    pod = await api.get_pod(args.PodNamespace, args.PodName)
+    meta = pod.metadata
+    version = await api.patch_annotations(
+        meta.namespace,
+        meta.name,
+        meta.uid,
+        {"null.bench/ids": "0", "null.bench/time": str(time.time_ns())},
+        resource_version=meta.resourceVersion,
+    )
+    await api.bind(meta.namespace, meta.name, meta.uid, args.Node, resource_version=version)
+    await api.create_event(ObjectRef.of_pod(pod), "NullAllocated", f"on {args.Node}", False)
+
+
+def app_for(api: KubeAPI, writes: str) -> Any:
+    names = msgspec.json.Decoder(Names)
+    binding = msgspec.json.Decoder(ExtenderBindingArgs)
+    victims = msgspec.json.Decoder(Victims)
+
+    async def answer(path: str, body: bytes) -> Any:
+        if path == "/filter":
+            request = names.decode(body)
+            return FilterResult(request.names(), {}, {}).wire(as_nodes=request.Nodes is not None)
+        if path == "/prioritize":
+            return [HostPriority(name, 0) for name in names.decode(body).names()]
+        if path == "/bind":
+            args = binding.decode(body)
+            try:
+                if writes == "ours":
+                    await bind_as_ours(api, args)
+                else:
+                    await api.bind(
+                        args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=""
+                    )
+            except READ_ERRORS as error:
+                return {"Error": error_text(error)}
+            return {"Error": ""}
+        if path == "/preempt":
+            return {"NodeNameToMetaVictims": victims.decode(body).NodeNameToMetaVictims or {}}
+        if path == "/readyz":
+            return "ok"
+        raise LookupError(path)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        status = 200
+        try:
+            body = await read_body(scope, receive, DEFAULT_BODY_LIMIT)
+            payload = msgspec.json.encode(await answer(scope["path"], body))
+        except LookupError:
+            status, payload = 404, b'{"Error":"unknown path"}'
+        except msgspec.DecodeError as error:
+            status, payload = 400, msgspec.json.encode({"Error": str(error)})
+        length = (b"content-length", str(len(payload)).encode())
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [*_HEADERS, length]}
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+    return app
+
+
+async def serve(options: ExtenderOptions, writes: str) -> None:
+    async with KubeAPI(load_config(options.kubeconfig)) as api:
+        app = app_for(api, writes)
+        tls = tls_settings(options)
+        config = server_config(app, options.host, options.port, options.log_level, **tls)
+        await uvicorn.Server(config).serve()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tls-cert", type=Path, required=True)
+    parser.add_argument("--tls-key", type=Path, required=True)
+    parser.add_argument("--client-ca", type=Path, required=True)
+    parser.add_argument("--bind-writes", choices=("binding", "ours"), default="binding")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    options = ExtenderOptions(
+        kubeconfig=args.kubeconfig,
+        host=args.host,
+        port=args.port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        log_level="warning",
+    )
+    uvloop.run(serve(options, args.bind_writes))
+
+
+if __name__ == "__main__":
+    main()
