@@ -52,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
 from tests.builders import node_json
 from tests.testbed import ControlPlane, Stack, find_kubebin
-from tests.testbed.client import opener
+from tests.testbed.client import KubeClient, opener
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
@@ -112,9 +112,9 @@ def create_pods(cp: ControlPlane, namespace: str, pods: int) -> None:
 
 def delete_pods(cp: ControlPlane, namespace: str) -> None:
     """Every pod of the namespace, at once (no kubelet confirms termination), and waits until
-    none is left."""
+    none is left (deleting 20,000 pods takes minutes: a client that waits)."""
     path = f"/api/v1/namespaces/{namespace}/pods"
-    cp.client.delete(path)
+    KubeClient(cp.server_url, cp.admin_token, cafile=cp.ca_path, timeout=1800).delete(path)
     while cp.request("GET", path + "?limit=1")["items"]:
         time.sleep(1)
 
@@ -212,23 +212,26 @@ def scheduler_figures(text: str) -> dict[str, float]:
     return figures
 
 
-def extender_figures(text: str, pods: int) -> dict[str, float]:
-    """Our extender's handler times, ms per pod, and what its caches did, from its /metrics."""
-    m = families(text)
+def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
+    """Our extender during the timed run (the difference of two /metrics pages): time in its
+    handlers, decoding and applying watch events, and waiting for its event loop, in ms per pod;
+    decisions computed per pod; demand snapshots taken."""
+    m0, m1 = families(before), families(after)
+
+    def delta(name: str, **labels: str) -> float:
+        return total(m1, name, **labels) - total(m0, name, **labels)
+
     figures: dict[str, float] = {}
     for verb in ("filter", "prioritize", "bind", "preempt"):
-        calls = total(m, "neuron_scheduler_request_seconds_count", verb=verb)
-        figures[f"{verb} calls"] = calls / pods
-        figures[verb] = 1000 * total(m, "neuron_scheduler_request_seconds_sum", verb=verb) / pods
-    figures["bind work"] = 1000 * total(m, "neuron_scheduler_bind_work_seconds_sum") / pods
-    for name, metric in (
-        ("watch", "neuron_scheduler_watch_event_seconds_sum"),
-        ("loop lag", "neuron_scheduler_loop_lag_seconds_sum"),
-    ):
-        if metric in m:
-            figures[name] = 1000 * total(m, metric) / pods
-    figures["demand snapshots"] = total(m, "neuron_scheduler_demand_snapshots_total")
-    figures["decisions"] = total(m, "neuron_scheduler_decisions_total") / pods
+        figures[f"{verb} calls"] = delta("neuron_scheduler_request_seconds_count", verb=verb) / pods
+        figures[verb] = 1000 * delta("neuron_scheduler_request_seconds_sum", verb=verb) / pods
+    figures["bind work"] = 1000 * delta("neuron_scheduler_bind_work_seconds_sum") / pods
+    figures["watch"] = 1000 * delta("neuron_scheduler_watch_event_seconds_sum") / pods
+    figures["watch events"] = delta("neuron_scheduler_watch_event_seconds_count") / pods
+    samples = delta("neuron_scheduler_loop_lag_seconds_count")
+    figures["loop lag"] = 1000 * delta("neuron_scheduler_loop_lag_seconds_sum") / max(samples, 1)
+    figures["decisions"] = delta("neuron_scheduler_decisions_total") / pods
+    figures["demand snapshots"] = delta("neuron_scheduler_demand_snapshots_total")
     return figures
 
 
@@ -274,12 +277,20 @@ class NullExtender:
 
 
 class Profiler:
-    """A sampling profiler recording one process while it is timed: py-spy (Python stacks, raw
-    collapsed, for bench/profile_summary.py; it counts a thread waiting for a CPU as busy, so on
-    a saturated machine read its shares, not its seconds) or perf (CPU time only, by native
-    function and library: TLS, the interpreter, msgspec, the kernel)."""
+    """A sampling profiler recording one process while it is timed.
+    - cpu: bench/cpuprofile.py, which the extender was started under (`under_cpu_profiler`):
+      Python stacks by CPU time (collapsed, for bench/profile_summary.py);
+    - perf: CPU time by native function and library (TLS, the interpreter, msgspec, the kernel);
+    - py-spy: Python stacks by wall clock; it counts a thread waiting for a CPU as busy, so on a
+      saturated machine read its shares with care (most of it lands on writes that woke a peer).
+    """
 
     def __init__(self, kind: str, pid: int, output: Path) -> None:
+        self.kind, self.pid = kind, pid
+        self.process: subprocess.Popen[bytes] | None = None
+        if kind == "cpu":
+            os.kill(pid, signal.SIGUSR1)  # counts from here
+            return
         if kind == "perf":
             argv = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", f"{output}.perf"]
         else:
@@ -289,8 +300,18 @@ class Profiler:
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
+        if self.process is None:
+            os.kill(self.pid, signal.SIGUSR2)  # writes what it counted
+            time.sleep(1)
+            return
         self.process.send_signal(signal.SIGINT)
         self.process.wait(60)
+
+
+def under_cpu_profiler(process: ManagedProcess, output: Path) -> None:
+    """Starts a Python process under bench/cpuprofile.py from now on."""
+    python, *rest = process.argv
+    process.argv = [python, str(ROOT / "bench" / "cpuprofile.py"), str(output), *rest]
 
 
 @dataclass
@@ -345,6 +366,7 @@ def run(
     steal0, ticks0 = cpu_ticks()
     idle0 = _idle_ticks()
     opens0 = tcp_opens()
+    metrics_before = extender.metrics() if extender is not None and extender.metrics else ""
     recording = None
     if profile is not None and ext_pid is not None:
         recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
@@ -372,12 +394,11 @@ def run(
         outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
     outcome.scheduler = scheduler_figures(scheduler.metrics(cp.admin_token))
     if extender is not None and extender.metrics is not None and ext_pid is not None:
-        outcome.extender = extender_figures(extender.metrics(), outcome.bound or 1)
+        outcome.extender = extender_figures(metrics_before, extender.metrics(), outcome.bound or 1)
         outcome.rss = rss_mb(ext_pid)
     scheduler.stop()
     if extender is not None:
         extender.stop()
-    delete_pods(cp, namespace)
     if watch.error is not None:
         raise RuntimeError(f"{name}: the watch on bound pods failed: {watch.error}")
     return outcome
@@ -444,16 +465,15 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     ours = next((o for o in outcomes if o.name == "ours"), None)
     if ours is not None and ours.extender:
         e = ours.extender
+        verbs = ", ".join(
+            f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
+            for verb in ("filter", "prioritize", "bind")
+        )
+        print(f"\nours, ms per pod in its handlers: {verbs}; bind's own work {e['bind work']:.3f}")
         print(
-            "\nours, in its handlers, ms per pod: "
-            + ", ".join(
-                f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
-                for verb in ("filter", "prioritize", "bind")
-            )
-            + f"; bind's own work {e['bind work']:.3f}"
-            + "".join(f"; {k} {e[k]:.2f}" for k in ("watch", "loop lag") if k in e)
-            + f"; decisions made {e['decisions']:.1f} per pod, demand snapshots "
-            f"{e['demand snapshots']:.0f}; RSS {ours.rss:.0f} MB"
+            f"ours, watch events {e['watch']:.2f} ms per pod ({e['watch events']:.1f} events); "
+            f"event loop lag {e['loop lag']:.2f} ms on average; {e['decisions']:.1f} decisions "
+            f"computed per pod; {e['demand snapshots']:.0f} demand snapshots; RSS {ours.rss:.0f} MB"
         )
     rates = {o.name: o.rate for o in outcomes}
     print()
@@ -468,6 +488,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=2000)
@@ -480,7 +501,7 @@ def main() -> None:
         "--full-node-list", action="store_true", help="extenders with nodeCacheCapable: false"
     )
     parser.add_argument("--profile", type=Path, help="record each extender with py-spy here")
-    parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy")
+    parser.add_argument("--profiler", choices=("cpu", "perf", "py-spy"), default="cpu")
     parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
     args = parser.parse_args()
     configs = args.configs.split(",")
@@ -495,6 +516,10 @@ def main() -> None:
         stack = Stack(cp)
         stack.extender.process.stop()  # started for its own turn only
         nulls = {"null": NullExtender(cp, stack), "null-writes": NullExtender(cp, stack, "ours")}
+        if args.profile and args.profiler == "cpu":
+            under_cpu_profiler(stack.extender.process, args.profile / "ours.txt")
+            for name, null in nulls.items():
+                under_cpu_profiler(null.process, args.profile / f"{name}.txt")
         node_cache_capable = not args.full_node_list
         for name in configs:
             if name == "without":
@@ -519,12 +544,10 @@ def main() -> None:
                         stack.extender.metrics,
                     )
             outcome = run(cp, name, args.pods, config, extender, args.profile, args.profiler)
+            delete_pods(cp, f"bench-{name}")
             outcomes.append(outcome)
-            print(
-                f"{name}: {outcome.bound} bound in {outcome.seconds:.1f} s = "
-                f"{outcome.rate:.1f} pods/s",
-                flush=True,
-            )
+            report([outcome], args)  # at once: the run may not get to its end
+        print("\n=== all configurations")
         report(outcomes, args)
         stack.stop()
 

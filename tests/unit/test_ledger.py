@@ -308,3 +308,19 @@ def test_what_pods_ask_for_is_counted_once_and_exported() -> None:
     assert abs(weights['count="2",unit="core"'] - 768) <= 3
     assert f"neuron_scheduler_demand_snapshots_total {float(ledger.demand.version)}" in text
     assert ledger.demand.version >= 2  # the first pod, then the new shape at a quarter
+
+
+def test_decisions_computed_are_counted_and_exported() -> None:
+    """Kept decisions are not computed again: the count says how often filter had to."""
+    ledger = ledger_with()
+    metrics = Metrics(ledger)
+    four_cores = NeuronRequest(CORE, 4)
+    ledger.fill_verdicts(["n1", "t1", "unknown"], four_cores, Policy.BEST_FIT)
+    assert ledger.decisions == 2  # a node the cache does not know is not decided here
+    ledger.fill_verdicts(["n1", "t1"], four_cores, Policy.BEST_FIT)
+    assert ledger.decisions == 2
+    reserve(ledger, "u1", "n1", mask(0))  # n1 changed: its decision goes
+    ledger.fill_verdicts(["n1", "t1"], four_cores, Policy.BEST_FIT)
+    assert ledger.decisions == 3
+    text = generate_latest(metrics.registry).decode()
+    assert "neuron_scheduler_decisions_total 3.0" in text

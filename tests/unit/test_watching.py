@@ -151,6 +151,25 @@ async def test_list_pages_then_watch_events_and_bookmarks() -> None:
         await stop()
 
 
+async def test_each_change_is_timed_and_bookmarks_are_not() -> None:
+    fake = FakeServer()
+    fake.watches = [
+        [
+            ("ADDED", {"metadata": {"name": "d", "resourceVersion": "40"}}),
+            ("BOOKMARK", {"metadata": {"resourceVersion": "41"}}),
+            ("DELETED", {"metadata": {"name": "d", "resourceVersion": "50"}}),
+            ("sleep", 60),
+        ]
+    ]
+    timed: list[float] = []
+    watch, stop = await run_watch(fake, View(), timer=timed.append)
+    try:
+        await until(lambda: watch.resource_version == "50")
+        assert len(timed) == 2 and all(0 <= seconds < 60 for seconds in timed)
+    finally:
+        await stop()
+
+
 async def test_410_relists_and_drops_what_vanished() -> None:
     fake = FakeServer()
     fake.items = [fake.obj("a"), fake.obj("b")]

@@ -198,6 +198,7 @@ class Ledger:
         self.demand = Demand()
         self._counted: set[str] = set()  # pod uids already in `demand`
         self._verdicts_demand = 0
+        self.decisions = 0  # made by fill_verdicts (the rest were kept), for the metrics
         # Told which nodes got room back, and why (the waker); never about room taken.
         self.on_freed: Callable[[Iterable[str], str], None] | None = None
 
@@ -561,6 +562,7 @@ class Ledger:
                 continue
             state = self.state_for(claimant, name)
             decision = allocate(entry.topology, state, request, policy, self.demand.weights)
+            self.decisions += 1
             decisions[name] = decision
             if isinstance(decision, Placement):
                 verdicts.fits.add(name)

@@ -49,6 +49,22 @@ class Metrics:
             "failing): their devices stayed held until it could not",
             registry=self.registry,
         )
+        self.watch_seconds = Histogram(
+            "neuron_scheduler_watch_event_seconds",
+            "Time to decode and apply one watch event, by resource: work the event loop does "
+            "between requests",
+            ["resource"],
+            registry=self.registry,
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
+        )
+        self.loop_lag = Histogram(
+            "neuron_scheduler_loop_lag_seconds",
+            "How late a timer ran on the extender's event loop (sampled 20 times a second; its "
+            "resolution is about 1 ms): the wait a request arriving then has before its handler "
+            "starts, while the loop finishes other work",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+        )
         self.bind_work = Histogram(
             "neuron_scheduler_bind_work_seconds",
             "Bind's own work under the node lock, excluding API round trips",
@@ -120,6 +136,11 @@ class _NodeCollector(Collector):
             "Pods whose annotated ids could not be theirs; counted by their request instead",
             labels=["reason"],
         )
+        decisions = CounterMetricFamily(
+            "neuron_scheduler_decisions",
+            "Placement decisions filter and prioritize computed (the others came from those kept"
+            " per request shape, until their node or the demand snapshot changes)",
+        )
         snapshots = CounterMetricFamily(
             "neuron_scheduler_demand_snapshots",
             "Times the request-shape weights placement goes by were replaced (each drops the"
@@ -140,6 +161,7 @@ class _NodeCollector(Collector):
             unusable.add_metric([code], count)
         for code, count in self.ledger.rejected_assignments.items():
             rejected.add_metric([code], count)
+        decisions.add_metric([], self.ledger.decisions)
         snapshots.add_metric([], self.ledger.demand.version)
         for unit, count, weight in self.ledger.demand.weights:
             weights.add_metric([unit.value, str(count)], weight)
@@ -148,5 +170,6 @@ class _NodeCollector(Collector):
         yield pods
         yield unusable
         yield rejected
+        yield decisions
         yield snapshots
         yield weights

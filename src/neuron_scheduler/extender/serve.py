@@ -8,6 +8,7 @@ import contextlib
 import gc
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         on_list=each(lambda view, nodes: view.replace_nodes(nodes)),
         on_change=each(lambda view, node: view.apply_node(node)),
         on_delete=each(lambda view, node: view.remove_node(node.metadata.name)),
+        timer=extender.metrics.watch_seconds.labels("nodes").observe,
     )
     pods: Watch[Pod] = Watch(
         api,
@@ -90,6 +92,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         on_delete=each(lambda view, pod: view.remove_pod(pod.metadata.uid)),
         # Finished pods hold nothing; when one finishes the watch reports it as deleted.
         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
+        timer=extender.metrics.watch_seconds.labels("pods").observe,
     )
 
     async def mark_synced() -> None:
@@ -130,6 +133,18 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         loop.create_task(budgets.run()),
         loop.create_task(mark_synced()),
     ]
+
+
+LAG_INTERVAL = 0.05  # seconds between samples of the event loop's lag
+
+
+async def sample_loop_lag(observe: Callable[[float], None], interval: float = LAG_INTERVAL) -> None:
+    """Tells `observe` how late each of a stream of timers ran: while a request waits for the loop
+    to finish other work (a watch event, another request), a timer due then waits as long."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(interval)
+        observe(max(0.0, time.perf_counter() - start - interval))
 
 
 class _Server(uvicorn.Server):
@@ -257,6 +272,8 @@ async def serve(options: ExtenderOptions) -> None:
         tasks = start_watches(api, extender)
         returner = MemoryReturner(trim=malloc_trim())
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
+        lag = sample_loop_lag(extender.metrics.loop_lag.observe)
+        tasks.append(asyncio.get_running_loop().create_task(lag))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))

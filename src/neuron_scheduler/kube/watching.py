@@ -62,8 +62,11 @@ class Watch(Generic[T]):
         on_change: Callable[[T], None],
         on_delete: Callable[[T], None],
         params: dict[str, str] | None = None,
+        timer: Callable[[float], None] | None = None,
     ) -> None:
+        """`timer` is told how long each change took to decode and apply (seconds)."""
         self.api = api
+        self.timer = timer
         self.path = path
         self.params = params or {}
         items_type: Any = list[kind]  # type: ignore[valid-type]
@@ -139,6 +142,7 @@ class Watch(Generic[T]):
             "timeoutSeconds": str(int(self.WATCH_SECONDS * random.uniform(0.8, 1.2))),
         }
         async for line in self.api.stream(self.path, params, idle_timeout=self.IDLE_SECONDS):
+            start = time.perf_counter()
             event = msgspec.json.decode(line, type=_Event)
             if event.type == "ERROR":
                 status = msgspec.json.decode(event.object, type=_Status)
@@ -150,5 +154,7 @@ class Watch(Generic[T]):
                     self.on_delete(obj)
                 else:
                     self.on_change(obj)
+                if self.timer is not None:
+                    self.timer(time.perf_counter() - start)
             if version.metadata.resourceVersion:
                 self.resource_version = version.metadata.resourceVersion
