@@ -17,6 +17,8 @@ from pathlib import Path
 
 # (part, a frame that puts a stack in it), first match wins.
 PARTS = (
+    ("TLS handshakes, as client (to the API server)", "_create_connection"),
+    ("TLS handshakes, as server (kube-scheduler's new connections)", "do_handshake"),
     ("filter handler", "Judge.filter "),
     ("prioritize handler", "Judge.prioritize "),
     ("bind handler (incl. its API calls)", "Binder."),
