@@ -124,3 +124,20 @@ def test_the_format_indents_tracebacks_and_escapes_what_call_sites_did_not(
     assert RECORD_START.match(lines[1])
     assert all(line.startswith("    ") for line in lines[2:]), lines
     assert any("Traceback (most recent call last)" in line for line in lines)
+
+
+def test_a_filter_logs_one_line_for_its_nodes_at_info_and_a_line_per_node_at_debug(
+    written: Written,
+) -> None:
+    extender = wire(FakeAPI(), Catalog.builtin())  # type: ignore[arg-type]
+    extender.ledger.replace_nodes([node(f"n{i}", "inf1.6xlarge") for i in range(3)])
+    asking = pod("asking", {NEURON: 1})
+    extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n0", "n1", "n2"]))
+    messages = [r.getMessage() for r in written.records]
+    assert messages == [
+        "Filtered nodes for POD default/asking (1 device (aws.amazon.com/neuron)): [n0 n1 n2]"
+    ]
+    logging.getLogger("neuron_scheduler").setLevel(logging.DEBUG)  # the fixture restores it
+    extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n0", "n1", "n2"]))
+    fits = [r.getMessage() for r in written.records if "fits in Node" in r.getMessage()]
+    assert fits == [f"POD default/asking fits in Node:n{i}" for i in range(3)]

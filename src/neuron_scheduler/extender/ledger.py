@@ -554,9 +554,8 @@ class Ledger:
         out of the result's `decisions`)."""
         verdicts = self.verdicts(request, policy, claimant)
         decisions = verdicts.decisions
-        for name in names:
-            if name in decisions:
-                continue
+        # Only the nodes not decided yet, found in C: a filter names hundreds, few of them new.
+        for name in set(names).difference(decisions):
             entry = self.nodes.get(name)
             if entry is None:
                 continue
