@@ -102,3 +102,65 @@ async def test_a_hold_that_ends_while_the_next_bind_settles_it_is_no_error(
     monkeypatch.setattr(api, "get_pod", slow_read)
     api.then = "none"
     assert await extender.binder.bind(args("a")) == ""
+
+
+def watched(api: FakeAPI, extender: Extender, name: str) -> Pod:
+    """The pod as the watch shows it now (and, through the views, the extender)."""
+    pod = msgspec.convert(api.pods[name], Pod)
+    for view in extender.views:
+        view.apply_pod(pod)
+    return pod
+
+
+def counting_reads(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    read = api.get_pod
+
+    async def counted(namespace: str, name: str) -> Pod:
+        reads.append(name)
+        return await read(namespace, name)
+
+    monkeypatch.setattr(api, "get_pod", counted)
+    return reads
+
+
+async def test_a_pod_the_watch_shows_pending_is_bound_without_reading_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeAPI()
+    extender = extender_with(api, "a")
+    watched(api, extender, "a")
+    reads = counting_reads(api, monkeypatch)
+    assert await extender.binder.bind(args("a")) == ""
+    assert reads == []
+    assert api.pods["a"]["spec"]["nodeName"] == NODE
+
+
+async def test_a_watch_copy_behind_the_pod_costs_one_read_and_binds_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeAPI()
+    extender = extender_with(api, "a")
+    watched(api, extender, "a")
+    api.pods["a"]["metadata"]["resourceVersion"] = str(next(api.version))  # changed since
+    reads = counting_reads(api, monkeypatch)
+    assert await extender.binder.bind(args("a")) == ""
+    assert reads == ["a"]
+    found = assignment(msgspec.convert(api.pods["a"], Pod), None)
+    assert found is not None and found.node == NODE
+    assert extender.ledger.reservation("uid-a") is not None  # held once, until the watch shows it
+
+
+async def test_a_watch_copy_of_a_pod_bound_since_is_answered_as_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeAPI()
+    extender = extender_with(api, "a", "b")
+    watched(api, extender, "a")
+    api.faults = ["none", "lost"]  # bound, but kube-scheduler never hears so: it binds again
+    assert "failed" in await extender.binder.bind(args("a")) or api.pods["a"]["spec"]["nodeName"]
+    assert api.pods["a"]["spec"]["nodeName"] == NODE
+    reads = counting_reads(api, monkeypatch)
+    assert await extender.binder.bind(args("a")) == ""  # from the API's copy: bound already
+    assert reads == ["a"]
+    assert "only 0 devices free" in await extender.binder.bind(args("b"))  # held once

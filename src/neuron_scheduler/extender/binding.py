@@ -15,6 +15,11 @@ gives up its devices only once its Binding can no longer land: the pod is bound,
 changed since the patch (removing the annotations is such a change). While that cannot be known
 (the API keeps failing), the devices stay held, for `ANNOUNCED_SECONDS` at most, and the pod's next
 bind settles it first.
+
+The pod is read from the watch when it shows it pending (extender/pending.py), saving a round
+trip: a copy behind the pod fails the patch's resourceVersion precondition (nothing is written,
+nothing can land later) or gets a refusal it might not get now (its own earlier bind may have
+landed), and bind then starts over from the API's copy.
 """
 
 from __future__ import annotations
@@ -90,12 +95,15 @@ class Binder:
         reservers: Sequence[Reserver] = (),
         scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
         quiet: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
+        pending: Callable[[str], Pod | None] | None = None,
     ) -> None:
         """`synced`: set once the watches have listed every pod and node; `reservers` hold a
         placement while its API calls are in flight (the ledger, and any plugin that counts
         bound pods itself); `scheduler_names`: the profiles whose binds this extender serves;
         `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
-        the pod while bind's writes are conditioned on its resourceVersion."""
+        the pod while bind's writes are conditioned on its resourceVersion; `pending(uid)`: the
+        pod as the watch last showed it, if it is pending (extender/pending.py), read instead of
+        asking the API for it."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
@@ -108,6 +116,7 @@ class Binder:
         self._binding: dict[str, str] = {}  # pod uid -> the node its bind in flight is for
         self._quiet = quiet or (lambda _: contextlib.nullcontext())
         self._open: dict[str, Attempt] = {}  # pod uid -> its failed attempt that may still land
+        self._pending = pending or (lambda _: None)
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
@@ -139,12 +148,28 @@ class Binder:
         finally:
             del self._binding[args.PodUID]
 
-    async def _bind(self, args: ExtenderBindingArgs, key: str) -> str:
-        try:
-            pod = await self.api.get_pod(args.PodNamespace, args.PodName)
-        except READ_ERRORS as error:
-            self.metrics.binds.labels("failure").inc()
-            return f"cannot read pod {key}: {error_text(error)}"
+    def _watched(self, args: ExtenderBindingArgs) -> Pod | None:
+        """The pod as the watch last showed it, when that is the pod asked about and pending."""
+        pod = self._pending(args.PodUID)
+        if pod is None or not pod.metadata.resourceVersion:
+            return None
+        meta = pod.metadata
+        if (meta.namespace, meta.name, meta.uid) != (args.PodNamespace, args.PodName, args.PodUID):
+            return None
+        return pod
+
+    async def _bind(self, args: ExtenderBindingArgs, key: str, watched: bool = True) -> str:
+        """`watched`: start from the watch's copy of the pod when it has one (its first write
+        then fails as a Conflict if the pod changed since, and bind starts over from the API's
+        copy)."""
+        pod = self._watched(args) if watched else None
+        from_watch = pod is not None
+        if pod is None:
+            try:
+                pod = await self.api.get_pod(args.PodNamespace, args.PodName)
+            except READ_ERRORS as error:
+                self.metrics.binds.labels("failure").inc()
+                return f"cannot read pod {key}: {error_text(error)}"
         if pod.metadata.uid != args.PodUID:
             self.metrics.binds.labels("failure").inc()
             return (
@@ -172,6 +197,7 @@ class Binder:
         assert request is not None  # checked above
 
         start = time.perf_counter()
+        ask_api = False  # the watch's copy may be behind (a bind of it landed): ask the API
         async with self._locks[args.Node]:
             entry = self.ledger.nodes.get(args.Node)
             if entry is None:
@@ -182,23 +208,31 @@ class Binder:
             decision = allocate(
                 entry.topology, state, request, self.policy, self.ledger.demand.weights
             )
-            if isinstance(decision, Refusal):
+            if isinstance(decision, Refusal) and from_watch:
+                ask_api = True
+            elif isinstance(decision, Refusal):
                 reason = decision.reason
                 held = self.ledger.hold_reason(claimant, args.Node, request, self.policy)
                 self.metrics.binds.labels("failure").inc()
                 self._warn(pod, "FailedNeuronAllocation", f"{args.Node}: {held or reason}")
                 return f"node {args.Node}: {held or reason}"
-            # Held from here on, so concurrent filters and binds on this node see it taken
-            # while the API calls below are in flight (outside the lock). A plugin such as the
-            # UltraServer rule counts the pod on its node from here too: kube-scheduler asks
-            # about the next MPI worker before this binding is visible in the watch.
-            for reserver in self.reservers:
-                reserver.reserve(pod, args.Node, decision)
-            values = handoff.encode(
-                args.Node, request, decision, pod.container_names, time.time_ns()
-            )
+            else:
+                # Held from here on, so concurrent filters and binds on this node see it taken
+                # while the API calls below are in flight (outside the lock). A plugin such as
+                # the UltraServer rule counts the pod on its node from here too: kube-scheduler
+                # asks about the next MPI worker before this binding is visible in the watch.
+                for reserver in self.reservers:
+                    reserver.reserve(pod, args.Node, decision)
+                values = handoff.encode(
+                    args.Node, request, decision, pod.container_names, time.time_ns()
+                )
+        if ask_api or not isinstance(decision, Placement):  # (the lock is free again)
+            return await self._bind(args, key, watched=False)
         self.metrics.bind_work.observe(time.perf_counter() - start)
-        return await self._write(pod, args.Node, request, decision, values)
+        answer = await self._write(pod, args.Node, request, decision, values, from_watch)
+        if answer is None:  # the watch's copy was behind the pod: nothing was written
+            return await self._bind(args, key, watched=False)
+        return answer
 
     async def _write(
         self,
@@ -207,20 +241,32 @@ class Binder:
         request: NeuronRequest,
         placement: Placement,
         values: dict[str, str],
-    ) -> str:
+        from_watch: bool = False,
+    ) -> str | None:
+        """The bind's answer; None when the pod (`from_watch`: the watch's copy) had changed
+        since: the patch found another resourceVersion and nothing was written or is held."""
         meta = pod.metadata
         version: str | None = None  # the pod's resourceVersion our Binding is conditioned on
         try:
             # Both writes are conditioned on the pod as we last saw it: the patch on the pod
             # bind read (a Binding sent earlier, by an attempt or an extender that gave up on
             # it, cannot have landed in between), the Binding on the patched pod.
-            version = await self.api.patch_annotations(
-                meta.namespace,
-                meta.name,
-                meta.uid,
-                dict(values),
-                resource_version=meta.resourceVersion or None,
-            )
+            try:
+                version = await self.api.patch_annotations(
+                    meta.namespace,
+                    meta.name,
+                    meta.uid,
+                    dict(values),
+                    resource_version=meta.resourceVersion or None,
+                )
+            except Conflict:
+                if not from_watch:
+                    raise
+                # A refused precondition writes nothing (unlike a timeout, nothing can land
+                # later): let the hold go, the caller starts over from the API's copy.
+                for reserver in self.reservers:
+                    reserver.unreserve(pod, node)
+                return None
             await self.api.bind(meta.namespace, meta.name, meta.uid, node, resource_version=version)
         except READ_ERRORS as error:  # (an answer that does not decode may follow a landed write)
             if not await self._undo(pod, node, values, version, error):

@@ -15,6 +15,7 @@ from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.judging import Judge
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.pending import PendingPods
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
@@ -39,6 +40,7 @@ class Extender:
     binder: Binder
     preemptor: Preemptor
     waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
+    pending: PendingPods  # what bind reads a pod from, when the watch has it
 
 
 def wire(
@@ -69,13 +71,14 @@ def wire(
         on_wake=lambda cause, result: metrics.wakes.labels(cause, result).inc(),
     )
     ledger.on_freed = units.on_freed = waker.node_changed
+    pending = PendingPods(scheduler_names)
     metrics.waiting.set_function(lambda: len(waker.waiting))
     return Extender(
         ledger,
         metrics,
         synced,
         events,
-        (ledger, occupancy, waker),
+        (ledger, occupancy, waker, pending),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
@@ -88,7 +91,9 @@ def wire(
             reservers=[ledger, occupancy],
             scheduler_names=scheduler_names,
             quiet=waker.quiet,
+            pending=pending.get,
         ),
         Preemptor(ledger, budgets, metrics, policy),
         waker,
+        pending,
     )
