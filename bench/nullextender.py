@@ -14,9 +14,13 @@ verbs, nodeCacheCapable, weights, TLS). Per verb it does the least that still an
   beyond it (the annotations the device plugin reads, events) is ours to pay for;
 - preempt: kube-scheduler's victims, unchanged (never called while every pod fits).
 
-With `--bind-writes ours` its bind makes the API calls ours makes instead (read the pod, patch
-two annotations on it, the Binding on the patched pod, one event), with no decision behind them:
-what those calls cost, apart from the extender's own work (configuration `null-writes`).
+With `--bind-writes` its bind makes other API calls, with no decision behind them, to price
+them apart from the extender's own work:
+- `ours`: the calls ours makes (patch two annotations on the pod, the Binding conditioned on the
+  patched pod, one event): configuration `null-writes`;
+- `one-write`: the Binding carrying the annotations (kube-apiserver copies a Binding's
+  annotations onto the pod with its nodeName, in one write), and the event: configuration
+  `null-one-write`, what ours would make with a bind of one write.
 
 Run by bench/throughput.py as
     python bench/nullextender.py --kubeconfig K --port P --tls-cert C --tls-key K --client-ca CA
@@ -44,7 +48,7 @@ from neuron_scheduler.extender.wire import (
     MetaVictims,
     NodeRefList,
 )
-from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.client import KubeAPI, pod_path
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, error_text
 from neuron_scheduler.kube.objects import ObjectRef
@@ -71,19 +75,34 @@ class Victims(msgspec.Struct):
 _HEADERS = [(b"content-type", b"application/json")]
 
 
-async def bind_as_ours(api: KubeAPI, args: ExtenderBindingArgs) -> None:
-    """Our bind's API calls (binding.py), and nothing else."""
-    pod = await api.get_pod(args.PodNamespace, args.PodName)
-    meta = pod.metadata
-    version = await api.patch_annotations(
-        meta.namespace,
-        meta.name,
-        meta.uid,
-        {"null.bench/ids": "0", "null.bench/time": str(time.time_ns())},
-        resource_version=meta.resourceVersion,
-    )
-    await api.bind(meta.namespace, meta.name, meta.uid, args.Node, resource_version=version)
-    await api.create_event(ObjectRef.of_pod(pod), "NullAllocated", f"on {args.Node}", False)
+async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> None:
+    """A bind making the API calls `writes` names (module docstring)."""
+    annotations = {"null.bench/ids": "0", "null.bench/time": str(time.time_ns())}
+    ref = ObjectRef("Pod", args.PodNamespace, args.PodName, args.PodUID)
+    if writes == "ours":
+        version = await api.patch_annotations(
+            args.PodNamespace, args.PodName, args.PodUID, dict(annotations)
+        )
+        await api.bind(
+            args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=version
+        )
+    else:
+        await api.request(
+            "POST",
+            pod_path(args.PodNamespace, args.PodName) + "/binding",
+            body={
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {
+                    "name": args.PodName,
+                    "namespace": args.PodNamespace,
+                    "uid": args.PodUID,
+                    "annotations": annotations,
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
+            },
+        )
+    await api.create_event(ref, "NullAllocated", f"on {args.Node}", False)
 
 
 def app_for(api: KubeAPI, writes: str) -> Any:
@@ -100,8 +119,8 @@ def app_for(api: KubeAPI, writes: str) -> Any:
         if path == "/bind":
             args = binding.decode(body)
             try:
-                if writes == "ours":
-                    await bind_as_ours(api, args)
+                if writes != "binding":
+                    await bind_writing(api, args, writes)
                 else:
                     await api.bind(
                         args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=""
@@ -151,7 +170,8 @@ def main() -> None:
     parser.add_argument("--tls-cert", type=Path, required=True)
     parser.add_argument("--tls-key", type=Path, required=True)
     parser.add_argument("--client-ca", type=Path, required=True)
-    parser.add_argument("--bind-writes", choices=("binding", "ours"), default="binding")
+    writes = ("binding", "ours", "one-write")
+    parser.add_argument("--bind-writes", choices=writes, default="binding")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     options = ExtenderOptions(

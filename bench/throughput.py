@@ -43,21 +43,23 @@ import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
+from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, Stack, find_kubebin
 from tests.testbed.client import KubeClient, opener
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
-# null-writes: the null extender binding with our bind's API calls (not run unless asked for).
-CONFIGS = ("without", "null", "ours", "null-writes")
+# The null extender binding with our bind's API calls (null-writes), or with those of a bind of
+# one write (null-one-write): not run unless asked for (bench/nullextender.py).
+CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write")
 DEFAULT_CONFIGS = ("without", "null", "ours")
 SCHEDULER = "my-scheduler"
 # kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
@@ -501,6 +503,18 @@ def main() -> None:
         "--full-node-list", action="store_true", help="extenders with nodeCacheCapable: false"
     )
     parser.add_argument("--profile", type=Path, help="record each extender with py-spy here")
+    parser.add_argument(
+        "--scoring",
+        choices=sorted(PROFILES),
+        default="chart",
+        help="kube-scheduler's profile (sim/kubescheduler.py); filter-only: no prioritize verb",
+    )
+    parser.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=int,
+        default=0,
+        help="the profile's percentageOfNodesToScore (0: kube-scheduler's adaptive default)",
+    )
     parser.add_argument("--profiler", choices=("cpu", "perf", "py-spy"), default="cpu")
     parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
     args = parser.parse_args()
@@ -515,15 +529,22 @@ def main() -> None:
         create_nodes(cp, args.nodes)
         stack = Stack(cp)
         stack.extender.process.stop()  # started for its own turn only
-        nulls = {"null": NullExtender(cp, stack), "null-writes": NullExtender(cp, stack, "ours")}
+        nulls = {
+            "null": NullExtender(cp, stack),
+            "null-writes": NullExtender(cp, stack, "ours"),
+            "null-one-write": NullExtender(cp, stack, "one-write"),
+        }
         if args.profile and args.profiler == "cpu":
             under_cpu_profiler(stack.extender.process, args.profile / "ours.txt")
             for name, null in nulls.items():
                 under_cpu_profiler(null.process, args.profile / f"{name}.txt")
         node_cache_capable = not args.full_node_list
+        profile = replace(
+            PROFILES[args.scoring], percentage_of_nodes_to_score=args.percentage_of_nodes_to_score
+        )
         for name in configs:
             if name == "without":
-                config = scheduler_config(scheduler_name=SCHEDULER)
+                config = scheduler_config(scheduler_name=SCHEDULER, profile=profile)
                 extender = None
             else:
                 null = nulls.get(name)
@@ -533,6 +554,7 @@ def main() -> None:
                     extender_url=url,
                     node_cache_capable=node_cache_capable,
                     pki=stack.pki,
+                    profile=profile,
                 )
                 if null is not None:
                     extender = Contender(null.start, null.stop, null.pid)
