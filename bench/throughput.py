@@ -52,14 +52,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
-from tests.testbed import ControlPlane, Stack, find_kubebin
+from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
 from tests.testbed.client import KubeClient, opener
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
-CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write")
+# baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
+CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write", "baseline")
 DEFAULT_CONFIGS = ("without", "null", "ours")
 SCHEDULER = "my-scheduler"
 # kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
@@ -464,18 +465,20 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
                 + " ".join(f"{s[p]:9.2f}" for p in ALGORITHM_POINTS)
                 + f" {s['extenders']:9.2f}"
             )
-    ours = next((o for o in outcomes if o.name == "ours"), None)
-    if ours is not None and ours.extender:
-        e = ours.extender
+    for o in outcomes:
+        if not o.extender:
+            continue
+        e = o.extender
         verbs = ", ".join(
             f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
             for verb in ("filter", "prioritize", "bind")
         )
-        print(f"\nours, ms per pod in its handlers: {verbs}; bind's own work {e['bind work']:.3f}")
+        work = e["bind work"]
+        print(f"\n{o.name}, ms per pod in its handlers: {verbs}; bind's own work {work:.3f}")
         print(
-            f"ours, watch events {e['watch']:.2f} ms per pod ({e['watch events']:.1f} events); "
+            f"{o.name}, watch events {e['watch']:.2f} ms per pod ({e['watch events']:.1f} events); "
             f"event loop lag {e['loop lag']:.2f} ms on average; {e['decisions']:.1f} decisions "
-            f"computed per pod; {e['demand snapshots']:.0f} demand snapshots; RSS {ours.rss:.0f} MB"
+            f"computed per pod; {e['demand snapshots']:.0f} demand snapshots; RSS {o.rss:.0f} MB"
         )
     rates = {o.name: o.rate for o in outcomes}
     print()
@@ -487,6 +490,11 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"null / without = {rates['null'] / rates['without']:.2f}  (what the protocol costs)")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
+    for name in ("null-writes", "null-one-write", "baseline"):
+        if rates.get(name) and rates.get("null"):
+            print(f"{name} / null = {rates[name] / rates['null']:.2f}")
+        if rates.get(name) and rates.get("ours"):
+            print(f"ours / {name} = {rates['ours'] / rates[name]:.2f}")
 
 
 def main() -> None:
@@ -516,11 +524,19 @@ def main() -> None:
         help="the profile's percentageOfNodesToScore (0: kube-scheduler's adaptive default)",
     )
     parser.add_argument("--profiler", choices=("cpu", "perf", "py-spy"), default="cpu")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="configuration baseline: our extender with neuron_scheduler from this directory "
+        "(e.g. `git archive ea36366 src | tar -x -C /tmp/old`, then /tmp/old/src)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
     args = parser.parse_args()
     configs = args.configs.split(",")
     if unknown := set(configs) - set(CONFIGS):
         parser.error(f"unknown configurations {sorted(unknown)}; known: {', '.join(CONFIGS)}")
+    if "baseline" in configs and not args.baseline_src:
+        parser.error("configuration baseline needs --baseline-src")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
@@ -534,8 +550,16 @@ def main() -> None:
             "null-writes": NullExtender(cp, stack, "ours"),
             "null-one-write": NullExtender(cp, stack, "one-write"),
         }
+        ours = {"ours": stack.extender}
+        if args.baseline_src:
+            baseline = ExtenderProcess(
+                cp, stack.extender_kubeconfig, name="extender-baseline", pki=stack.pki
+            )
+            baseline.process.env = {**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())}
+            ours["baseline"] = baseline
         if args.profile and args.profiler == "cpu":
-            under_cpu_profiler(stack.extender.process, args.profile / "ours.txt")
+            for name, process in ours.items():
+                under_cpu_profiler(process.process, args.profile / f"{name}.txt")
             for name, null in nulls.items():
                 under_cpu_profiler(null.process, args.profile / f"{name}.txt")
         node_cache_capable = not args.full_node_list
@@ -548,7 +572,7 @@ def main() -> None:
                 extender = None
             else:
                 null = nulls.get(name)
-                url = null.url if null is not None else stack.extender.url
+                url = null.url if null is not None else ours[name].url
                 config = scheduler_config(
                     scheduler_name=SCHEDULER,
                     extender_url=url,
@@ -559,12 +583,9 @@ def main() -> None:
                 if null is not None:
                     extender = Contender(null.start, null.stop, null.pid)
                 else:
-                    extender = Contender(
-                        stack.extender.start,
-                        stack.extender.process.stop,
-                        lambda: stack.extender.process.pid,
-                        stack.extender.metrics,
-                    )
+                    process = ours[name]
+                    pid = lambda managed=process.process: managed.pid  # noqa: E731
+                    extender = Contender(process.start, process.process.stop, pid, process.metrics)
             outcome = run(cp, name, args.pods, config, extender, args.profile, args.profiler)
             delete_pods(cp, f"bench-{name}")
             outcomes.append(outcome)
