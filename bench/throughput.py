@@ -155,6 +155,30 @@ class Bindings(threading.Thread):
         return len(self.times)
 
 
+class Polling(Bindings):
+    """The way this benchmark counted bindings before issue 36, for comparison: the namespace's
+    pods listed every `every` seconds (each list of 20,000 pods is tens of MB of JSON the API
+    server makes while the scheduler runs)."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, every: float) -> None:
+        super().__init__(cp, namespace)
+        self.cp, self.namespace, self.every = cp, namespace, every
+
+    def run(self) -> None:
+        try:
+            while True:
+                items = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+                now = time.monotonic()
+                for pod in items["items"]:
+                    uid = pod["metadata"]["uid"]
+                    if pod["spec"].get("nodeName") and uid not in self.seen:
+                        self.seen.add(uid)
+                        self.times.append(now)
+                time.sleep(self.every)
+        except BaseException as error:  # reported by the caller
+            self.error = error
+
+
 @dataclass
 class Outcome:
     name: str
@@ -348,6 +372,7 @@ def run(
     extender: Contender | None,
     profile: Path | None,
     profiler: str = "py-spy",
+    poll: float = 0.0,
 ) -> Outcome:
     """One configuration: (extender up,) pods created, scheduler started and timed, all stopped
     and its pods deleted."""
@@ -359,7 +384,7 @@ def run(
     ext_pid = extender.pid() if extender is not None else None
     if ext_pid is not None:
         settle(ext_pid)
-    watch = Bindings(cp, namespace)
+    watch = Polling(cp, namespace, poll) if poll else Bindings(cp, namespace)
     watch.start()
     components = {p.name: p.pid for p in cp.processes if p.pid is not None and p.alive()}
     if ext_pid is not None:
@@ -530,6 +555,13 @@ def main() -> None:
         help="configuration baseline: our extender with neuron_scheduler from this directory "
         "(e.g. `git archive ea36366 src | tar -x -C /tmp/old`, then /tmp/old/src)",
     )
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=0.0,
+        help="count bindings by listing the pods every POLL seconds, as this benchmark did "
+        "before issue 36 (0: a watch)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
     args = parser.parse_args()
     configs = args.configs.split(",")
@@ -586,7 +618,9 @@ def main() -> None:
                     process = ours[name]
                     pid = lambda managed=process.process: managed.pid  # noqa: E731
                     extender = Contender(process.start, process.process.stop, pid, process.metrics)
-            outcome = run(cp, name, args.pods, config, extender, args.profile, args.profiler)
+            outcome = run(
+                cp, name, args.pods, config, extender, args.profile, args.profiler, args.poll
+            )
             delete_pods(cp, f"bench-{name}")
             outcomes.append(outcome)
             report([outcome], args)  # at once: the run may not get to its end
