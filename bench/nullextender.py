@@ -22,6 +22,11 @@ them apart from the extender's own work:
   annotations onto the pod with its nodeName, in one write), and the event: configuration
   `null-one-write`, what ours would make with a bind of one write.
 
+With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is not one of
+our dependencies: `uv run --with zttp`): kube-scheduler's transport then sends every call over
+one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
+(configuration `null-h2`, what would lift the floor).
+
 Run by bench/throughput.py as
     python bench/nullextender.py --kubeconfig K --port P --tls-cert C --tls-key K --client-ca CA
 """
@@ -154,11 +159,13 @@ def app_for(api: KubeAPI, writes: str) -> Any:
     return app
 
 
-async def serve(options: ExtenderOptions, writes: str) -> None:
+async def serve(options: ExtenderOptions, writes: str, http2: bool) -> None:
     async with KubeAPI(load_config(options.kubeconfig)) as api:
         app = app_for(api, writes)
         tls = tls_settings(options)
         config = server_config(app, options.host, options.port, options.log_level, **tls)
+        if http2:
+            config.http, config.http2 = "zttp", True
         await uvicorn.Server(config).serve()
 
 
@@ -172,6 +179,7 @@ def main() -> None:
     parser.add_argument("--client-ca", type=Path, required=True)
     writes = ("binding", "ours", "one-write")
     parser.add_argument("--bind-writes", choices=writes, default="binding")
+    parser.add_argument("--http2", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     options = ExtenderOptions(
@@ -183,7 +191,7 @@ def main() -> None:
         client_ca=args.client_ca,
         log_level="warning",
     )
-    uvloop.run(serve(options, args.bind_writes))
+    uvloop.run(serve(options, args.bind_writes, args.http2))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ from tests.testbed.process import ManagedProcess, free_port
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
-CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write", "baseline")
+# null-h2: the null extender serving HTTP/2 too (needs zttp: uv run --with zttp).
+CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write", "null-h2", "baseline")
 DEFAULT_CONFIGS = ("without", "null", "ours")
 SCHEDULER = "my-scheduler"
 # kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
@@ -265,7 +266,9 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
 class NullExtender:
     """bench/nullextender.py as a process, served with the stack's PKI."""
 
-    def __init__(self, cp: ControlPlane, stack: Stack, writes: str = "binding") -> None:
+    def __init__(
+        self, cp: ControlPlane, stack: Stack, writes: str = "binding", http2: bool = False
+    ) -> None:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.context = stack.pki.client_context()
@@ -278,8 +281,9 @@ class NullExtender:
                 *("--kubeconfig", str(stack.extender_kubeconfig), "--port", str(self.port)),
                 *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
                 *("--client-ca", str(pki.ca), "--bind-writes", writes),
+                *(["--http2"] if http2 else []),
             ],
-            cp.log_dir / f"null-extender-{writes}.log",
+            cp.log_dir / f"null-extender-{writes}{'-h2' if http2 else ''}.log",
         )
 
     def start(self) -> None:
@@ -515,7 +519,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"null / without = {rates['null'] / rates['without']:.2f}  (what the protocol costs)")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
-    for name in ("null-writes", "null-one-write", "baseline"):
+    for name in ("null-writes", "null-one-write", "null-h2", "baseline"):
         if rates.get(name) and rates.get("null"):
             print(f"{name} / null = {rates[name] / rates['null']:.2f}")
         if rates.get(name) and rates.get("ours"):
@@ -581,6 +585,7 @@ def main() -> None:
             "null": NullExtender(cp, stack),
             "null-writes": NullExtender(cp, stack, "ours"),
             "null-one-write": NullExtender(cp, stack, "one-write"),
+            "null-h2": NullExtender(cp, stack, http2=True),
         }
         ours = {"ours": stack.extender}
         if args.baseline_src:
