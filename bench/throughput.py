@@ -60,8 +60,17 @@ from tests.testbed.process import ManagedProcess, free_port
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
-# null-h2: the null extender serving HTTP/2 too (needs zttp: uv run --with zttp).
-CONFIGS = ("without", "null", "ours", "null-writes", "null-one-write", "null-h2", "baseline")
+# null-h2, ours-h2: serving HTTP/2 too (need zttp: uv run --with zttp; bench/h2serve.py).
+CONFIGS = (
+    "without",
+    "null",
+    "ours",
+    "null-writes",
+    "null-one-write",
+    "null-h2",
+    "ours-h2",
+    "baseline",
+)
 DEFAULT_CONFIGS = ("without", "null", "ours")
 SCHEDULER = "my-scheduler"
 # kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
@@ -519,11 +528,13 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"null / without = {rates['null'] / rates['without']:.2f}  (what the protocol costs)")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
-    for name in ("null-writes", "null-one-write", "null-h2", "baseline"):
+    for name in ("null-writes", "null-one-write", "null-h2", "ours-h2", "baseline"):
         if rates.get(name) and rates.get("null"):
             print(f"{name} / null = {rates[name] / rates['null']:.2f}")
         if rates.get(name) and rates.get("ours"):
             print(f"ours / {name} = {rates['ours'] / rates[name]:.2f}")
+    if rates.get("ours-h2") and rates.get("null-h2"):
+        print(f"ours-h2 / null-h2 = {rates['ours-h2'] / rates['null-h2']:.2f}")
 
 
 def main() -> None:
@@ -588,6 +599,11 @@ def main() -> None:
             "null-h2": NullExtender(cp, stack, http2=True),
         }
         ours = {"ours": stack.extender}
+        if "ours-h2" in configs:
+            h2 = ExtenderProcess(cp, stack.extender_kubeconfig, name="extender-h2", pki=stack.pki)
+            python, *rest = h2.process.argv
+            h2.process.argv = [python, str(ROOT / "bench" / "h2serve.py"), *rest]
+            ours["ours-h2"] = h2
         if args.baseline_src:
             baseline = ExtenderProcess(
                 cp, stack.extender_kubeconfig, name="extender-baseline", pki=stack.pki
