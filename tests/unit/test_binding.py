@@ -124,30 +124,20 @@ def counting_reads(api: FakeAPI, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-async def test_a_pod_the_watch_shows_pending_is_bound_without_reading_it(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("behind", [False, True])
+async def test_a_pod_the_watch_shows_pending_is_bound_reading_it_only_if_the_copy_is_behind(
+    monkeypatch: pytest.MonkeyPatch, behind: bool
 ) -> None:
     api = FakeAPI()
     extender = extender_with(api, "a")
     watched(api, extender, "a")
+    if behind:  # the pod changed since the watch showed it
+        api.pods["a"]["metadata"]["resourceVersion"] = str(next(api.version))
     reads = counting_reads(api, monkeypatch)
     assert await extender.binder.bind(args("a")) == ""
-    assert reads == []
-    assert api.pods["a"]["spec"]["nodeName"] == NODE
-
-
-async def test_a_watch_copy_behind_the_pod_costs_one_read_and_binds_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    api = FakeAPI()
-    extender = extender_with(api, "a")
-    watched(api, extender, "a")
-    api.pods["a"]["metadata"]["resourceVersion"] = str(next(api.version))  # changed since
-    reads = counting_reads(api, monkeypatch)
-    assert await extender.binder.bind(args("a")) == ""
-    assert reads == ["a"]
+    assert reads == (["a"] if behind else [])
     found = assignment(msgspec.convert(api.pods["a"], Pod), None)
-    assert found is not None and found.node == NODE
+    assert found is not None and found.node == NODE == api.pods["a"]["spec"]["nodeName"]
     assert extender.ledger.reservation("uid-a") is not None  # held once, until the watch shows it
 
 
