@@ -61,8 +61,11 @@ from tests.testbed.process import ManagedProcess, free_port
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
 # null-h2, ours-h2: serving HTTP/2 too (need zttp: uv run --with zttp; bench/h2serve.py).
+# without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
+# default 50 (its binds go through that limit; an extender's do not).
 CONFIGS = (
     "without",
+    "without-qps",
     "null",
     "ours",
     "null-writes",
@@ -526,6 +529,8 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         )
     if rates.get("without") and rates.get("null"):
         print(f"null / without = {rates['null'] / rates['without']:.2f}  (what the protocol costs)")
+    if rates.get("without-qps") and rates.get("null"):
+        print(f"null / without-qps = {rates['null'] / rates['without-qps']:.2f}")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
     for name in ("null-writes", "null-one-write", "null-h2", "ours-h2", "baseline"):
@@ -620,8 +625,10 @@ def main() -> None:
             PROFILES[args.scoring], percentage_of_nodes_to_score=args.percentage_of_nodes_to_score
         )
         for name in configs:
-            if name == "without":
+            if name.startswith("without"):
                 config = scheduler_config(scheduler_name=SCHEDULER, profile=profile)
+                if name == "without-qps":
+                    config["clientConnection"] = {"qps": 1000, "burst": 2000}
                 extender = None
             else:
                 null = nulls.get(name)

@@ -402,7 +402,8 @@ class ControlPlane:
         kc = Path(kubeconfig).resolve() if kubeconfig is not None else self.kubeconfig_path
         config_path = self.workdir / f"{log_name}.json"
         if config is not None:
-            config = {**config, "clientConnection": {"kubeconfig": str(kc)}}
+            connection = {**config.get("clientConnection", {}), "kubeconfig": str(kc)}
+            config = {**config, "clientConnection": connection}
         else:
             config = scheduler_config(
                 scheduler_name=scheduler_name,
