@@ -807,6 +807,7 @@ def exported_series() -> dict[str, set[str]]:
         metrics.filter_outcomes,
         metrics.binds,
         metrics.preempt_nodes,
+        metrics.watch_seconds,
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
