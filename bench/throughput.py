@@ -53,7 +53,7 @@ from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
-from tests.testbed.client import KubeClient, opener
+from tests.testbed.client import KubeClient, KubeError, opener
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
@@ -128,11 +128,16 @@ def create_pods(cp: ControlPlane, namespace: str, pods: int) -> None:
 
 def delete_pods(cp: ControlPlane, namespace: str) -> None:
     """Every pod of the namespace, at once (no kubelet confirms termination), and waits until
-    none is left (deleting 20,000 pods takes minutes: a client that waits)."""
+    none is left. kube-apiserver ends a request after a minute, and deleting 20,000 pods takes
+    longer: the deletion is asked again until nothing is left."""
     path = f"/api/v1/namespaces/{namespace}/pods"
-    KubeClient(cp.server_url, cp.admin_token, cafile=cp.ca_path, timeout=1800).delete(path)
+    client = KubeClient(cp.server_url, cp.admin_token, cafile=cp.ca_path, timeout=120)
     while cp.request("GET", path + "?limit=1")["items"]:
-        time.sleep(1)
+        try:
+            client.delete(path)
+        except (OSError, KubeError) as error:  # timed out or cut off: what it deleted stays so
+            print(f"deleting the pods of {namespace}: {error}; asking again")
+            time.sleep(5)
 
 
 class Bindings(threading.Thread):
@@ -649,9 +654,9 @@ def main() -> None:
             outcome = run(
                 cp, name, args.pods, config, extender, args.profile, args.profiler, args.poll
             )
-            delete_pods(cp, f"bench-{name}")
             outcomes.append(outcome)
             report([outcome], args)  # at once: the run may not get to its end
+            delete_pods(cp, f"bench-{name}")
         print("\n=== all configurations")
         report(outcomes, args)
         stack.stop()
