@@ -15,8 +15,8 @@ waiting pod that the extender refused (the room is free by count, not as a block
 - failed-bind: the ids a bind wrote on a pod that stays pending (its Binding never came) hold a
   pair until `ANNOUNCED_SECONDS` after they were written; nothing in the cluster marks the end;
 - preemption: a pair held for a higher-priority pod nominated to the ring; that pod is deleted;
-- claim: an UltraServer unit claimed by an MPI job whose worker was filtered but never bound;
-  another job's worker waits until the claim ends (the extender runs with
+- claim: an UltraServer unit the extender reserved for a training job whose member no
+  scheduler places; another job's member waits until that claim ends (the extender runs with
   --ultraserver-claim-seconds 15).
 
 For each: seconds from the freeing event (the API call, or the hold's end) to the bind, p50 / p99
@@ -38,6 +38,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -206,27 +207,28 @@ class Bench:
         return [self.bound_after(waiter, start)]
 
     def claim(self, nodes: list[str]) -> list[float]:
-        def worker(job: str, scheduler: str) -> dict[str, Any]:
+        """Job A's member is of no running scheduler: the extender reserves the UltraServer for
+        it, and the claim ends when A has done nothing for CLAIM_SECONDS. Job B's member waits
+        for the unit meanwhile."""
+
+        def member(job: str, scheduler: str) -> str:
             body = self.scenario.pod_body(f"{job}-worker-0", {NEURON: 16}, scheduler=scheduler)
             body["metadata"]["labels"] = {
                 "training.kubeflow.org/job-name": job,
                 "training.kubeflow.org/job-role": "worker",
             }
-            created: dict[str, Any] = self.cp.request(
-                "POST", f"/api/v1/namespaces/{self.scenario.namespace}/pods", body
-            )
-            return created
+            body["metadata"]["annotations"] = {"neuron-scheduler.io/gang-size": "1"}
+            self.cp.request("POST", f"/api/v1/namespaces/{self.scenario.namespace}/pods", body)
+            return str(body["metadata"]["name"])
 
-        if self.rounds:
-            time.sleep(CLAIM_SECONDS)  # the last round's jobs' claims have ended
-        first = worker(self.name("job"), "nobody")
-        status, answer = self.stack.extender.call("filter", {"Pod": first, "NodeNames": nodes})
-        claimed = time.time()
-        assert status == 200 and answer["NodeNames"], answer
-        waiter = worker(self.name("job"), "my-scheduler")["metadata"]["name"]
+        wait_for(lambda: not claims(self.cp), "the last round's claims to end", 120)
+        first = self.name("job")
+        member(first, "nobody")
+        held = wait_for(lambda: claims(self.cp, first), f"job {first}'s claim", 60)
+        ends = min(held)
+        waiter = member(self.name("job"), "my-scheduler")
         self.refused(waiter)
-        ends = claimed + CLAIM_SECONDS
-        assert time.time() < ends, "the claim ended before the other job's worker was refused"
+        assert time.time() < ends, "the claim ended before the other job's member was refused"
         return [self.bound_after(waiter, ends)]
 
     def batch(self, nodes: list[str]) -> list[float]:
@@ -269,6 +271,22 @@ class Bench:
             return any(c.get("type") == "PodScheduled" for c in conditions)
 
         wait_for(decided, f"{pod} to be tried", 60)
+
+
+def claims(cp: ControlPlane, job: str = "") -> list[float]:
+    """When each UltraServer claim (of `job`, or any) ends, by its Lease (wall clock)."""
+    listed = cp.request(
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+        "?labelSelector=neuron-scheduler.io/claim",
+    )
+    ends = []
+    for lease in listed["items"]:
+        if job and lease["spec"].get("holderIdentity", "").split("/")[-1] != job:
+            continue
+        renewed = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+        ends.append(renewed.timestamp() + lease["spec"]["leaseDurationSeconds"])
+    return ends
 
 
 def fitting(pods: list[dict[str, Any]], nodes: dict[str, str]) -> list[str]:

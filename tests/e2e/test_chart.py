@@ -154,6 +154,7 @@ EXTENDER = [
     "Service",
     "NetworkPolicy",
 ]
+CLAIMS = ["Role/k8s-neuron-scheduler-claims", "RoleBinding/k8s-neuron-scheduler-claims"]
 ELECTION = [
     "Role/k8s-neuron-scheduler-leader-election",
     "RoleBinding/k8s-neuron-scheduler-leader-election",
@@ -176,7 +177,7 @@ def expected_kinds(combo: str) -> list[str]:
     scheduler = values.get("scheduler", {})
     names: list[str] = []
     if scheduler.get("enabled", True):
-        names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER] + CLAIMS
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):
             kind = "Certificate" if tls.get("certManager", {}).get("enabled") else "Secret"

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]  # tests/testbed/stack.py -> the chec
 # only tests bind, by calling /bind directly (no kube-scheduler serves it).
 SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
+NAMESPACE_RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-namespace-rules.yaml"
 ROLE = "neuron-scheduler-extender"
 
 
@@ -201,6 +202,34 @@ class Stack:
                     "kind": "ClusterRole",
                     "name": ROLE,
                 },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
+        # The chart's Role in the extender's namespace (UltraServer claims), bound the same way.
+        cp.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": ROLE, "namespace": "kube-system"},
+                "rules": yaml.safe_load(NAMESPACE_RULES.read_text()),
+            },
+        )
+        cp.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": ROLE, "namespace": "kube-system"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE},
                 "subjects": [
                     {
                         "kind": "ServiceAccount",

@@ -20,6 +20,7 @@ from neuron_scheduler.extender.waking import WAKE_ANNOTATION, Waker
 from neuron_scheduler.extender.wire import ExtenderArgs
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
@@ -44,20 +45,20 @@ class World:
         self.api = FakeAPI()
         self.ledger = Ledger(Catalog.builtin(), clock=self.clock, wall_clock=self.clock)
         self.occupancy = Occupancy()
-        self.units = UnitPlacement(self.occupancy, claim_seconds=120, clock=self.clock)
+        self.units = UnitPlacement(self.occupancy)
         self.waker = Waker(
             self.ledger,
             self.api,  # type: ignore[arg-type]
             ["my-scheduler"],
             filters=[self.units],
-            keepers=[self.ledger, self.units],
+            keepers=[self.ledger],
             rate=rate,
             grace=grace,
             clock=self.clock,
             wall_clock=self.clock,
             **waker,
         )
-        self.ledger.on_freed = self.units.on_freed = self.waker.node_changed
+        self.ledger.on_freed = self.occupancy.on_freed = self.waker.node_changed
         self.judge = Judge(
             self.ledger,
             Metrics(self.ledger),
@@ -149,6 +150,8 @@ async def test_a_hold_that_ends_silently_wakes_at_once() -> None:
     """Ids a bind wrote on a pending pod hold its devices until ANNOUNCED_SECONDS after they
     were written; no cluster event says when that ends."""
     world = World()
+    await world.run(1.0)  # the nodes' own changes examined
+    assert world.waker.step() == 5.0  # nothing held: the next look is the safety net's
     written = int((world.clock.now - 85) * 1e9)  # held for 5 more seconds
     world.add(
         "failed-bind",
@@ -163,7 +166,10 @@ async def test_a_hold_that_ends_silently_wakes_at_once() -> None:
     )
     waiter = world.add("waiter", 1)
     assert world.filter(waiter, [ONE]) == []
-    await world.run(4.0)
+    assert world.waker.step() == pytest.approx(5.0)  # the next step comes when the hold ends
+    world.clock.now += 1.0
+    assert world.waker.step() == pytest.approx(4.0)
+    await world.run(3.0)
     assert world.woken() == []
     await world.run(1.0)  # the hold's end is due: no grace, no read needed
     assert world.woken() == ["waiter"]
@@ -295,7 +301,9 @@ async def test_a_failed_wake_is_logged_once_and_left_to_the_flush(
     assert world.waker.waiting == {}
 
 
-async def test_an_ultraserver_claim_that_ends_wakes_the_other_jobs_worker() -> None:
+async def test_a_claim_made_for_a_training_job_wakes_its_members() -> None:
+    """A job's members are refused until its UltraServer claim is written (by the reservation
+    loop, no cluster event kube-scheduler acts on): then they are woken at once."""
     world = World()
     labels = {
         "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
@@ -305,21 +313,18 @@ async def test_an_ultraserver_claim_that_ends_wakes_the_other_jobs_worker() -> N
     for view in world.views:
         view.replace_nodes(trn)
     names = [n.metadata.name for n in trn]
-
-    def worker(job: str) -> Pod:
-        job_labels = {
-            "training.kubeflow.org/job-name": job,
-            "training.kubeflow.org/job-role": "worker",
-        }
-        return world.add(f"{job}-worker-0", 16, labels=job_labels)
-
-    assert world.filter(worker("a"), names)  # job a claims the UltraServer for 120 s
-    b = worker("b")
-    assert world.filter(b, names) == []
-    await world.run(119.0)
-    assert world.woken() == []
+    job = {"training.kubeflow.org/job-name": "b", "training.kubeflow.org/job-role": "worker"}
+    members = [world.add(f"b-worker-{i}", 16, labels=job) for i in range(4)]
+    for pod in members:
+        assert world.filter(pod, names) == []
     await world.run(1.0)
-    assert world.woken() == ["b-worker-0"]
+    assert world.woken() == []
+    for name in names:
+        world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
+    await world.run(0.0)
+    assert world.woken() == [f"b-worker-{i}" for i in range(4)]
+    value = world.api.pods["b-worker-0"]["metadata"]["annotations"][WAKE_ANNOTATION]
+    assert "claim made" in value, value
 
 
 async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> None:

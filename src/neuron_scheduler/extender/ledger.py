@@ -200,6 +200,8 @@ class Ledger:
         self._verdicts_demand = 0
         # Told which nodes got room back, and why (the waker); never about room taken.
         self.on_freed: Callable[[Iterable[str], str], None] | None = None
+        # Told when a hold with a deadline starts (the waker ends it when due).
+        self.on_deadline: Callable[[], None] | None = None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -405,6 +407,8 @@ class Ledger:
             self._invalidate(previous.holding.node, cause)
         if announced is not None:
             self._invalidate(announced.holding.node)
+            if self.on_deadline is not None:
+                self.on_deadline()
 
     def _expire_announced(self) -> None:
         """Drops the held ids whose time is up (checked on every read, and by the waker when the

@@ -73,6 +73,7 @@ MAX_WAITING = 100_000  # refused pods remembered; beyond it the oldest are left 
 MAX_IN_FLIGHT = 8  # wake writes at once
 MAX_FITS_PER_NODE = 64  # pods woken for one node's freed room, at most
 MIN_STEP = 0.01  # seconds between steps at least: a deadline that will not pass is no busy loop
+MAX_STEP = 5.0  # and at most (keepers say when a new deadline starts; this is the safety net)
 
 
 class AnnotationWriter(Protocol):
@@ -249,6 +250,10 @@ class Waker:
             )
         self._signal.set()
 
+    def deadline_changed(self) -> None:
+        """A keeper holds something new until a deadline: the next step comes by then."""
+        self._signal.set()
+
     def replace_nodes(self, nodes: Iterable[object]) -> None:
         pass
 
@@ -298,7 +303,7 @@ class Waker:
 
     def step(self) -> float:
         """Ends the holds that are due, finds the pods to wake, writes what the rate allows;
-        seconds until there is more to do (at most a minute)."""
+        seconds until there is more to do (at most MAX_STEP)."""
         for keeper in self.keepers:
             wait = keeper.seconds_to_next_expiry()
             if wait is not None and wait <= 0:
@@ -315,7 +320,7 @@ class Waker:
         return self.grace if cause in CLUSTER_EVENTS else 0.0
 
     def _next_step(self, now: float) -> float:
-        deadlines = [60.0]
+        deadlines = [MAX_STEP]
         for keeper in self.keepers:
             wait = keeper.seconds_to_next_expiry()
             if wait is not None:

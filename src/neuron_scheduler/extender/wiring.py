@@ -17,6 +17,7 @@ from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
+from neuron_scheduler.extender.reserving import Reservations
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
@@ -39,6 +40,8 @@ class Extender:
     binder: Binder
     preemptor: Preemptor
     waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
+    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
 
 
 def wire(
@@ -49,11 +52,12 @@ def wire(
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
     claim_seconds: float = CLAIM_SECONDS,
+    claim_namespace: str = "kube-system",
 ) -> Extender:
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
-    units = UnitPlacement(occupancy, claim_seconds)
+    units = UnitPlacement(occupancy)
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
@@ -62,13 +66,25 @@ def wire(
         api,
         scheduler_names,
         filters=[units],
-        keepers=[ledger, units],
+        keepers=[ledger],
         policy=policy,
         rate=wake_rate,
         grace=wake_grace,
         on_wake=lambda cause, result: metrics.wakes.labels(cause, result).inc(),
     )
-    ledger.on_freed = units.on_freed = waker.node_changed
+    reservations = Reservations(
+        api,
+        occupancy,
+        units,
+        ledger,
+        claim_namespace,
+        scheduler_names,
+        claim_seconds,
+        policy=policy,
+    )
+    ledger.on_freed = occupancy.on_freed = waker.node_changed
+    ledger.on_deadline = waker.deadline_changed
+    occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
     return Extender(
         ledger,
@@ -91,4 +107,6 @@ def wire(
         ),
         Preemptor(ledger, budgets, metrics, policy),
         waker,
+        occupancy,
+        reservations,
     )

@@ -33,6 +33,7 @@ def resource_claim_path(namespace: str, name: str) -> str:
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
+POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -283,6 +284,21 @@ class KubeAPI:
         path = f"{leases_path(lease.metadata.namespace)}/{lease.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
         return msgspec.json.decode(answer, type=Lease)
+
+    async def delete_lease(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> None:
+        """Only the Lease of this uid, as it was at this resourceVersion (a Conflict if it
+        changed since, NotFound if it is gone)."""
+        await self.request(
+            "DELETE",
+            f"{leases_path(namespace)}/{name}",
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"uid": uid, "resourceVersion": resource_version},
+            },
+        )
 
     # --- resource.k8s.io/v1 (the DRA driver): wire types are the caller's -----------------------
 

@@ -28,9 +28,16 @@ class ResourceRequirements(msgspec.Struct):
     requests: dict[str, str | int] = {}
 
 
+class EnvVar(msgspec.Struct):
+    name: str = ""
+    value: str = ""  # (valueFrom is not read)
+
+
 class Container(msgspec.Struct):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    # Read for the size of a training job whose framework says it only there (PET_NNODES).
+    env: list[EnvVar] = []
 
 
 class Toleration(msgspec.Struct):
@@ -63,6 +70,13 @@ class Affinity(msgspec.Struct):
     nodeAffinity: NodeAffinity | None = None
 
 
+class PodSchedulingGroup(msgspec.Struct):
+    """Kubernetes 1.36's Workload API: the PodGroup (scheduling.k8s.io/v1alpha2, in the pod's
+    namespace) the pod belongs to."""
+
+    podGroupName: str | None = None
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
@@ -73,6 +87,7 @@ class PodSpec(msgspec.Struct):
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
     priority: int | None = None
+    schedulingGroup: PodSchedulingGroup | None = None
 
 
 class PodCondition(msgspec.Struct):
@@ -155,6 +170,9 @@ class LeaseMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
     resourceVersion: str = ""
+    uid: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
 
 
 class Lease(msgspec.Struct):
@@ -214,3 +232,22 @@ class PodDisruptionBudget(msgspec.Struct):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: DisruptionBudgetSpec = msgspec.field(default_factory=DisruptionBudgetSpec)
     status: DisruptionBudgetStatus = msgspec.field(default_factory=DisruptionBudgetStatus)
+
+
+class GangPolicy(msgspec.Struct):
+    minCount: int = 0
+
+
+class PodGroupPolicy(msgspec.Struct):
+    gang: GangPolicy | None = None  # (basic: no gang)
+
+
+class PodGroupSpec(msgspec.Struct):
+    schedulingPolicy: PodGroupPolicy = msgspec.field(default_factory=PodGroupPolicy)
+
+
+class PodGroup(msgspec.Struct):
+    """scheduling.k8s.io/v1alpha2 (Kubernetes 1.36, alpha): a gang's size is its minCount."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)

@@ -6,16 +6,17 @@ cannot be right is unusable; the pod's own nodeSelector, required node affinity 
 keep it off others (kube-scheduler filters those before asking the extender); then the allocator
 decides on the node as the pod sees it (blocks held for pods nominated by preemption count
 against it unless their priority is lower); on the nodes it fits, the extender's node filter
-(the UltraServer unit rule for MPI job workers) has the last word. Where the refusal can be
-resolved, it says what would have to be freed: the pods holding the cheapest allowed block,
-whatever their priority (what blocks it), and what the preempt verb would evict for this pod's
-priority (core/eviction, with the same view of the node as the verb; disruption budgets are not
-read here).
+(the UltraServer rule: a training job's members go where its claim is) has the last word.
+Where the refusal can be resolved, it says what would have to be freed: the pods holding the
+cheapest allowed block, whatever their priority (what blocks it), and what the preempt verb
+would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
+disruption budgets are not read here).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -29,11 +30,20 @@ from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
 from neuron_scheduler.core.topology import Topology, TopologyKind
 from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.reserving import member_unusable
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.live.fleet import JSON_VERSION
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+from neuron_scheduler.ultraserver.jobs import GangSizeError, member_of
+from neuron_scheduler.ultraserver.labels import NodeConfigError
+from neuron_scheduler.ultraserver.placement import (
+    Occupancy,
+    Shortfall,
+    UnitPlacement,
+    plan,
+    pod_node_config,
+)
 
 # Above every PriorityClass value (int32): every pod on the node counts as evictable.
 ANY_PRIORITY = 2**31
@@ -135,7 +145,7 @@ def diagnose(
         for name in sorted({*ledger.nodes, *ledger.unusable}):
             nodes.append(_node(ledger, pod, claimant, request, name, policy))
     if occupancy is not None:
-        nodes = _unit_rule(occupancy, pod, nodes)
+        nodes = _unit_rule(ledger, occupancy, pod, nodes, policy)
     nodes.sort(key=_closeness)
     return Diagnosis(
         pod=pod.key,
@@ -149,12 +159,28 @@ def diagnose(
     )
 
 
-def _unit_rule(occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis]) -> list[NodeDiagnosis]:
-    """The extender's node filter on the nodes the allocator lets the pod have. The extender
-    also holds, in memory, the unit a job's first worker opened for the next ones (for two
-    minutes); a viewer cannot see those claims."""
+def _unit_rule(
+    ledger: Ledger, occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis], policy: Policy
+) -> list[NodeDiagnosis]:
+    """The extender's node filter on the nodes the allocator lets the pod have: a training
+    job's member goes only where its job's claim is (read from the claim Leases); without one,
+    why the reservation loop cannot make one now."""
     fits = [n.node for n in nodes if n.verdict is Verdict.FITS]
-    # A fresh rule each time: the claim it may make stays in this viewer's copy.
+    try:
+        member = member_of(pod)
+        config = pod_node_config(pod)
+    except (GangSizeError, NodeConfigError):
+        member = None
+    if member is not None and not occupancy.complete(member.job):
+        size = max(occupancy.size(member, member.job), 1)  # this pod, at least
+        usable = functools.partial(member_unusable, ledger, pod, policy)
+        planned = plan(occupancy, member.job, config, size, usable)
+        occupancy.shortfalls[member.job] = (
+            planned.reason
+            if isinstance(planned, Shortfall)
+            else f"job {member.text} fits now (on {len(planned)} nodes): the extender reserves "
+            "them for all its members at once, then they are retried"
+        )
     _, refused = UnitPlacement(occupancy).filter(pod, fits, now=0.0)
     return [
         dataclasses.replace(n, verdict=Verdict.UNIT_RULE, reason=refused[n.node], placement=None)
