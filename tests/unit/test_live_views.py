@@ -255,11 +255,12 @@ def test_why_applies_the_extenders_ultraserver_rule_where_devices_fit() -> None:
     assert answers["u2"].verdict is Verdict.UNIT_RULE
     assert "job default/mine fits now (on 1 nodes)" in answers["u2"].reason
     assert answers["u1"].verdict is Verdict.UNIT_RULE
-    assert answers["u1"].reason == "runs a member of job default/other"
+    assert answers["u1"].reason == answers["u2"].reason  # one reason for the job
     assert answers["u1"].placement is None
     occupancy.hold(NodeClaim("u2", ("default", "mine"), 1, 1, PENDING, 0.0, 120))
     answers = {n.node: n for n in diagnose(ledger, worker, occupancy=occupancy).nodes}
     assert answers["u2"].verdict is Verdict.FITS
+    assert answers["u1"].reason == "runs a member of job default/other"
 
 
 def test_why_has_nothing_to_say_about_bound_finished_or_non_neuron_pods() -> None:

@@ -278,7 +278,10 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     world = World()
     for name in ("a0", "a1"):  # a crash after two of four nodes
         lease = await world.api.create_lease(
-            to_lease(NodeClaim(name, ("ns", "j"), 4, 4, PENDING, world.now, 60), NAMESPACE)
+            to_lease(
+                NodeClaim(name, ("ns", "j"), 4, 4, PENDING, world.now, 60, "my-scheduler"),
+                NAMESPACE,
+            )
         )
         world.occupancy.apply_claim(lease)
     world.job("j", 4)
@@ -289,7 +292,9 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     # Another crash left half a claim on b, whose other nodes another job has now.
     world2 = World()
     lease = await world2.api.create_lease(
-        to_lease(NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world2.now, 60), NAMESPACE)
+        to_lease(
+            NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world2.now, 60, "my-scheduler"), NAMESPACE
+        )
     )
     world2.occupancy.apply_claim(lease)
     for i, pod in enumerate(world2.job("busy", 4)):
@@ -298,3 +303,16 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     world2.job("j", 4)
     await world2.loop.step()
     assert world2.claimed("j") == [] and world2.leases_of("j") == []
+
+
+async def test_claims_of_another_schedulers_jobs_are_its_extenders_to_tend() -> None:
+    world = World()
+    lease = await world.api.create_lease(
+        to_lease(
+            NodeClaim("a0", ("ns", "theirs"), 1, 1, PENDING, world.now - 600, 60, "other"),
+            NAMESPACE,
+        )
+    )
+    world.occupancy.apply_claim(lease)
+    await world.loop.step()  # expired, no member seen: still not ours to end
+    assert world.claimed("theirs") == ["a0"]

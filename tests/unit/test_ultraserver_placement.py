@@ -164,7 +164,7 @@ def test_a_claim_goes_to_a_lease_and_back() -> None:
     assert lease.metadata.labels["neuron-scheduler.io/claim"] == "ultraserver"
     lease.metadata.resourceVersion, lease.metadata.uid = "7", "u1"
     read = from_lease(msgspec.json.decode(msgspec.json.encode(lease), type=Lease))
-    assert read == NodeClaim("a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "7", "u1")
+    assert read == NodeClaim("a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "", "7", "u1")
     assert lease_name("n" * 300).startswith("neuron-claim-") and len(lease_name("n" * 300)) == 253
 
 
@@ -259,6 +259,10 @@ def test_members_go_only_to_the_nodes_of_their_jobs_complete_claim() -> None:
     assert "go to the UltraServer nodes reserved for it (a0, a1, a2, a3)" in choice.failed["b0"]
     other = member_of(member("k", 0))
     assert other is not None
+    assert "job ns/k has no UltraServer nodes reserved yet" in (
+        decide(occupancy, other, 4, names).failed["a1"]
+    )  # one reason for a job without a claim, on every node: what kube-scheduler's event says
+    claim(occupancy, "k", ["b0", "b1", "b2", "b3"])
     assert decide(occupancy, other, 4, names).failed["a1"] == (
         "UltraServer node reserved for job ns/j"
     )

@@ -46,6 +46,7 @@ from neuron_scheduler.ultraserver.claims import (
 from neuron_scheduler.ultraserver.jobs import JobKey
 from neuron_scheduler.ultraserver.placement import (
     Occupancy,
+    Pending,
     Shortfall,
     UnitPlacement,
     job_text,
@@ -150,7 +151,8 @@ class Reservations:
         now = self.wall_clock()
         by_job: dict[JobKey, list[NodeClaim]] = {}
         for claim in self.occupancy.claims.values():
-            by_job.setdefault(claim.job, []).append(claim)
+            if claim.scheduler in self.scheduler_names:  # others' are their extenders' to tend
+                by_job.setdefault(claim.job, []).append(claim)
         jobs = self.occupancy.jobs()
         for job in [j for j in self._idle if j not in jobs]:
             del self._idle[job]  # gone
@@ -204,6 +206,7 @@ class Reservations:
                 phase,
                 now,
                 claim.seconds,
+                claim.scheduler,
                 claim.version,
                 claim.uid,
             )
@@ -286,17 +289,18 @@ class Reservations:
                     log.info("%s", loggable(chosen.reason))
                 continue
             if chosen:
-                await self._claim(job, first.config, size, chosen)
+                await self._claim(job, first, size, chosen)
 
-    async def _claim(self, job: JobKey, config: int, size: int, nodes: list[str]) -> None:
+    async def _claim(self, job: JobKey, first: Pending, size: int, nodes: list[str]) -> None:
         """Claims every node for the job; on a conflict or an error, deletes what it wrote."""
         now = self.wall_clock()
+        config, scheduler = first.config, first.pod.spec.schedulerName
         written: list[NodeClaim] = []
         for node in nodes:
             known = self.occupancy.claims.get(node)
             if known is not None and known.job == job:
                 continue  # held already (what a crash left half written)
-            claim = NodeClaim(node, job, config, size, PENDING, now, self.claim_seconds)
+            claim = NodeClaim(node, job, config, size, PENDING, now, self.claim_seconds, scheduler)
             try:
                 lease = await self.api.create_lease(to_lease(claim, self.namespace))
                 written.append(from_lease(lease))

@@ -45,6 +45,7 @@ class NodeClaim:
     phase: str  # PENDING or BOUND
     renewed: float  # wall clock: when the job last did something (the Lease's renewTime)
     seconds: int  # a Pending claim ends this long after `renewed`
+    scheduler: str = ""  # the schedulerName of the job's members: whose extender tends it
     version: str = ""  # the Lease's resourceVersion ("" until written)
     uid: str = ""  # the Lease's (a Lease created again for the node has another)
 
@@ -73,6 +74,7 @@ def to_lease(claim: NodeClaim, namespace: str) -> Lease:
         "config": claim.config,
         "size": claim.size,
         "phase": claim.phase,
+        "scheduler": claim.scheduler,
     }
     return Lease(
         metadata=LeaseMeta(
@@ -104,6 +106,9 @@ def from_lease(lease: Lease) -> NodeClaim:
         raise ClaimError(f"Lease {meta.name}: {CLAIM_ANNOTATION} is not an object")
     node, namespace, job = details.get("node"), details.get("namespace"), details.get("job")
     config, size, phase = details.get("config"), details.get("size"), details.get("phase")
+    scheduler = details.get("scheduler", "")
+    if not isinstance(scheduler, str) or len(scheduler) > 253:
+        raise ClaimError(f"Lease {meta.name}: scheduler {scheduler!r} is not a name")
     if not all(isinstance(v, str) and 0 < len(v) <= 253 for v in (node, namespace, job)):
         raise ClaimError(f"Lease {meta.name}: node, namespace and job must be names")
     assert isinstance(node, str) and isinstance(namespace, str) and isinstance(job, str)
@@ -128,6 +133,7 @@ def from_lease(lease: Lease) -> NodeClaim:
         phase,
         renewed.timestamp(),
         seconds,
+        scheduler,
         meta.resourceVersion,
         meta.uid,
     )

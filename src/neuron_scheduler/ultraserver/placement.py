@@ -433,7 +433,13 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
             continue
         claim = occupancy.claims.get(name)
         others = [w.job for w in occupancy.on_node.get(name, {}).values() if w.job != job]
-        if claim is not None and claim.job != job:
+        if not claimed:
+            # One reason for the job on every node, so kube-scheduler's event says it once.
+            decision.failed[name] = occupancy.shortfalls.get(job) or (
+                f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
+                "for all its members at once"
+            )
+        elif claim is not None and claim.job != job:
             decision.failed[name] = f"UltraServer node reserved for job {claim.job_text}"
         elif others:
             decision.failed[name] = f"runs a member of job {job_text(others[0])}"
@@ -441,15 +447,10 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
             decision.failed[name] = f"already runs a member of job {job_text(job)}"
         elif name in claimed:
             decision.passed.append(name)
-        elif claimed:
+        else:
             decision.failed[name] = (
                 f"job {job_text(job)}'s members go to the UltraServer nodes reserved for it "
                 f"({shown})"
-            )
-        else:
-            decision.failed[name] = occupancy.shortfalls.get(job) or (
-                f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
-                "for all its members at once"
             )
     return decision
 
