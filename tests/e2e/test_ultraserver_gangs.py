@@ -9,10 +9,14 @@ included) with short claims. Every member asks for a whole node (16 devices).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -153,6 +157,25 @@ class Gangs:
         events = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
         return [e.get("message", "") for e in events if contains in e.get("message", "")]
 
+    def status(self) -> dict[str, Any]:
+        """`neuron-scheduler status --json` as an operator runs it (the UltraServers part)."""
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "neuron_scheduler",
+                "status",
+                "--json",
+                "--kubeconfig",
+                str(self.cp.kubeconfig_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found: dict[str, Any] = json.loads(result.stdout)["ultraservers"]
+        return found
+
     def claims(self) -> dict[str, str]:
         """node lease -> the job it is held for."""
         listed = self.cp.request("GET", CLAIMS + "?labelSelector=neuron-scheduler.io/claim")
@@ -232,10 +255,21 @@ def test_an_eight_member_job_waits_for_two_free_units_then_binds_whole(cluster: 
     big = cluster.job("big", 8)
     cluster.stays_unplaced(big)
     assert cluster.messages("needs 2 free UltraServers of 4 nodes for its 8 members, 1 free")
+    status = cluster.status()
+    waits = {w["job"]: w["reason"] for w in status["waiting"]}
+    assert "needs 2 free UltraServers of 4 nodes" in waits[f"{cluster.namespace}/big"]
     # Nothing reserved for it while it cannot all fit.
     assert f"{cluster.namespace}/big" not in cluster.claims().values()
     cluster.delete(busy)
     cluster.one_unit_each(cluster.placed(big), units=2)
+    claims = wait_for(
+        lambda: [c for c in cluster.status()["claims"] if c["phase"] == "Bound"],
+        "big's claim to be Bound",
+        30,
+    )
+    assert [(c["job"], c["bound"], c["size"], len(c["nodes"])) for c in claims] == [
+        (f"{cluster.namespace}/big", 8, 8, 8)
+    ]
 
 
 def test_a_claim_whose_job_is_deleted_before_any_bind_is_released(cluster: Gangs) -> None:

@@ -250,6 +250,18 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
     result = runner.invoke(app, ["ultraserver-affinity", "--job-name", "demo", "--workers", "4"])
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout) == affinity.worker_placement("demo", 4, 4)
+    # The template metadata's annotations, as a comment above the spec (they go elsewhere).
+    shown = "\n".join(
+        line.removeprefix("#   ") for line in result.stdout.splitlines() if line.startswith("#   ")
+    )
+    assert yaml.safe_load(shown) == {
+        "metadata": {
+            "annotations": {
+                "neuron.amazonaws.com/ultraserver-node-config": "4",
+                "neuron-scheduler.io/gang-size": "4",
+            }
+        }
+    }
     full = runner.invoke(
         app,
         [
@@ -270,7 +282,8 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 8
     assert worker["template"]["metadata"]["annotations"] == {
-        "neuron.amazonaws.com/ultraserver-node-config": "2"
+        "neuron.amazonaws.com/ultraserver-node-config": "2",
+        "neuron-scheduler.io/gang-size": "8",  # the extender reserves for all 8 at once
     }
     bad = runner.invoke(
         app, ["ultraserver-affinity", "--job-name", "demo", "--workers", "4", "--node-config", "3"]

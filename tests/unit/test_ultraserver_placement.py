@@ -8,14 +8,18 @@ import time
 
 import msgspec
 import pytest
+from rich.console import Console
 
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, LeaseMeta, Node, ObjectMeta, Pod, PodGroup
+from neuron_scheduler.live.terminal import ultraserver_tables
+from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 from neuron_scheduler.ultraserver.claims import (
     BOUND,
     PENDING,
@@ -27,6 +31,7 @@ from neuron_scheduler.ultraserver.claims import (
 )
 from neuron_scheduler.ultraserver.jobs import GangSizeError, member_of
 from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, UnitPlacement, decide, plan
+from tests.builders import node as node_object
 from tests.builders import node_json, pod_json
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -259,8 +264,9 @@ def test_members_go_only_to_the_nodes_of_their_jobs_complete_claim() -> None:
     assert "go to the UltraServer nodes reserved for it (a0, a1, a2, a3)" in choice.failed["b0"]
     other = member_of(member("k", 0))
     assert other is not None
-    assert "job ns/k has no UltraServer nodes reserved yet" in (
-        decide(occupancy, other, 4, names).failed["a1"]
+    assert (
+        "job ns/k has no UltraServer nodes reserved yet"
+        in (decide(occupancy, other, 4, names).failed["a1"])
     )  # one reason for a job without a claim, on every node: what kube-scheduler's event says
     claim(occupancy, "k", ["b0", "b1", "b2", "b3"])
     assert decide(occupancy, other, 4, names).failed["a1"] == (
@@ -375,3 +381,51 @@ async def test_a_member_being_bound_already_counts_on_its_node() -> None:
     api.proceed.set()
     assert "failed" in await binding
     assert target in extender.judge.filter(ExtenderArgs(Pod=second, NodeNames=nodes)).passed
+
+
+def test_status_shows_units_claims_and_why_a_job_waits() -> None:
+    occupancy, _ = fleet()
+    ledger = Ledger(Catalog.builtin())
+    labelled_nodes = [
+        node_object(
+            n,
+            "trn2u.48xlarge",
+            labels={PREFIX + "mode": "1_2_4", PREFIX + "server-id-4": f"{n[0]}000000000000000"},
+        )
+        for n in occupancy.servers
+        if n != "plain"
+    ]
+    ledger.replace_nodes(labelled_nodes)
+    for i in range(4):
+        occupancy.hold(NodeClaim(f"a{i}", ("ns", "j"), 4, 4, PENDING, 1000.0, 120))
+    occupancy.apply_pod(member("j", 0, node="a0"))
+    for pod in (member("big", i, size=8) for i in range(8)):
+        occupancy.apply_pod(pod)
+        ledger.apply_pod(pod)
+    view = ultraserver_view(occupancy, ledger, now=1100.0)
+    document = ultraserver_json(view)
+    assert document["claims"] == [
+        {
+            "job": "ns/j",
+            "phase": "Pending",
+            "config": 4,
+            "size": 4,
+            "nodes": ["a0", "a1", "a2", "a3"],
+            "bound": 1,
+            "ends_in_seconds": 20.0,
+        }
+    ]
+    a0 = document["units"][0]["nodes"][0]
+    assert a0 == {"node": "a0", "claimed_by": "ns/j", "members": ["ns/j"]}
+    assert document["waiting"] == [
+        {
+            "job": "ns/big",
+            "reason": "job ns/big needs 2 free UltraServers of 4 nodes for its 8 members, 1 "
+            "free; nothing is reserved until all of them fit",
+        }
+    ]
+    console = Console(width=200, record=True)
+    for part in ultraserver_tables(view):
+        console.print(part)
+    text = console.export_text()
+    assert "1 of 4" in text and "20s" in text and "job ns/big waits" in text

@@ -17,6 +17,7 @@ import binascii
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -35,6 +36,10 @@ Kubeconfig = Annotated[
     typer.Option(
         help="kubeconfig file (default: as kubectl: $KUBECONFIG, ~/.kube/config, in-cluster)"
     ),
+]
+ClaimsNamespace = Annotated[
+    str,
+    typer.Option(help="where the extender keeps its UltraServer claims (its own namespace)"),
 ]
 TopologyFile = Annotated[
     Path | None,
@@ -103,26 +108,33 @@ def status(
         typer.Option(help="also write device maps (as simulate --report) and status.json here"),
     ] = None,
     topology_file: TopologyFile = None,
+    claims_namespace: ClaimsNamespace = "kube-system",
 ) -> None:
-    """Which Neuron devices are free where: each node's pods and ids, from the live cluster."""
+    """Which Neuron devices are free where: each node's pods and ids, and the UltraServers with
+    the training jobs' claims, from the live cluster."""
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
     from neuron_scheduler.kube.errors import READ_ERRORS
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
     from neuron_scheduler.live.snapshot import read_cluster
-    from neuron_scheduler.live.terminal import shown, status_view
+    from neuron_scheduler.live.terminal import shown, status_view, ultraserver_tables
+    from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 
+    with user_errors():
+        if not LABEL.fullmatch(claims_namespace):
+            raise UsageError(f"--claims-namespace {claims_namespace!r} is not a namespace name")
     config, catalog = _setup(kubeconfig, topology_file)
     unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
 
     async def read() -> Snapshot:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog)
+            return await read_cluster(api, catalog, claims_namespace)
 
     try:
         snapshot = asyncio.run(read())
     except unreadable as error:
         _read_failed(error, config)
     ledger = snapshot.ledger
+    ultraservers = ultraserver_view(snapshot.occupancy, ledger, time.time(), snapshot.claims_unread)
     names = None
     if node is not None:
         if node not in ledger.nodes and node not in ledger.unusable:
@@ -131,10 +143,16 @@ def status(
         names = [node]
     fleet = fleet_view(ledger, names, snapshot.other_nodes if node is None else 0)
     if as_json:
-        print(json.dumps(fleet_json(fleet), indent=2))
+        document = fleet_json(fleet)
+        if node is None:
+            document["ultraservers"] = ultraserver_json(ultraservers)
+        print(json.dumps(document, indent=2))
     else:
         for part in status_view(fleet):
             out.print(part)
+        if node is None and not ultraservers.empty:
+            for part in ultraserver_tables(ultraservers):
+                out.print(part)
     if report is not None:
         try:
             from neuron_scheduler.live.pictures import write_pictures
@@ -169,6 +187,7 @@ def why(
     kubeconfig: Kubeconfig = None,
     as_json: AsJson = False,
     topology_file: TopologyFile = None,
+    claims_namespace: ClaimsNamespace = "kube-system",
 ) -> None:
     """Why a pod is pending: each Neuron node's answer, and what would have to be freed."""
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
@@ -186,6 +205,8 @@ def why(
         name = _pod_name(pod)
         if namespace is not None and not LABEL.fullmatch(namespace):
             raise UsageError(f"-n {namespace!r} is not a namespace name")
+        if not LABEL.fullmatch(claims_namespace):
+            raise UsageError(f"--claims-namespace {claims_namespace!r} is not a namespace name")
     config, catalog = _setup(kubeconfig, topology_file)
     ns = namespace or config.namespace or "default"
     unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
@@ -198,7 +219,7 @@ def why(
 
     async def read() -> Snapshot:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog)
+            return await read_cluster(api, catalog, claims_namespace)
 
     try:
         found = asyncio.run(read_pod())

@@ -8,12 +8,15 @@ and checks what it reads (capacities, annotations, ids against the node's topolo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.kube.client import NODES, PODS, KubeAPI
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.client import NODES, POD_GROUPS, PODS, KubeAPI, leases_path
+from neuron_scheduler.kube.errors import Forbidden, NotFound, error_text
+from neuron_scheduler.kube.objects import Lease, Node, Pod, PodGroup
+from neuron_scheduler.ultraserver.claims import CLAIM_LABEL, ULTRASERVER
 from neuron_scheduler.ultraserver.placement import Occupancy
 
 PAGE = 500
@@ -28,8 +31,9 @@ UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     ledger: Ledger
-    occupancy: Occupancy  # UltraServer units and MPI job workers: the extender's node filter
+    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
     node_names: frozenset[str]  # every node listed, with Neuron resources or not
+    claims_unread: str | None = None  # why the UltraServer claims were not read
 
     @property
     def other_nodes(self) -> int:
@@ -43,8 +47,11 @@ class Snapshot:
         self.occupancy.apply_pod(pod)
 
 
-async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
-    """Nodes first, then pods (a pod's ids are checked against its node's topology)."""
+async def read_cluster(
+    api: KubeAPI, catalog: Catalog, claim_namespace: str = "kube-system"
+) -> Snapshot:
+    """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
+    UltraServer claims (Leases in `claim_namespace`) and PodGroups, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -55,4 +62,19 @@ async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
     for view in (ledger, occupancy):  # the extender's views, fed as its watches feed them
         view.replace_nodes(nodes)
         view.replace_pods(pods)
-    return Snapshot(ledger, occupancy, frozenset(n.metadata.name for n in nodes))
+    unread = None
+    try:
+        claims = await api.list_all(
+            leases_path(claim_namespace),
+            Lease,
+            params={"labelSelector": f"{CLAIM_LABEL}={ULTRASERVER}"},
+            page=PAGE,
+            most=MOST_NODES,
+        )
+        occupancy.replace_claims(claims)
+    except (Forbidden, NotFound) as error:
+        unread = f"cannot list Leases in namespace {claim_namespace}: {error_text(error)}"
+    with contextlib.suppress(Forbidden, NotFound):  # the Workload API: alpha, often absent
+        groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
+        occupancy.replace_pod_groups(groups)
+    return Snapshot(ledger, occupancy, frozenset(n.metadata.name for n in nodes), unread)

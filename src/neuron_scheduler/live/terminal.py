@@ -33,6 +33,7 @@ from neuron_scheduler.live.diagnosis import (
     freeing_text,
 )
 from neuron_scheduler.live.fleet import Fleet, NodeView
+from neuron_scheduler.live.ultraservers import UltraServers
 
 NAME_LIMIT = 120
 REASON_LIMIT = 400
@@ -178,6 +179,41 @@ def status_view(fleet: Fleet) -> Iterator[RenderableType]:
             )
         yield rest
     yield fleet_summary(fleet)
+
+
+def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
+    """UltraServers, node by node (who claims it, whose members run there), and the claims."""
+    if view.unread:
+        yield Text(f"UltraServer claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
+    if view.units:
+        units = Table(title="UltraServers")
+        for column in ("UltraServer", "node", "claimed for", "members of"):
+            units.add_column(column)
+        for unit in view.units:
+            for row in unit.nodes:
+                units.add_row(
+                    Text(shown(unit.server)),
+                    Text(shown(row.node)),
+                    Text(shown(row.claimed_by) or "-"),
+                    Text(", ".join(shown(j) for j in row.members) or "-"),
+                )
+        yield units
+    if view.claims:
+        claims = Table(title="Claims (kubectl get leases -l neuron-scheduler.io/claim)")
+        for column in ("job", "phase", "members bound", "units of", "nodes", "ends in"):
+            claims.add_column(column, justify="right" if column == "ends in" else "left")
+        for claim in view.claims:
+            claims.add_row(
+                Text(shown(claim.job)),
+                Text(claim.phase),
+                Text(f"{claim.bound} of {claim.size}"),
+                Text(str(claim.config)),
+                Text(shown(", ".join(claim.nodes), REASON_LIMIT)),
+                Text("-" if claim.ends_in is None else f"{claim.ends_in:.0f}s"),
+            )
+        yield claims
+    for job, reason in view.waiting:
+        yield Text(f"job {shown(job)} waits: {shown(reason, REASON_LIMIT)}")
 
 
 # --- why -------------------------------------------------------------------------------------
