@@ -281,6 +281,13 @@ def test_the_filter_leaves_other_pods_alone_and_refuses_bad_configs() -> None:
     rule = UnitPlacement(occupancy)
     plain = msgspec.convert(pod_json("x", {NEURON: 1}, namespace="ns"), Pod)
     assert rule.filter(plain, names, now=0.0) == (names, {})
+    claim(occupancy, "j", ["b0", "b1", "b2", "b3"])  # a pod of no job keeps off claimed nodes
+    passed, failed = rule.filter(plain, names, now=0.0)
+    assert passed == ["a0", "a1", "a2", "a3", "plain"]
+    assert failed["b2"] == "UltraServer node reserved for job ns/j"
+    assert not rule.admits(plain, "b2", 0.0) and rule.admits(plain, "a2", 0.0)
+    for node_name in ["b0", "b1", "b2", "b3"]:
+        occupancy.release(node_name)
     passed, failed = rule.filter(member("j", 0, config=3), names, now=0.0)
     assert passed == ["plain"]
     assert "valid values are 4, 2 and 1" in failed["a0"]

@@ -474,7 +474,7 @@ class UnitPlacement:
         try:
             member = member_of(pod)
             if member is None:
-                return passed, {}
+                return self._outsider(passed)
             config = pod_node_config(pod)
         except (NodeConfigError, GangSizeError) as error:
             return [n for n in passed if n not in servers], {
@@ -488,6 +488,16 @@ class UnitPlacement:
             self.occupancy.on_change()  # the reservation loop plans for it
         return decision.passed, decision.failed
 
+    def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
+        """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
+        claims = self.occupancy.claims
+        failed = {
+            n: f"UltraServer node reserved for job {claims[n].job_text}"
+            for n in passed
+            if n in claims
+        }
+        return ([n for n in passed if n not in failed], failed) if failed else (passed, {})
+
     def admits(self, pod: Pod, node: str, now: float) -> bool:
         """Whether `filter` would pass the pod on this node now."""
         if node not in self.occupancy.servers:
@@ -495,7 +505,7 @@ class UnitPlacement:
         try:
             member = member_of(pod)
             if member is None:
-                return True
+                return node not in self.occupancy.claims
             config = pod_node_config(pod)
         except (NodeConfigError, GangSizeError):
             return False
