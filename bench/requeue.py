@@ -274,18 +274,14 @@ class Bench:
 
 
 def claims(cp: ControlPlane, job: str = "") -> list[float]:
-    """When each UltraServer claim (of `job`, or any) ends, by its Lease (wall clock)."""
-    listed = cp.request(
-        "GET",
-        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
-        "?labelSelector=neuron-scheduler.io/claim",
-    )
+    """When each UltraServer claim (of `job`, or any) ends (wall clock)."""
+    listed = cp.request("GET", "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims")
     ends = []
-    for lease in listed["items"]:
-        if job and lease["spec"].get("holderIdentity", "").split("/")[-1] != job:
+    for claim in listed["items"]:
+        if job and claim["spec"]["job"] != job:
             continue
-        renewed = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
-        ends.append(renewed.timestamp() + lease["spec"]["leaseDurationSeconds"])
+        renewed = datetime.fromisoformat(claim["spec"]["renewTime"].replace("Z", "+00:00"))
+        ends.append(renewed.timestamp() + claim["spec"]["seconds"])
     return ends
 
 

@@ -154,7 +154,6 @@ EXTENDER = [
     "Service",
     "NetworkPolicy",
 ]
-CLAIMS = ["Role/k8s-neuron-scheduler-claims", "RoleBinding/k8s-neuron-scheduler-claims"]
 ELECTION = [
     "Role/k8s-neuron-scheduler-leader-election",
     "RoleBinding/k8s-neuron-scheduler-leader-election",
@@ -177,7 +176,8 @@ def expected_kinds(combo: str) -> list[str]:
     scheduler = values.get("scheduler", {})
     names: list[str] = []
     if scheduler.get("enabled", True):
-        names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER] + CLAIMS
+        names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        names.append("CustomResourceDefinition/ultraserverclaims.neuron-scheduler.io")
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):
             kind = "Certificate" if tls.get("certManager", {}).get("enabled") else "Secret"
@@ -219,7 +219,11 @@ def test_lint_and_render(combo: str) -> None:
     docs = render(values)
     assert kinds(docs) == expected_kinds(combo)
     for doc in docs:
-        namespaced = doc["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+        namespaced = doc["kind"] not in (
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+        )
         ns = doc["metadata"].get("namespace")
         # The one exception: reading kube-system's client-CA ConfigMap.
         if doc["metadata"]["name"].endswith("extension-apiserver-authentication-reader"):
@@ -564,6 +568,7 @@ def api_path(doc: Doc) -> str:
         "Certificate": "certificates",
         "PodDisruptionBudget": "poddisruptionbudgets",
         "ServiceMonitor": "servicemonitors",
+        "CustomResourceDefinition": "customresourcedefinitions",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""

@@ -3,8 +3,8 @@ restart and a leader change, on the real kube-scheduler.
 
 A control plane of its own with Kubernetes 1.36's Workload API on (kube-apiserver and
 kube-scheduler: GenericWorkload, and GangScheduling for kube-scheduler's PodGroup cycle), two
-UltraServers of four trn2u nodes (a, b), the extender as the chart runs it (its claims Role
-included) with short claims. Every member asks for a whole node (16 devices).
+UltraServers of four trn2u nodes (a, b), the extender as the chart runs it (with the chart's
+UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 devices).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.builders import node_json
+from tests.e2e.chart import EXTENDER, apply, find, render
 from tests.e2e.harness import ROOT, dump, wait_for
 from tests.testbed import ControlPlane, ExtenderProcess, Scheduler, Stack, scheduler_config
 
@@ -31,7 +32,7 @@ PREFIX = "neuron.amazonaws.com/ultraserver-"
 S4 = PREFIX + "server-id-4"
 GATES = "GenericWorkload=true"
 EXAMPLES = ROOT / "docs" / "examples" / "ultraserver"
-CLAIMS = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 SETTLE = 8.0  # seconds a refused job is watched to stay unplaced (a check, never a speed bound)
 ELECTION = ["--lease-duration=3", "--renew-deadline=2", "--retry-period=0.25"]
 
@@ -177,9 +178,12 @@ class Gangs:
         return found
 
     def claims(self) -> dict[str, str]:
-        """node lease -> the job it is held for."""
-        listed = self.cp.request("GET", CLAIMS + "?labelSelector=neuron-scheduler.io/claim")
-        return {i["metadata"]["name"]: i["spec"]["holderIdentity"] for i in listed["items"]}
+        """node -> the job its claim holds it for (namespace/name)."""
+        listed = self.cp.request("GET", CLAIMS)
+        return {
+            i["metadata"]["name"]: f"{i['spec']['namespace']}/{i['spec']['job']}"
+            for i in listed["items"]
+        }
 
     def delete(self, pods: list[str]) -> None:
         for pod in pods:
@@ -218,6 +222,27 @@ def cluster(gangs: Gangs) -> Iterator[Gangs]:
         gangs.stack.scheduler.start()
     yield gangs
     gangs.clear()
+
+
+def election_rbac(cp: ControlPlane) -> None:
+    """The chart's leader-election Role (one Lease, by name), bound to the testbed's extender
+    account, as the chart binds it to its own."""
+    docs = render({"scheduler": {"replicas": 2}, "devicePlugin": {"enabled": False}})
+    role = find(docs, "Role", f"{EXTENDER}-leader-election")
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{EXTENDER}-leader-election", "namespace": "kube-system"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "neuron-scheduler", "namespace": "kube-system"}
+        ],
+    }
+    apply(cp, [role, binding])
 
 
 def busy_unit_a(world: Gangs) -> list[str]:
@@ -308,6 +333,7 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
     assert stack.scheduler is not None
     stack.scheduler.stop()
     stack.extender.process.stop()
+    election_rbac(cluster.cp)
     replicas = {
         name: ExtenderProcess(
             cluster.cp,
@@ -316,7 +342,7 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
             pki=stack.pki,
             extra_args=[
                 "--leader-elect",
-                "--lease-name=gangs",
+                f"--lease-name={EXTENDER}",
                 "--lease-namespace=kube-system",
                 f"--lease-identity={name}",
                 "--ultraserver-claim-seconds=20",

@@ -20,6 +20,7 @@ import yaml
 
 from neuron_scheduler.sim.kubescheduler import CHART, Profile
 
+from .client import KubeError
 from .controlplane import ControlPlane, Scheduler
 from .manifests import scheduler_config
 from .pki import Pki
@@ -30,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]  # tests/testbed/stack.py -> the chec
 # only tests bind, by calling /bind directly (no kube-scheduler serves it).
 SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
-NAMESPACE_RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-namespace-rules.yaml"
+CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 ROLE = "neuron-scheduler-extender"
 
 
@@ -163,6 +165,25 @@ class ExtenderProcess:
         return total
 
 
+def install_claims_crd(cp: ControlPlane, timeout: float = 60.0) -> None:
+    """The chart's UltraServerClaim CRD, once per control plane, established."""
+    crd = yaml.safe_load(CLAIM_CRD.read_text())
+    try:
+        cp.request("POST", CRDS, crd)
+    except KubeError as error:
+        if error.status != 409:  # (there already: another Stack on this control plane)
+            raise
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
+        conditions = (found.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
+        time.sleep(0.1)
+
+
 class Stack:
     """A control plane, the extender with least privilege, and a `my-scheduler` using it."""
 
@@ -178,6 +199,7 @@ class Stack:
             raise FileNotFoundError(
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
+        install_claims_crd(cp)
         rules = yaml.safe_load(RULES.read_text())
         cp.request(
             "POST",
@@ -202,34 +224,6 @@ class Stack:
                     "kind": "ClusterRole",
                     "name": ROLE,
                 },
-                "subjects": [
-                    {
-                        "kind": "ServiceAccount",
-                        "name": "neuron-scheduler",
-                        "namespace": "kube-system",
-                    }
-                ],
-            },
-        )
-        # The chart's Role in the extender's namespace (UltraServer claims), bound the same way.
-        cp.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": ROLE, "namespace": "kube-system"},
-                "rules": yaml.safe_load(NAMESPACE_RULES.read_text()),
-            },
-        )
-        cp.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": ROLE, "namespace": "kube-system"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE},
                 "subjects": [
                     {
                         "kind": "ServiceAccount",

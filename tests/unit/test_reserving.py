@@ -1,6 +1,6 @@
-"""The reservation loop on an in-memory Lease API that keeps kube-apiserver's rules: a create of a
-name that exists is a 409, a replace or delete conditioned on a resourceVersion (or uid) that no
-longer holds is a 409, and every write bumps the resourceVersion."""
+"""The reservation loop on an in-memory UltraServerClaim API that keeps kube-apiserver's rules: a
+create of a name that exists is a 409, a replace or delete conditioned on a resourceVersion (or
+uid) that no longer holds is a 409, and every write bumps the resourceVersion."""
 
 from __future__ import annotations
 
@@ -14,63 +14,60 @@ from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.reserving import Reservations
 from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Lease, Pod
-from neuron_scheduler.ultraserver.claims import BOUND, PENDING, NodeClaim, lease_name, to_lease
+from neuron_scheduler.kube.objects import Pod, UltraServerClaim
+from neuron_scheduler.ultraserver.claims import BOUND, PENDING, NodeClaim, to_object
 from neuron_scheduler.ultraserver.placement import CLAIM_ENDED, CLAIM_MADE, Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
-NAMESPACE = "kube-system"
 
 
-class FakeLeases:
+class FakeClaims:
     def __init__(self) -> None:
-        self.leases: dict[str, Lease] = {}
+        self.claims: dict[str, UltraServerClaim] = {}
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
         self.writes = 0
-        self.fail_on: set[str] = set()  # lease names whose create fails with a 500
+        self.fail_on: set[str] = set()  # names whose create fails with a 500
 
-    def _stamp(self, lease: Lease, uid: str) -> Lease:
-        stored = msgspec.convert(msgspec.to_builtins(lease), Lease)
+    def _stamp(self, claim: UltraServerClaim, uid: str) -> UltraServerClaim:
+        stored = msgspec.convert(msgspec.to_builtins(claim), UltraServerClaim)
         stored.metadata.resourceVersion = str(next(self.version))
         stored.metadata.uid = uid
-        self.leases[stored.metadata.name] = stored
+        self.claims[stored.metadata.name] = stored
         self.writes += 1
-        return msgspec.convert(msgspec.to_builtins(stored), Lease)
+        return msgspec.convert(msgspec.to_builtins(stored), UltraServerClaim)
 
-    async def create_lease(self, lease: Lease) -> Lease:
-        name = lease.metadata.name
+    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        name = claim.metadata.name
         if name in self.fail_on:
             raise api_error("POST", name, 500, b'{"message": "injected"}')
-        if name in self.leases:
+        if name in self.claims:
             raise api_error("POST", name, 409, b'{"reason": "AlreadyExists"}')
-        return self._stamp(lease, f"uid-{next(self.uids)}")
+        return self._stamp(claim, f"uid-{next(self.uids)}")
 
-    async def replace_lease(self, lease: Lease) -> Lease:
-        known = self.leases.get(lease.metadata.name)
+    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        known = self.claims.get(claim.metadata.name)
         if known is None:
-            raise api_error("PUT", lease.metadata.name, 404, b"{}")
-        if known.metadata.resourceVersion != lease.metadata.resourceVersion:
-            raise api_error("PUT", lease.metadata.name, 409, b'{"reason": "Conflict"}')
-        return self._stamp(lease, known.metadata.uid)
+            raise api_error("PUT", claim.metadata.name, 404, b"{}")
+        if known.metadata.resourceVersion != claim.metadata.resourceVersion:
+            raise api_error("PUT", claim.metadata.name, 409, b'{"reason": "Conflict"}')
+        return self._stamp(claim, known.metadata.uid)
 
-    async def delete_lease(
-        self, namespace: str, name: str, uid: str, resource_version: str
-    ) -> None:
-        known = self.leases.get(name)
+    async def delete_claim(self, name: str, uid: str, resource_version: str) -> None:
+        known = self.claims.get(name)
         if known is None:
             raise api_error("DELETE", name, 404, b"{}")
         if known.metadata.uid != uid or known.metadata.resourceVersion != resource_version:
             raise api_error("DELETE", name, 409, b'{"reason": "Conflict"}')
-        del self.leases[name]
+        del self.claims[name]
         self.writes += 1
 
 
 class World:
     def __init__(self, units: int = 2) -> None:
         self.now = 1_000_000.0
-        self.api = FakeLeases()
+        self.api = FakeClaims()
         self.ledger = Ledger(Catalog.builtin())
         self.occupancy = Occupancy()
         self.filter = UnitPlacement(self.occupancy)
@@ -82,7 +79,6 @@ class World:
             self.occupancy,
             self.filter,
             self.ledger,
-            NAMESPACE,
             ["my-scheduler"],
             60,
             is_leader=lambda: self.leading,
@@ -140,12 +136,8 @@ class World:
     def claimed(self, job: str) -> list[str]:
         return sorted(n for n, c in self.occupancy.claims.items() if c.job == ("ns", job))
 
-    def leases_of(self, job: str) -> list[str]:
-        return sorted(
-            name
-            for name, lease in self.api.leases.items()
-            if lease.spec.holderIdentity == f"ns/{job}"
-        )
+    def stored(self, job: str) -> list[str]:
+        return sorted(n for n, c in self.api.claims.items() if c.spec.job == job)
 
 
 async def test_a_job_whose_members_all_fit_gets_every_node_at_once() -> None:
@@ -154,7 +146,7 @@ async def test_a_job_whose_members_all_fit_gets_every_node_at_once() -> None:
     await world.loop.step()
     nodes = [f"{u}{i}" for u in "ab" for i in range(4)]
     assert world.claimed("j") == nodes
-    assert world.leases_of("j") == [lease_name(n) for n in nodes]
+    assert world.stored("j") == nodes
     assert {c.phase for c in world.occupancy.claims.values()} == {PENDING}
     assert sorted(n for (n,), cause in world.heard if cause == CLAIM_MADE) == nodes
     assert world.occupancy.complete(("ns", "j"))
@@ -194,15 +186,15 @@ async def test_a_job_larger_than_what_is_free_waits_then_gets_it_all() -> None:
 async def test_a_conflict_undoes_what_the_attempt_wrote() -> None:
     world = World(units=1)
     stranger = NodeClaim("a2", ("elsewhere", "x"), 4, 4, PENDING, world.now, 60)
-    await world.api.create_lease(to_lease(stranger, NAMESPACE))  # one this replica did not see
+    await world.api.create_claim(to_object(stranger))  # one this replica did not see
     world.job("j", 4)
     await world.loop.step()
     assert world.claimed("j") == []
-    assert world.leases_of("j") == []  # a0 and a1 were written, then deleted
-    world.api.fail_on = {lease_name("a1")}
-    del world.api.leases[lease_name("a2")]
+    assert world.stored("j") == []  # a0 and a1 were written, then deleted
+    world.api.fail_on = {"a1"}
+    del world.api.claims["a2"]
     await world.loop.step()
-    assert world.leases_of("j") == []  # an API error undoes it the same way
+    assert world.stored("j") == []  # an API error undoes it the same way
 
 
 async def test_a_pending_claim_ends_when_its_job_does_nothing_and_lives_while_it_works() -> None:
@@ -217,7 +209,7 @@ async def test_a_pending_claim_ends_when_its_job_does_nothing_and_lives_while_it
     assert world.claimed("j") == ["a0", "a1", "a2", "a3"]
     world.now += 60  # nothing asked for a minute
     await world.loop.step()
-    assert world.claimed("j") == [] and world.leases_of("j") == []
+    assert world.claimed("j") == [] and world.stored("j") == []
     assert sorted(n for (n,), cause in world.heard if cause == CLAIM_ENDED) == [
         "a0", "a1", "a2", "a3",
     ]  # fmt: skip
@@ -277,13 +269,10 @@ async def test_a_replica_that_is_not_leader_writes_nothing() -> None:
 async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     world = World()
     for name in ("a0", "a1"):  # a crash after two of four nodes
-        lease = await world.api.create_lease(
-            to_lease(
-                NodeClaim(name, ("ns", "j"), 4, 4, PENDING, world.now, 60, "my-scheduler"),
-                NAMESPACE,
-            )
+        written = await world.api.create_claim(
+            to_object(NodeClaim(name, ("ns", "j"), 4, 4, PENDING, world.now, 60, "my-scheduler"))
         )
-        world.occupancy.apply_claim(lease)
+        world.occupancy.apply_claim(written)
     world.job("j", 4)
     passed, _ = world.filter.filter(world.pods["j-0"], ["a0", "a1"], now=world.now)
     assert passed == []  # half a claim admits nobody
@@ -291,28 +280,23 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     assert world.claimed("j") == ["a0", "a1", "a2", "a3"]
     # Another crash left half a claim on b, whose other nodes another job has now.
     world2 = World()
-    lease = await world2.api.create_lease(
-        to_lease(
-            NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world2.now, 60, "my-scheduler"), NAMESPACE
-        )
+    written = await world2.api.create_claim(
+        to_object(NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world2.now, 60, "my-scheduler"))
     )
-    world2.occupancy.apply_claim(lease)
+    world2.occupancy.apply_claim(written)
     for i, pod in enumerate(world2.job("busy", 4)):
         world2.bind(pod, f"a{i}")
     world2.bind(world2.member("busy2", 0, 1), "b1")
     world2.job("j", 4)
     await world2.loop.step()
-    assert world2.claimed("j") == [] and world2.leases_of("j") == []
+    assert world2.claimed("j") == [] and world2.stored("j") == []
 
 
 async def test_claims_of_another_schedulers_jobs_are_its_extenders_to_tend() -> None:
     world = World()
-    lease = await world.api.create_lease(
-        to_lease(
-            NodeClaim("a0", ("ns", "theirs"), 1, 1, PENDING, world.now - 600, 60, "other"),
-            NAMESPACE,
-        )
+    written = await world.api.create_claim(
+        to_object(NodeClaim("a0", ("ns", "theirs"), 1, 1, PENDING, world.now - 600, 60, "other"))
     )
-    world.occupancy.apply_claim(lease)
+    world.occupancy.apply_claim(written)
     await world.loop.step()  # expired, no member seen: still not ours to end
     assert world.claimed("theirs") == ["a0"]

@@ -1,5 +1,6 @@
 """UltraServer placement, all or nothing: which job a pod belongs to (each framework), claims as
-Leases, the plan that reserves whole units for all members at once, and what filter admits."""
+objects of their own, the plan that reserves whole units for all members at once, and what filter
+admits."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Lease, LeaseMeta, Node, ObjectMeta, Pod, PodGroup
+from neuron_scheduler.kube.objects import Node, ObjectMeta, Pod, PodGroup, UltraServerClaim
 from neuron_scheduler.live.terminal import ultraserver_tables
 from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 from neuron_scheduler.ultraserver.claims import (
@@ -25,9 +26,8 @@ from neuron_scheduler.ultraserver.claims import (
     PENDING,
     ClaimError,
     NodeClaim,
-    from_lease,
-    lease_name,
-    to_lease,
+    from_object,
+    to_object,
 )
 from neuron_scheduler.ultraserver.jobs import GangSizeError, member_of
 from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, UnitPlacement, decide, plan
@@ -158,45 +158,45 @@ def test_a_pod_groups_min_count_is_the_jobs_size() -> None:
     assert occupancy.size(found, found.job) == 8
 
 
-# --- claims as Leases ----------------------------------------------------------------------------
+# --- claims as UltraServerClaim objects -----------------------------------------------------------
 
 
-def test_a_claim_goes_to_a_lease_and_back() -> None:
-    written = NodeClaim("a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120)
-    lease = to_lease(written, "kube-system")
-    assert lease.metadata.name == "neuron-claim-a0"
-    assert lease.spec.holderIdentity == "ns/j"
-    assert lease.metadata.labels["neuron-scheduler.io/claim"] == "ultraserver"
-    lease.metadata.resourceVersion, lease.metadata.uid = "7", "u1"
-    read = from_lease(msgspec.json.decode(msgspec.json.encode(lease), type=Lease))
-    assert read == NodeClaim("a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "", "7", "u1")
-    assert lease_name("n" * 300).startswith("neuron-claim-") and len(lease_name("n" * 300)) == 253
+def test_a_claim_goes_to_its_object_and_back() -> None:
+    written = NodeClaim("a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "my-scheduler")
+    found = to_object(written)
+    assert (found.apiVersion, found.kind) == ("neuron-scheduler.io/v1alpha1", "UltraServerClaim")
+    assert found.metadata.name == "a0"
+    assert (found.spec.namespace, found.spec.job, found.spec.phase) == ("ns", "j", "Pending")
+    found.metadata.resourceVersion, found.metadata.uid = "7", "u1"
+    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=UltraServerClaim))
+    assert read == NodeClaim(
+        "a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "my-scheduler", "7", "u1"
+    )
 
 
-def test_leases_we_could_not_have_written_are_refused() -> None:
-    good = to_lease(NodeClaim("a0", ("ns", "j"), 4, 8, BOUND, 1.0, 120), "kube-system")
+def test_claims_we_could_not_have_written_are_refused() -> None:
+    good = to_object(NodeClaim("a0", ("ns", "j"), 4, 8, BOUND, 1.0, 120))
 
-    def with_details(text: str, name: str = "neuron-claim-a0") -> Lease:
-        return Lease(
-            metadata=LeaseMeta(name=name, annotations={"neuron-scheduler.io/claim": text}),
-            spec=good.spec,
-        )
+    def changed(**spec: object) -> UltraServerClaim:
+        return msgspec.structs.replace(good, spec=msgspec.structs.replace(good.spec, **spec))
 
-    details = good.metadata.annotations["neuron-scheduler.io/claim"]
-    for lease in (
-        with_details("not json"),
-        with_details("[1]"),
-        with_details(details, name="neuron-claim-b0"),  # another node's claim under this name
-        with_details(details.replace('"config":4', '"config":3')),
-        with_details(details.replace('"size":8', '"size":0')),
-        with_details(details.replace('"Bound"', '"Maybe"')),
-        with_details("x" * 5000),
+    for bad in (
+        changed(node="b0"),  # another node's claim under this name
+        changed(config=3),
+        changed(size=0),
+        changed(size=5000),
+        changed(phase="Maybe"),
+        changed(seconds=0),
+        changed(renewTime="yesterday"),
+        changed(renewTime="2026-01-01T00:00:00"),  # no zone
+        changed(job=""),
+        changed(scheduler="s" * 300),
     ):
         with pytest.raises(ClaimError):
-            from_lease(lease)
+            from_object(bad)
     occupancy, _ = fleet()
-    occupancy.apply_claim(with_details("not json"))
-    assert not occupancy.claims and "neuron-claim-a0" in occupancy.rejected
+    occupancy.apply_claim(changed(phase="Maybe"))
+    assert not occupancy.claims and "a0" in occupancy.rejected
 
 
 # --- the plan: whole units, for all members at once ----------------------------------------------

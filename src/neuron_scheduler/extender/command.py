@@ -94,12 +94,6 @@ def extender(
             "did anything (a member asked about or bound)"
         ),
     ] = 120.0,
-    claim_namespace: Annotated[
-        str | None,
-        typer.Option(
-            help="namespace of the UltraServer claim Leases (default: this pod's, or kube-system)"
-        ),
-    ] = None,
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
@@ -172,7 +166,6 @@ def extender(
                 wake_rate=wake_rate,
                 wake_grace=wake_grace,
                 claim_seconds=ultraserver_claim_seconds,
-                claim_namespace=claim_namespace or own_namespace("kube-system"),
             )
         )
 

@@ -1,5 +1,5 @@
 """The reservation loop: UltraServer claims for training jobs, all or nothing. The leader's only
-writer of claims (one Lease per node, ultraserver/claims.py says why).
+writer of claims (one UltraServerClaim per node, ultraserver/claims.py says why).
 
 Each step, as leader, once the watches have listed pods, nodes and claims:
 1. ends what should end: the claims of a job that is gone (no member left) and of a job that
@@ -32,16 +32,15 @@ from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.nodefit import why_not
-from neuron_scheduler.kube.objects import Lease, Pod
+from neuron_scheduler.kube.objects import Pod, UltraServerClaim
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.ultraserver.claims import (
     BOUND,
     PENDING,
     ClaimError,
     NodeClaim,
-    from_lease,
-    lease_name,
-    to_lease,
+    from_object,
+    to_object,
 )
 from neuron_scheduler.ultraserver.jobs import JobKey
 from neuron_scheduler.ultraserver.placement import (
@@ -59,16 +58,14 @@ TICK = 1.0  # seconds between steps when nothing changes (claims end by the cloc
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 
 
-class LeaseWriter(Protocol):
+class ClaimWriter(Protocol):
     """What the loop needs of KubeAPI."""
 
-    async def create_lease(self, lease: Lease) -> Lease: ...
+    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim: ...
 
-    async def replace_lease(self, lease: Lease) -> Lease: ...
+    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim: ...
 
-    async def delete_lease(
-        self, namespace: str, name: str, uid: str, resource_version: str
-    ) -> None: ...
+    async def delete_claim(self, name: str, uid: str, resource_version: str) -> None: ...
 
 
 def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str | None:
@@ -94,11 +91,10 @@ def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str 
 class Reservations:
     def __init__(
         self,
-        api: LeaseWriter,
+        api: ClaimWriter,
         occupancy: Occupancy,
         units: UnitPlacement,
         ledger: Ledger,
-        namespace: str,
         scheduler_names: Collection[str],
         claim_seconds: float,
         *,
@@ -108,12 +104,11 @@ class Reservations:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`units`: the filter, whose `asked` says which jobs kube-scheduler is working on (by
-        `clock`); `namespace`: where the claim Leases live."""
+        `clock`)."""
         self.api = api
         self.occupancy = occupancy
         self.units = units
         self.ledger = ledger
-        self.namespace = namespace
         self.scheduler_names = frozenset(scheduler_names)
         self.claim_seconds = max(1, int(claim_seconds))
         self.policy = policy
@@ -140,7 +135,7 @@ class Reservations:
 
     async def step(self) -> None:
         """One round (nothing unless this replica is the leader)."""
-        if not self.is_leader():
+        if not self.is_leader() or self.occupancy.unavailable:
             return
         await self._tend()
         await self._plan()
@@ -211,7 +206,7 @@ class Reservations:
                 claim.uid,
             )
             try:
-                written = await self.api.replace_lease(to_lease(fresh, self.namespace))
+                written = await self.api.replace_claim(to_object(fresh))
             except Conflict:
                 continue  # changed since we read it: the watch brings the new one
             except READ_ERRORS as error:
@@ -223,9 +218,7 @@ class Reservations:
         nodes = sorted(c.node for c in claims)
         for claim in claims:
             try:
-                await self.api.delete_lease(
-                    self.namespace, lease_name(claim.node), claim.uid, claim.version
-                )
+                await self.api.delete_claim(claim.node, claim.uid, claim.version)
             except NotFound:
                 pass
             except Conflict:
@@ -241,11 +234,11 @@ class Reservations:
             why,
         )
 
-    def _hold(self, lease: Lease) -> None:
+    def _hold(self, written: UltraServerClaim) -> None:
         try:
-            self.occupancy.hold(from_lease(lease))
+            self.occupancy.hold(from_object(written))
         except ClaimError as error:  # the API server gave back what we wrote: should not be
-            log.warning("a claim Lease as written cannot be read back: %s", loggable(error))
+            log.warning("a claim as written cannot be read back: %s", loggable(error))
 
     # --- jobs waiting for a claim ------------------------------------------------------------
 
@@ -302,8 +295,7 @@ class Reservations:
                 continue  # held already (what a crash left half written)
             claim = NodeClaim(node, job, config, size, PENDING, now, self.claim_seconds, scheduler)
             try:
-                lease = await self.api.create_lease(to_lease(claim, self.namespace))
-                written.append(from_lease(lease))
+                written.append(from_object(await self.api.create_claim(to_object(claim))))
             except CLAIM_WRITE_ERRORS as error:
                 why = (
                     f"node {node} is claimed already (a claim this replica had not seen)"
@@ -331,9 +323,7 @@ class Reservations:
     async def _undo(self, written: list[NodeClaim]) -> None:
         for claim in written:
             try:
-                await self.api.delete_lease(
-                    self.namespace, lease_name(claim.node), claim.uid, claim.version
-                )
+                await self.api.delete_claim(claim.node, claim.uid, claim.version)
             except NotFound:
                 pass
             except READ_ERRORS as error:

@@ -24,19 +24,24 @@ from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import (
+    CLAIMS,
     DISRUPTION_BUDGETS,
     NODES,
     POD_GROUPS,
     PODS,
     KubeAPI,
-    leases_path,
 )
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound
-from neuron_scheduler.kube.objects import Lease, Node, Pod, PodDisruptionBudget, PodGroup
+from neuron_scheduler.kube.objects import (
+    Node,
+    Pod,
+    PodDisruptionBudget,
+    PodGroup,
+    UltraServerClaim,
+)
 from neuron_scheduler.kube.watching import Watch
-from neuron_scheduler.ultraserver.claims import CLAIM_LABEL, ULTRASERVER
 from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS
 
 log = logging.getLogger("neuron_scheduler.server")
@@ -66,18 +71,14 @@ class ExtenderOptions:
     # kube-scheduler gets to retry on a cluster event itself before the extender wakes a pod.
     wake_rate: float = DEFAULT_RATE
     wake_grace: float = DEFAULT_GRACE
-    # How long a Pending UltraServer claim outlives its job's last activity, and where claims
-    # live (Leases; the extender's namespace).
+    # How long a Pending UltraServer claim outlives its job's last activity.
     claim_seconds: float = CLAIM_SECONDS
-    claim_namespace: str = "kube-system"
 
 
-def start_watches(
-    api: KubeAPI, extender: Extender, claim_namespace: str = "kube-system"
-) -> list[asyncio.Task[None]]:
-    """List-then-watch nodes and pods into every view, UltraServer claims (Leases in
-    `claim_namespace`), PodGroups where the cluster serves them, and disruption budgets; the
-    extender's `synced` is set after the first lists of nodes, pods and claims."""
+def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
+    """List-then-watch nodes and pods into every view, UltraServerClaims, PodGroups where the
+    cluster serves them, and disruption budgets; the extender's `synced` is set after the first
+    lists of nodes, pods and claims."""
     views, synced, ledger = extender.views, extender.synced, extender.ledger
     occupancy = extender.occupancy
 
@@ -107,14 +108,13 @@ def start_watches(
         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
     )
 
-    claims: Watch[Lease] = Watch(
+    claims: Watch[UltraServerClaim] = Watch(
         api,
-        leases_path(claim_namespace),
-        Lease,
+        CLAIMS,
+        UltraServerClaim,
         on_list=occupancy.replace_claims,
         on_change=occupancy.apply_claim,
         on_delete=occupancy.remove_claim,
-        params={"labelSelector": f"{CLAIM_LABEL}={ULTRASERVER}"},
     )
     pod_groups: Watch[PodGroup] = Watch(
         api,
@@ -125,10 +125,31 @@ def start_watches(
         on_delete=occupancy.remove_pod_group,
     )
 
+    claims_known = asyncio.Event()  # listed, or the cluster has no UltraServerClaim CRD
+
+    async def watch_claims() -> None:
+        def absent(why: str) -> None:
+            occupancy.unavailable = (
+                f"UltraServer claims are not available ({why}): no training job is placed on "
+                "UltraServer nodes; install the chart's UltraServerClaim CRD "
+                "(scheduler.ultraserver.installCRD)"
+            )
+            claims_known.set()
+
+        async def listed() -> None:
+            await claims.synced.wait()
+            claims_known.set()
+
+        waiting = asyncio.get_running_loop().create_task(listed())
+        try:
+            await run_if_served(api, claims, "UltraServerClaims", absent)
+        finally:
+            waiting.cancel()
+
     async def mark_synced() -> None:
         await nodes.synced.wait()
         await pods.synced.wait()
-        await claims.synced.wait()
+        await claims_known.wait()
         # The first list is most of the heap (every cached pod and node) and lives as long as the
         # process: frozen, the collector stops rescanning it, which at tens of thousands of pods
         # was a pause every few hundred requests and the largest part of filter's p99.
@@ -163,24 +184,30 @@ def start_watches(
         loop.create_task(pods_after_nodes()),
         # Disruption budgets only order preemption victims: not waited for.
         loop.create_task(budgets.run()),
-        loop.create_task(claims.run()),
+        loop.create_task(watch_claims()),
         # The Workload API is alpha in 1.36 and off by default: without it, no PodGroups.
         loop.create_task(run_if_served(api, pod_groups, "scheduling.k8s.io/v1alpha2 PodGroups")),
         loop.create_task(mark_synced()),
     ]
 
 
-async def run_if_served(api: KubeAPI, watch: Watch[Any], what: str) -> None:
+async def run_if_served(
+    api: KubeAPI,
+    watch: Watch[Any],
+    what: str,
+    absent: Callable[[str], None] | None = None,
+) -> None:
     """The watch, unless the API server does not serve the resource (or we may not read it):
-    then one log line, and nothing more."""
+    then one log line, `absent(why)`, and nothing more."""
     try:
         await api.request("GET", watch.path, params={"limit": "1"})
     except (NotFound, Forbidden) as error:
-        log.info(
-            "%s are not read (%s): gang sizes come from the pods' own labels and annotations",
-            what,
-            "not served" if isinstance(error, NotFound) else "no permission to list them",
-        )
+        why = "not served" if isinstance(error, NotFound) else "no permission to list them"
+        if absent is None:
+            log.info("%s are not read (%s)", what, why)
+        else:
+            log.warning("%s are not read (%s)", what, why)
+            absent(why)
         return
     except READ_ERRORS:
         pass  # the watch itself retries
@@ -274,7 +301,6 @@ async def serve(options: ExtenderOptions) -> None:
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
             claim_seconds=options.claim_seconds,
-            claim_namespace=options.claim_namespace,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
@@ -308,7 +334,7 @@ async def serve(options: ExtenderOptions) -> None:
             _config(app, options.host, options.port, options.log_level, **_tls(options)),
             on_shutdown=on_shutdown,
         )
-        tasks = start_watches(api, extender, options.claim_namespace)
+        tasks = start_watches(api, extender)
         returner = MemoryReturner(trim=malloc_trim())
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))

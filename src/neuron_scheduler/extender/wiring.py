@@ -52,7 +52,6 @@ def wire(
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
     claim_seconds: float = CLAIM_SECONDS,
-    claim_namespace: str = "kube-system",
 ) -> Extender:
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
@@ -77,7 +76,6 @@ def wire(
         occupancy,
         units,
         ledger,
-        claim_namespace,
         scheduler_names,
         claim_seconds,
         policy=policy,

@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import TooLarge, api_error
-from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList
+from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList, UltraServerClaim
 
 
 def pod_path(namespace: str, name: str) -> str:
@@ -34,6 +34,7 @@ def resource_claim_path(namespace: str, name: str) -> str:
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
 POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
+CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -285,14 +286,24 @@ class KubeAPI:
         answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
         return msgspec.json.decode(answer, type=Lease)
 
-    async def delete_lease(
-        self, namespace: str, name: str, uid: str, resource_version: str
-    ) -> None:
-        """Only the Lease of this uid, as it was at this resourceVersion (a Conflict if it
+    # --- neuron-scheduler.io/v1alpha1 UltraServerClaims (cluster-scoped, one per node) --------
+
+    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        answer = await self.request("POST", CLAIMS, body=msgspec.to_builtins(claim))
+        return msgspec.json.decode(answer, type=UltraServerClaim)
+
+    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        """PUT with the resourceVersion the claim carries: a Conflict if it changed since."""
+        path = f"{CLAIMS}/{claim.metadata.name}"
+        answer = await self.request("PUT", path, body=msgspec.to_builtins(claim))
+        return msgspec.json.decode(answer, type=UltraServerClaim)
+
+    async def delete_claim(self, name: str, uid: str, resource_version: str) -> None:
+        """Only the claim of this uid, as it was at this resourceVersion (a Conflict if it
         changed since, NotFound if it is gone)."""
         await self.request(
             "DELETE",
-            f"{leases_path(namespace)}/{name}",
+            f"{CLAIMS}/{name}",
             body={
                 "apiVersion": "v1",
                 "kind": "DeleteOptions",

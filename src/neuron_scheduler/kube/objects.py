@@ -170,9 +170,6 @@ class LeaseMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
     resourceVersion: str = ""
-    uid: str = ""
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
 
 
 class Lease(msgspec.Struct):
@@ -251,3 +248,32 @@ class PodGroup(msgspec.Struct):
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)
+
+
+class ClaimSpec(msgspec.Struct, omit_defaults=True):
+    node: str = ""
+    namespace: str = ""  # the job's
+    job: str = ""
+    config: int = 0
+    size: int = 0
+    phase: str = ""
+    scheduler: str = ""
+    renewTime: str = ""  # RFC 3339
+    seconds: int = 0
+
+
+class ClaimMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] = {}
+
+
+class UltraServerClaim(msgspec.Struct):
+    """neuron-scheduler.io/v1alpha1, cluster-scoped, one per node (the chart installs the CRD):
+    written whole, so its apiVersion and kind too."""
+
+    apiVersion: str = "neuron-scheduler.io/v1alpha1"
+    kind: str = "UltraServerClaim"
+    metadata: ClaimMeta = msgspec.field(default_factory=ClaimMeta)
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)

@@ -37,10 +37,6 @@ Kubeconfig = Annotated[
         help="kubeconfig file (default: as kubectl: $KUBECONFIG, ~/.kube/config, in-cluster)"
     ),
 ]
-ClaimsNamespace = Annotated[
-    str,
-    typer.Option(help="where the extender keeps its UltraServer claims (its own namespace)"),
-]
 TopologyFile = Annotated[
     Path | None,
     typer.Option(
@@ -108,7 +104,6 @@ def status(
         typer.Option(help="also write device maps (as simulate --report) and status.json here"),
     ] = None,
     topology_file: TopologyFile = None,
-    claims_namespace: ClaimsNamespace = "kube-system",
 ) -> None:
     """Which Neuron devices are free where: each node's pods and ids, and the UltraServers with
     the training jobs' claims, from the live cluster."""
@@ -119,15 +114,12 @@ def status(
     from neuron_scheduler.live.terminal import shown, status_view, ultraserver_tables
     from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 
-    with user_errors():
-        if not LABEL.fullmatch(claims_namespace):
-            raise UsageError(f"--claims-namespace {claims_namespace!r} is not a namespace name")
     config, catalog = _setup(kubeconfig, topology_file)
     unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
 
     async def read() -> Snapshot:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog, claims_namespace)
+            return await read_cluster(api, catalog)
 
     try:
         snapshot = asyncio.run(read())
@@ -187,7 +179,6 @@ def why(
     kubeconfig: Kubeconfig = None,
     as_json: AsJson = False,
     topology_file: TopologyFile = None,
-    claims_namespace: ClaimsNamespace = "kube-system",
 ) -> None:
     """Why a pod is pending: each Neuron node's answer, and what would have to be freed."""
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
@@ -205,8 +196,6 @@ def why(
         name = _pod_name(pod)
         if namespace is not None and not LABEL.fullmatch(namespace):
             raise UsageError(f"-n {namespace!r} is not a namespace name")
-        if not LABEL.fullmatch(claims_namespace):
-            raise UsageError(f"--claims-namespace {claims_namespace!r} is not a namespace name")
     config, catalog = _setup(kubeconfig, topology_file)
     ns = namespace or config.namespace or "default"
     unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
@@ -219,7 +208,7 @@ def why(
 
     async def read() -> Snapshot:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog, claims_namespace)
+            return await read_cluster(api, catalog)
 
     try:
         found = asyncio.run(read_pod())

@@ -163,7 +163,7 @@ def _unit_rule(
     ledger: Ledger, occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis], policy: Policy
 ) -> list[NodeDiagnosis]:
     """The extender's node filter on the nodes the allocator lets the pod have: a training
-    job's member goes only where its job's claim is (read from the claim Leases); without one,
+    job's member goes only where its job's claim is (read from the UltraServerClaims); without one,
     why the reservation loop cannot make one now."""
     fits = [n.node for n in nodes if n.verdict is Verdict.FITS]
     try:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.kube.client import NODES, POD_GROUPS, PODS, KubeAPI, leases_path
+from neuron_scheduler.kube.client import CLAIMS, NODES, POD_GROUPS, PODS, KubeAPI
 from neuron_scheduler.kube.errors import Forbidden, NotFound, error_text
-from neuron_scheduler.kube.objects import Lease, Node, Pod, PodGroup
-from neuron_scheduler.ultraserver.claims import CLAIM_LABEL, ULTRASERVER
+from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
 from neuron_scheduler.ultraserver.placement import Occupancy
 
 PAGE = 500
@@ -47,11 +46,9 @@ class Snapshot:
         self.occupancy.apply_pod(pod)
 
 
-async def read_cluster(
-    api: KubeAPI, catalog: Catalog, claim_namespace: str = "kube-system"
-) -> Snapshot:
+async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
     """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
-    UltraServer claims (Leases in `claim_namespace`) and PodGroups, where they can be read."""
+    UltraServer claims and PodGroups, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -64,16 +61,10 @@ async def read_cluster(
         view.replace_pods(pods)
     unread = None
     try:
-        claims = await api.list_all(
-            leases_path(claim_namespace),
-            Lease,
-            params={"labelSelector": f"{CLAIM_LABEL}={ULTRASERVER}"},
-            page=PAGE,
-            most=MOST_NODES,
-        )
+        claims = await api.list_all(CLAIMS, UltraServerClaim, page=PAGE, most=MOST_NODES)
         occupancy.replace_claims(claims)
     except (Forbidden, NotFound) as error:
-        unread = f"cannot list Leases in namespace {claim_namespace}: {error_text(error)}"
+        unread = f"cannot list UltraServerClaims: {error_text(error)}"
     with contextlib.suppress(Forbidden, NotFound):  # the Workload API: alpha, often absent
         groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
         occupancy.replace_pod_groups(groups)

@@ -9,8 +9,8 @@ config`, else a label of that name, else 4. A unit is the set of nodes sharing
 `neuron.amazonaws.com/ultraserver-server-id-<config>` (config 1: one node). On UltraServer nodes
 (those with `neuron.amazonaws.com/ultraserver-mode`):
 
-- a job's members go only to nodes its claim holds (`claims`, persisted: one Lease per node), one
-  member per node;
+- a job's members go only to nodes its claim holds (`claims`, persisted: one UltraServerClaim per
+  node), one member per node;
 - a job gets its claim when units for all its members are free together (`plan`): complete
   units, none holding or claimed for another job (in either job's config, so a 2-node job and a
   4-node job never share an UltraServer), every node able to take a member; then all at once.
@@ -32,10 +32,10 @@ import msgspec
 
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.resources import RequestError
-from neuron_scheduler.kube.objects import Lease, Node, Pod, PodGroup
+from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
-from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_lease, lease_name
+from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
 from neuron_scheduler.ultraserver.jobs import MAX_GANG, GangSizeError, JobKey, Member, member_of
 from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_CONFIG,
@@ -91,7 +91,7 @@ class Pending:
 @dataclass
 class Occupancy:
     """UltraServer nodes by unit, members by node and job, claims by node: a view the
-    extender's watches feed (nodes, pods, claim Leases, PodGroups), and a reserver bind tells
+    extender's watches feed (nodes, pods, UltraServerClaims, PodGroups), and a reserver bind tells
     about a member it is placing (kube-scheduler asks about the next member before this
     binding is visible in the watch)."""
 
@@ -110,7 +110,9 @@ class Occupancy:
     on_freed: Callable[[Iterable[str], str], None] | None = None
     # Told when a job has pending members or lost its claim's nodes (the reservation loop).
     on_change: Callable[[], None] | None = None
-    rejected: dict[str, str] = field(default_factory=dict)  # Lease name -> why it is ignored
+    rejected: dict[str, str] = field(default_factory=dict)  # claim name -> why it is ignored
+    # Why claims cannot be kept at all (the cluster has no UltraServerClaim CRD), or None.
+    unavailable: str | None = None
 
     # --- feeding: nodes ----------------------------------------------------------------------
 
@@ -201,28 +203,25 @@ class Occupancy:
 
     # --- feeding: claims and PodGroups -------------------------------------------------------
 
-    def apply_claim(self, lease: Lease) -> None:
+    def apply_claim(self, found: UltraServerClaim) -> None:
         try:
-            claim = from_lease(lease)
+            claim = from_object(found)
         except ClaimError as error:
-            self.rejected[lease.metadata.name] = str(error)
+            self.rejected[found.metadata.name] = str(error)
             return
-        self.rejected.pop(lease.metadata.name, None)
+        self.rejected.pop(found.metadata.name, None)
         self.hold(claim)
 
-    def remove_claim(self, lease: Lease) -> None:
-        name = lease.metadata.name
-        self.rejected.pop(name, None)
-        for node in [n for n in self.claims if lease_name(n) == name]:
-            self.release(node, lease.metadata.uid)
+    def remove_claim(self, found: UltraServerClaim) -> None:
+        self.rejected.pop(found.metadata.name, None)
+        self.release(found.metadata.name, found.metadata.uid)
 
-    def replace_claims(self, leases: Iterable[Lease]) -> None:
-        listed = {lease.metadata.name: lease for lease in leases}
-        for node in list(self.claims):
-            if lease_name(node) not in listed:
-                self.release(node)
-        for lease in listed.values():
-            self.apply_claim(lease)
+    def replace_claims(self, listed: Iterable[UltraServerClaim]) -> None:
+        by_name = {found.metadata.name: found for found in listed}
+        for node in [n for n in self.claims if n not in by_name]:
+            self.release(node)
+        for found in by_name.values():
+            self.apply_claim(found)
 
     def hold(self, claim: NodeClaim) -> None:
         """A claim written (or seen)."""
@@ -235,7 +234,7 @@ class Occupancy:
             self.on_freed((claim.node,), CLAIM_MADE)
 
     def release(self, node: str, uid: str = "") -> None:
-        """The claim on `node` ended (`uid`: only if it is still that Lease's: a delete the
+        """The claim on `node` ended (`uid`: only if it is still that object's: a delete the
         watch shows late must not end the claim written since)."""
         known = self.claims.get(node)
         if known is None or (uid and known.uid and known.uid != uid):
@@ -435,9 +434,13 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
         others = [w.job for w in occupancy.on_node.get(name, {}).values() if w.job != job]
         if not claimed:
             # One reason for the job on every node, so kube-scheduler's event says it once.
-            decision.failed[name] = occupancy.shortfalls.get(job) or (
-                f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
-                "for all its members at once"
+            decision.failed[name] = (
+                occupancy.unavailable
+                or occupancy.shortfalls.get(job)
+                or (
+                    f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
+                    "for all its members at once"
+                )
             )
         elif claim is not None and claim.job != job:
             decision.failed[name] = f"UltraServer node reserved for job {claim.job_text}"
