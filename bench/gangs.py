@@ -29,6 +29,14 @@ def interval(values: list[float]) -> str:
     return f"{mean:.1f} ±{half:.1f}"
 
 
+def by_size(results: list[GangResult]) -> str:
+    sizes = sorted({s for r in results for s in r.wait_by_size_h})
+    return " / ".join(
+        f"{statistics.fmean(r.wait_by_size_h[s] for r in results if s in r.wait_by_size_h):.1f}"
+        for s in sizes
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
@@ -48,10 +56,10 @@ def main() -> None:
         "node-hours, mean 1 h\n"
     )
     print(
-        "| load | rule | jobs | started | mean wait h | p95 wait h | idle node-hours | "
-        "shared UltraServers | single pods started |"
+        "| load | rule | jobs | started | mean wait h | p95 wait h | mean wait h of 4 / 8 / 16 "
+        "| idle node-hours | shared UltraServers | single pods started |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for load in args.loads:
         workload = GangWorkload(ultraservers=args.ultraservers, hours=24 * args.days, load=load)
         for rule in RULES:
@@ -64,6 +72,7 @@ def main() -> None:
                 f"| {interval([r.started for r in results])} "
                 f"| {interval([r.mean_wait_h for r in results])} "
                 f"| {interval([r.p95_wait_h for r in results])} "
+                f"| {by_size(results)} "
                 f"| {interval([r.idle_node_hours for r in results])} "
                 f"| {max(r.shared_units for r in results)} "
                 f"| {interval([100 * r.singles_started / max(r.singles, 1) for r in results])}% |",

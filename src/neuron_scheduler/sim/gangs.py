@@ -67,6 +67,7 @@ class GangResult:
     shared_units: int  # UltraServers that held members of two jobs at once (must be 0)
     singles_started: int
     singles: int
+    wait_by_size_h: dict[int, float]  # mean wait of the jobs of each size
 
 
 def arrivals(workload: GangWorkload, seed: int) -> list[Job]:
@@ -259,4 +260,12 @@ def run(workload: GangWorkload, rule: str, seed: int) -> GangResult:
         len(fleet.shared),
         sum(1 for j in singles if j.started is not None),
         len(singles),
+        {
+            size: statistics.fmean(
+                (j.started if j.started is not None else end) - j.arrived
+                for j in gangs
+                if j.size == size
+            )
+            for size in sorted({j.size for j in gangs})
+        },
     )
