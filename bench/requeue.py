@@ -20,7 +20,8 @@ waiting pod that the extender refused (the room is free by count, not as a block
   --ultraserver-claim-seconds 15).
 
 For each: seconds from the freeing event (the API call, or the hold's end) to the bind, p50 / p99
-/ max, and the most wake writes one pod got in one round. A round not bound within `--cap`
+/ max, the most wake writes one pod got in one round, and the rounds in which the extender woke a
+pod (with writes off: would have woken one, as it logs). A round not bound within `--cap`
 counts as the cap. `--wake-rate 0` is the extender before issue 31 (it only logs whom it would
 wake).
 
@@ -308,9 +309,11 @@ def fitting(pods: list[dict[str, Any]], nodes: dict[str, str]) -> list[str]:
 
 
 def wakes_per_pod(log: Path, since: int) -> tuple[int, Counter[str]]:
-    """The extender log's wake lines after byte `since`: (its size now, wakes per pod)."""
+    """The extender log's wake lines after byte `since`: (its size now, wakes per pod), the
+    wakes written, or with writes off those it would have written."""
     text = log.read_bytes()[since:].decode(errors="replace")
-    return since + len(text.encode()), Counter(re.findall(r"woke pending pod (\S+):", text))
+    found = re.findall(r"(?:woke pending pod|would wake pod) (\S+):", text)
+    return since + len(text.encode()), Counter(found)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -362,22 +365,24 @@ def main() -> None:
         }
         print(
             f"{'kind':12} {'rounds':>6} {'waits':>6} {'p50 s':>7} {'p99 s':>7} {'max s':>7} "
-            f"{'capped':>6} {'wakes/pod':>9}"
+            f"{'capped':>6} {'wakes/pod':>9} {'rounds woken':>12}"
         )
         for kind in args.kinds:
             bench, rounds, stage = stages[kind]
             waits: list[float] = []
-            most_wakes = 0
+            most_wakes = woken = 0
             offset = log.stat().st_size
             for _ in range(rounds):
                 waits += stage()
                 offset, wakes = wakes_per_pod(log, offset)
                 most_wakes = max([most_wakes, *wakes.values()])
+                woken += bool(wakes)
                 bench.clear()
             capped = sum(1 for w in waits if w >= args.cap)
             print(
                 f"{kind:12} {rounds:6d} {len(waits):6d} {statistics.median(waits):7.2f} "
-                f"{percentile(waits, 0.99):7.2f} {max(waits):7.2f} {capped:6d} {most_wakes:9d}",
+                f"{percentile(waits, 0.99):7.2f} {max(waits):7.2f} {capped:6d} {most_wakes:9d} "
+                f"{woken:12d}",
                 flush=True,
             )
         stack.scheduler.stop()

@@ -5,6 +5,7 @@ uid) that no longer holds is a 409, and every write bumps the resourceVersion.""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import msgspec
@@ -300,3 +301,28 @@ async def test_claims_of_another_schedulers_jobs_are_its_extenders_to_tend() -> 
     world.occupancy.apply_claim(written)
     await world.loop.step()  # expired, no member seen: still not ours to end
     assert world.claimed("theirs") == ["a0"]
+
+
+async def test_a_step_with_many_waiting_jobs_stays_cheap() -> None:
+    """100 UltraServers, 95 of them busy, 20 jobs of 32 members waiting: what a step costs is
+    printed (the loop runs a step per burst of changes, in the event loop); the plans' answer is
+    checked."""
+    world = World(units=0)
+    nodes = []
+    for unit in range(100):
+        labels = {PREFIX + "mode": "1_2_4", PREFIX + "server-id-4": f"{unit:016x}"}
+        nodes += [node(f"u{unit}-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    for view in (world.ledger, world.occupancy):
+        view.replace_nodes(nodes)
+    for unit in range(95):
+        for i, pod in enumerate(world.job(f"busy{unit}", 4)):
+            world.bind(pod, f"u{unit}-{i}")
+    for j in range(20):
+        world.job(f"big{j}", 32)
+    started = time.perf_counter()
+    await world.loop.step()
+    print(f"\nstep with 20 waiting jobs on 100 UltraServers: {time.perf_counter() - started:.4f}s")
+    assert (
+        "needs 8 free UltraServers of 4 nodes for its 32 members, 5 free"
+        in (world.occupancy.shortfalls[("ns", "big0")])
+    )

@@ -55,6 +55,9 @@ from neuron_scheduler.ultraserver.placement import (
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
 TICK = 1.0  # seconds between steps when nothing changes (claims end by the clock)
+# A burst of changes (members binding, filter asking) is one step: plans cost a scan of the
+# UltraServers per waiting job (16 ms for 20 jobs on 100 UltraServers, tests/unit/test_reserving).
+COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 
 
@@ -130,6 +133,7 @@ class Reservations:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._signal.wait(), TICK)
+            await asyncio.sleep(COALESCE)
             self._signal.clear()
             await self.step()
 
