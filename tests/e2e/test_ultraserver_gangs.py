@@ -9,6 +9,7 @@ UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -24,7 +25,14 @@ import yaml
 from tests.builders import node_json
 from tests.e2e.chart import EXTENDER, apply, find, render
 from tests.e2e.harness import ROOT, dump, wait_for
-from tests.testbed import ControlPlane, ExtenderProcess, Scheduler, Stack, scheduler_config
+from tests.testbed import (
+    ControlPlane,
+    ExtenderProcess,
+    KubeError,
+    Scheduler,
+    Stack,
+    scheduler_config,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -77,6 +85,7 @@ class Gangs:
         size: int | None = None,
         scheduler: str = "my-scheduler",
         first: int = 0,
+        priority_class: str = "",
     ) -> list[str]:
         """An MPIJob's worker pods `first`.. (its launcher asks for no device: not created)."""
         names = []
@@ -94,6 +103,7 @@ class Gangs:
                     "annotations": annotations,
                 },
                 "spec": {
+                    **({"priorityClassName": priority_class} if priority_class else {}),
                     "schedulerName": scheduler,
                     "containers": [
                         {
@@ -107,6 +117,19 @@ class Gangs:
             self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
             names.append(f"{job}-worker-{i}")
         return names
+
+    def priority_class(self, value: int) -> str:
+        """A PriorityClass of this value (cluster-scoped, named for it; made once)."""
+        name = f"gangs-{value}"
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        with contextlib.suppress(KubeError):  # made by an earlier test
+            self.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        return name
 
     def apply(self, path: Path) -> list[str]:
         """An example manifest's objects in this test's namespace; the pods' names."""
@@ -204,7 +227,7 @@ class Gangs:
 def gangs(kubebin: Path) -> Iterator[Gangs]:
     apiserver = [f"--feature-gates={GATES}", "--runtime-config=scheduling.k8s.io/v1alpha2=true"]
     with ControlPlane(kubebin, extra_apiserver_args=apiserver) as cp:
-        stack = Stack(cp, extender_args=["--ultraserver-claim-seconds=20"])
+        stack = Stack(cp, extender_args=["--ultraserver-claim-seconds=60"])
         world = Gangs(cp, stack)
         stack.scheduler = world.start_scheduler(stack.extender)
         yield world
@@ -272,7 +295,11 @@ def test_two_jobs_racing_for_one_free_unit_one_gets_it_all_the_other_none(
     loser = second if set(placed) == set(first) else first
     assert cluster.one_unit_each(placed) == {"b"}
     cluster.stays_unplaced(loser)
-    assert cluster.messages("needs 1 free UltraServer of 4 nodes for its 4 members, 0 free")
+    # Every node is full by count now, so kube-scheduler refuses the loser itself; status says
+    # what the extender would need for it.
+    job = f"{cluster.namespace}/{loser[0].rsplit('-worker-', 1)[0]}"
+    waits = {w["job"]: w["reason"] for w in cluster.status()["waiting"]}
+    assert "needs 1 free UltraServer of 4 nodes for its 4 members, 0 free" in waits[job], waits
 
 
 def test_an_eight_member_job_waits_for_two_free_units_then_binds_whole(cluster: Gangs) -> None:
@@ -320,7 +347,8 @@ def test_a_claim_survives_an_extender_restart_and_the_job_completes(cluster: Gan
     first = cluster.job("first", 4)
     wait_for(lambda: len(cluster.claims()) == 8, "first's claim on b (and busy's on a)", 30)
     cluster.stack.extender.kill()
-    second = cluster.job("second", 4)
+    # Higher priority than first: only first's persisted claim keeps it off b.
+    second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
     cluster.stack.extender.start()
     scheduler.start()
     assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
@@ -345,7 +373,7 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
                 f"--lease-name={EXTENDER}",
                 "--lease-namespace=kube-system",
                 f"--lease-identity={name}",
-                "--ultraserver-claim-seconds=20",
+                "--ultraserver-claim-seconds=60",
                 *ELECTION,
             ],
         )
@@ -359,7 +387,8 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
         wait_for(lambda: len(cluster.claims()) == 8, "first's claim on b, by the leader", 30)
         replicas["one"].kill()
         wait_for(lambda: replicas["two"]._ready(), "the standby to lead", 60)
-        second = cluster.job("second", 4)
+        # Higher priority than first: only first's persisted claim keeps it off b.
+        second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
         scheduler = cluster.start_scheduler(replicas["two"])
         assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
         cluster.stays_unplaced(second)

@@ -149,7 +149,7 @@ async def test_a_job_whose_members_all_fit_gets_every_node_at_once() -> None:
     assert world.claimed("j") == nodes
     assert world.stored("j") == nodes
     assert {c.phase for c in world.occupancy.claims.values()} == {PENDING}
-    assert sorted(n for (n,), cause in world.heard if cause == CLAIM_MADE) == nodes
+    assert sorted(n for nodes, cause in world.heard if cause == CLAIM_MADE for n in nodes) == nodes
     assert world.occupancy.complete(("ns", "j"))
 
 
@@ -211,7 +211,7 @@ async def test_a_pending_claim_ends_when_its_job_does_nothing_and_lives_while_it
     world.now += 60  # nothing asked for a minute
     await world.loop.step()
     assert world.claimed("j") == [] and world.stored("j") == []
-    assert sorted(n for (n,), cause in world.heard if cause == CLAIM_ENDED) == [
+    assert sorted(n for nodes, cause in world.heard if cause == CLAIM_ENDED for n in nodes) == [
         "a0", "a1", "a2", "a3",
     ]  # fmt: skip
     await world.loop.step()
@@ -326,3 +326,54 @@ async def test_a_step_with_many_waiting_jobs_stays_cheap() -> None:
         "needs 8 free UltraServers of 4 nodes for its 32 members, 5 free"
         in (world.occupancy.shortfalls[("ns", "big0")])
     )
+
+
+def without_size(pod: Pod) -> Pod:
+    """The pod as an MPIJob's controller makes it: no size anywhere on it."""
+    annotations = dict(pod.metadata.annotations)
+    annotations.pop("neuron-scheduler.io/gang-size", None)
+    return msgspec.structs.replace(
+        pod, metadata=msgspec.structs.replace(pod.metadata, annotations=annotations)
+    )
+
+
+async def test_a_job_seen_growing_gets_its_claim_grown() -> None:
+    """A job that says no size is as large as its members seen: when more arrive after its
+    claim, the claim grows (all or nothing for the new units)."""
+    world = World()
+    first = without_size(world.member("j", 0, 1))
+    world.occupancy.apply_pod(first)
+    await world.loop.step()
+    assert world.claimed("j") == ["a0", "a1", "a2", "a3"]
+    for i in range(1, 8):
+        world.occupancy.apply_pod(without_size(world.member("j", i, 1)))
+    await world.loop.step()
+    assert world.claimed("j") == [f"{u}{i}" for u in "ab" for i in range(4)]
+    assert world.occupancy.complete(("ns", "j")) and world.occupancy.claimed_size(("ns", "j")) == 8
+
+
+async def test_a_claim_this_extender_cannot_read_keeps_its_node_and_no_loop_fights_it() -> None:
+    world = World()
+    odd = to_object(NodeClaim("a2", ("ns", "x"), 4, 4, PENDING, world.now, 60, "my-scheduler"))
+    odd.spec.node = "elsewhere"  # the schema allows it; this extender could not have written it
+    world.occupancy.apply_claim(await world.api.create_claim(odd))
+    world.job("j", 4)
+    writes = world.api.writes
+    for _ in range(3):
+        await world.loop.step()
+    assert world.claimed("j") == ["b0", "b1", "b2", "b3"]  # unit a is not free, b is
+    assert world.api.writes == writes + 4  # written once, not fought over every step
+    passed, failed = world.filter.filter(world.member("k", 0, 1), ["a2"], now=world.now)
+    assert passed == [] and "cannot read" in failed["a2"]
+
+
+async def test_why_a_job_waits_is_forgotten_when_the_job_goes() -> None:
+    world = World(units=1)
+    busy = [world.bind(p, f"a{i}") for i, p in enumerate(world.job("busy", 4))]
+    big = world.job("big", 8)
+    await world.loop.step()
+    assert ("ns", "big") in world.occupancy.shortfalls
+    for pod in big:
+        world.delete(pod)
+    await world.loop.step()
+    assert ("ns", "big") not in world.occupancy.shortfalls and busy

@@ -29,7 +29,7 @@ from neuron_scheduler.ultraserver.claims import (
     from_object,
     to_object,
 )
-from neuron_scheduler.ultraserver.jobs import GangSizeError, member_of
+from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, UnitPlacement, decide, plan
 from tests.builders import node as node_object
 from tests.builders import node_json, pod_json
@@ -141,8 +141,11 @@ def test_every_framework_names_the_job_and_what_it_says_of_its_size() -> None:
 
 def test_a_size_that_is_no_size_is_an_error_naming_where_it_was_read() -> None:
     for bad in ("0", "-1", "many", "100000"):
-        with pytest.raises(GangSizeError, match=r"neuron-scheduler\.io/gang-size"):
+        with pytest.raises(MembershipError, match=r"neuron-scheduler\.io/gang-size"):
             member_of(labelled(KUBEFLOW, {"neuron-scheduler.io/gang-size": bad}))
+    for name in ("x" * 300, "Upper", "a/b", "-a", "bad\nline"):
+        with pytest.raises(MembershipError, match=r"neuron-scheduler\.io/gang="):
+            member_of(labelled({}, {"neuron-scheduler.io/gang": name}))
 
 
 def test_a_pod_groups_min_count_is_the_jobs_size() -> None:
@@ -436,3 +439,17 @@ def test_status_shows_units_claims_and_why_a_job_waits() -> None:
         console.print(part)
     text = console.export_text()
     assert "1 of 4" in text and "20s" in text and "job ns/big waits" in text
+
+
+def test_the_first_refusal_of_a_job_without_a_claim_already_says_what_it_needs() -> None:
+    """kube-scheduler retries a refused pod only on an event: its first refusal must carry the
+    reason, not a placeholder the reservation loop replaces later."""
+    occupancy, names = fleet()
+    occupancy.apply_pod(member("busy", 0, node="a1"))
+    rule = UnitPlacement(occupancy, lambda pod, node: None)
+    _, failed = rule.filter(member("big", 0, size=8), names, now=0.0)
+    assert "job ns/big needs 2 free UltraServers of 4 nodes for its 8 members, 1 free" in (
+        failed["b2"]
+    )
+    _, failed = rule.filter(member("small", 0, size=4), names, now=0.0)
+    assert "job ns/small fits on 4 UltraServer nodes now" in failed["b0"]

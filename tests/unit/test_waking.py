@@ -340,3 +340,46 @@ async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> 
     waker = Waker(fresh, world.api, ["my-scheduler"], clock=world.clock)  # type: ignore[arg-type]
     waker.replace_pods([msgspec.convert(body, Pod)])
     assert list(waker.waiting) == ["uid-left"]
+
+
+async def test_a_claim_seen_node_by_node_wakes_every_member_once_complete() -> None:
+    """The claim watch delivers one node at a time; half a claim admits nobody, so the waker
+    hears of all the job's nodes when the last one makes it complete."""
+    world = World()
+    labels = {
+        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
+    }
+    trn = [node(f"trn-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    for view in world.views:
+        view.replace_nodes(trn)
+    names = [n.metadata.name for n in trn]
+    job = {"training.kubeflow.org/job-name": "b", "training.kubeflow.org/job-role": "worker"}
+    members = [world.add(f"b-worker-{i}", 16, labels=job) for i in range(4)]
+    for pod in members:
+        assert world.filter(pod, names) == []
+    await world.run(1.0)
+    for name in names:
+        world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
+        await world.run(0.0)
+    assert world.woken() == [f"b-worker-{i}" for i in range(4)]
+
+
+async def test_a_replica_that_becomes_leader_wakes_the_pods_its_predecessor_refused() -> None:
+    leading = [False]
+    world = World(is_leader=lambda: leading[0])
+    holders = world.fill(RING, list(range(0, 12, 2)))
+    body = pod_json("waiter", {NEURON: 2}, uid="uid-waiter")
+    body["metadata"]["resourceVersion"] = "1"
+    body["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    world.api.pods["waiter"] = body
+    for view in world.views:  # refused by the previous leader: this replica's filter never was
+        view.apply_pod(msgspec.convert(body, Pod))
+    await world.run(1.0)
+    leading[0] = True
+    await world.run(1.0)
+    world.delete(holders[0])
+    await world.run(1.0)
+    assert world.woken() == ["waiter"]

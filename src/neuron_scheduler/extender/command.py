@@ -91,7 +91,7 @@ def extender(
         float,
         typer.Option(
             help="how long a training job's Pending UltraServer claim lasts after the job last "
-            "did anything (a member asked about or bound)"
+            "did anything (kube-scheduler asked about one of its members)"
         ),
     ] = 120.0,
 ) -> None:

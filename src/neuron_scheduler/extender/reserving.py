@@ -3,7 +3,8 @@ writer of claims (one UltraServerClaim per node, ultraserver/claims.py says why)
 
 Each step, as leader, once the watches have listed pods, nodes and claims:
 1. ends what should end: the claims of a job that is gone (no member left) and of a job that
-   did nothing for `claim_seconds` while Pending (no member asked about or bound), and the part
+   did nothing for `claim_seconds` while Pending (kube-scheduler asked about none of its
+   members), and the part
    of a claim a crash left half written when it can no longer be completed; marks Bound a claim
    whose members are all bound; renews a Pending claim its job is still working on;
 2. plans, highest priority first and then oldest, for each job with members waiting and no
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 from typing import Protocol
@@ -31,7 +33,7 @@ from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
-from neuron_scheduler.kube.nodefit import why_not
+from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod, UltraServerClaim
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.ultraserver.claims import (
@@ -47,9 +49,12 @@ from neuron_scheduler.ultraserver.placement import (
     Occupancy,
     Pending,
     Shortfall,
+    UnitKey,
     UnitPlacement,
     job_text,
+    openings,
     plan,
+    shortfall,
 )
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
@@ -135,7 +140,11 @@ class Reservations:
                 await asyncio.wait_for(self._signal.wait(), TICK)
             await asyncio.sleep(COALESCE)
             self._signal.clear()
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # a bug must not end the loop: claims would never end
+                log.exception("reservation step failed; trying again in %.0fs", TICK)
+                await asyncio.sleep(TICK)
 
     async def step(self) -> None:
         """One round (nothing unless this replica is the leader)."""
@@ -173,7 +182,7 @@ class Reservations:
                     )
                 continue
             claimed = {c.node for c in claims}
-            size = claims[0].size
+            size = self.occupancy.claimed_size(job)
             if self.occupancy.complete(job) and sum(w.node in claimed for w in workers) >= size:
                 if any(c.phase == PENDING for c in claims):
                     await self._rewrite(claims, BOUND)
@@ -219,7 +228,7 @@ class Reservations:
             self._hold(written)
 
     async def _release(self, job: JobKey, claims: list[NodeClaim], why: str) -> None:
-        nodes = sorted(c.node for c in claims)
+        ended = []
         for claim in claims:
             try:
                 await self.api.delete_claim(claim.node, claim.uid, claim.version)
@@ -231,12 +240,14 @@ class Reservations:
                 log.warning("cannot end the claim on %s: %s", claim.node, loggable(error))
                 continue
             self.occupancy.release(claim.node, claim.uid)
-        log.info(
-            "ended the claim of job %s on %s: %s",
-            loggable(job_text(job), NAME_LIMIT),
-            ", ".join(nodes),
-            why,
-        )
+            ended.append(claim.node)
+        if ended:
+            log.info(
+                "ended the claim of job %s on %s: %s",
+                loggable(job_text(job), NAME_LIMIT),
+                ", ".join(sorted(ended)),
+                why,
+            )
 
     def _hold(self, written: UltraServerClaim) -> None:
         try:
@@ -247,7 +258,15 @@ class Reservations:
     # --- jobs waiting for a claim ------------------------------------------------------------
 
     async def _plan(self) -> None:
+        """Claims for the jobs waiting, highest priority then oldest. A job with no member and
+        no claim yet (nearly every one) takes from the units open to any such job, worked out
+        once per kind of member (`openings`): a step costs one scan of the UltraServers per
+        kind, not one per job."""
         jobs = self.occupancy.jobs()
+        for job in [j for j in self.occupancy.shortfalls if j not in jobs]:
+            del self.occupancy.shortfalls[job]  # gone, or all its members bound
+        for job in [j for j in self._said if j not in jobs]:
+            del self._said[job]
         order = sorted(
             jobs.items(),
             key=lambda item: (
@@ -256,49 +275,81 @@ class Reservations:
                 item[0],
             ),
         )
-        for job, waiting in order:
+        opened: dict[tuple[int, bytes], list[UnitKey]] = {}  # what new jobs of a kind may take
+        usable: dict[tuple[str, bytes], str | None] = {}
+        for count, (job, waiting) in enumerate(order):
+            if count % 64 == 63:
+                await asyncio.sleep(0)  # filter and bind are answered in between
             first = waiting[0]
-            if first.pod.spec.schedulerName not in self.scheduler_names:
+            if first.pod.spec.schedulerName not in self.scheduler_names or self._idle_now(job):
                 continue
-            if self.occupancy.complete(job):
-                continue
-            idle = self._idle.get(job)
-            if idle is not None:
-                asked = self.units.asked.get(job)
-                if asked is None or asked <= idle:
-                    continue  # its claim ended unused: the next ask for it plans again
-                del self._idle[job]
             size = self.occupancy.size(first.member, job)
-            chosen = plan(
-                self.occupancy,
-                job,
-                first.config,
-                size,
-                functools.partial(member_unusable, self.ledger, first.pod, self.policy),
+            if self.occupancy.complete(job) and size <= self.occupancy.claimed_size(job):
+                continue
+            kind = placement_kind(first.pod)
+
+            def fits(node: str, first: Pending = first, kind: bytes = kind) -> str | None:
+                key = (node, kind)
+                if key not in usable:
+                    usable[key] = member_unusable(self.ledger, first.pod, self.policy, node)
+                return usable[key]
+
+            own = bool(self.occupancy.by_job.get(job)) or any(
+                w.job == job for w in self.occupancy.workers.values()
             )
+            if own:
+                chosen = plan(self.occupancy, job, first.config, size, fits)
+            else:
+                units = opened.get((first.config, kind))
+                if units is None:
+                    units = openings(self.occupancy, first.config, fits)
+                    opened[(first.config, kind)] = units
+                needed = math.ceil(size / first.config)
+                chosen = (
+                    sorted(n for unit in units[:needed] for n in self.occupancy.nodes_of(unit))
+                    if len(units) >= needed
+                    else shortfall(job, first.config, size, needed, len(units), False)
+                )
             if isinstance(chosen, Shortfall):
-                claimed = [c for c in self.occupancy.claims.values() if c.job == job]
-                if claimed:  # what a crash left half written, and cannot be completed now
+                if own and self.occupancy.by_job.get(job) and not self.occupancy.complete(job):
+                    # What a crash left half written, and cannot be completed now.
+                    claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its other nodes are no longer free")
                 self.occupancy.shortfalls[job] = chosen.reason
                 if self._said.get(job) != chosen.reason:
                     self._said[job] = chosen.reason
                     log.info("%s", loggable(chosen.reason))
                 continue
-            if chosen:
-                await self._claim(job, first, size, chosen)
+            if chosen and await self._claim(job, first, size, chosen):
+                opened.clear()  # those units are taken: what is open is worked out again
 
-    async def _claim(self, job: JobKey, first: Pending, size: int, nodes: list[str]) -> None:
-        """Claims every node for the job; on a conflict or an error, deletes what it wrote."""
+    def _idle_now(self, job: JobKey) -> bool:
+        """Whether the job's claim ended unused and kube-scheduler has not asked since."""
+        idle = self._idle.get(job)
+        if idle is None:
+            return False
+        asked = self.units.asked.get(job)
+        if asked is None or asked <= idle:
+            return True
+        del self._idle[job]
+        return False
+
+    async def _claim(self, job: JobKey, first: Pending, size: int, nodes: list[str]) -> bool:
+        """Claims every node for the job (those it holds already are written again with its
+        size now); on a conflict or an error, deletes what it wrote. Whether it claimed them."""
         now = self.wall_clock()
         config, scheduler = first.config, first.pod.spec.schedulerName
         written: list[NodeClaim] = []
         for node in nodes:
             known = self.occupancy.claims.get(node)
-            if known is not None and known.job == job:
+            if known is not None and known.job == job and known.size >= size:
                 continue  # held already (what a crash left half written)
             claim = NodeClaim(node, job, config, size, PENDING, now, self.claim_seconds, scheduler)
             try:
+                if known is not None and known.job == job:  # the job grew: its size anew
+                    grown = dataclasses.replace(claim, version=known.version, uid=known.uid)
+                    self._hold(await self.api.replace_claim(to_object(grown)))
+                    continue  # (not undone: the node was the job's before this attempt)
                 written.append(from_object(await self.api.create_claim(to_object(claim))))
             except CLAIM_WRITE_ERRORS as error:
                 why = (
@@ -312,7 +363,7 @@ class Reservations:
                     loggable(why),
                 )
                 await self._undo(written)
-                return
+                return False
         for claim in written:
             self.occupancy.hold(claim)
         self._said.pop(job, None)
@@ -323,6 +374,7 @@ class Reservations:
             size,
             config,
         )
+        return True
 
     async def _undo(self, written: list[NodeClaim]) -> None:
         for claim in written:

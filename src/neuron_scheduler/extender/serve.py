@@ -45,6 +45,7 @@ from neuron_scheduler.kube.watching import Watch
 from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS
 
 log = logging.getLogger("neuron_scheduler.server")
+CRD_RETRY_SECONDS = 60.0
 T = TypeVar("T")
 
 
@@ -140,9 +141,17 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
             await claims.synced.wait()
             claims_known.set()
 
+        def served() -> None:
+            if occupancy.unavailable is not None:
+                log.info("UltraServerClaims are served now: UltraServer placement is on")
+                occupancy.unavailable = None
+
         waiting = asyncio.get_running_loop().create_task(listed())
         try:
-            await run_if_served(api, claims, "UltraServerClaims", absent)
+            # Checked again every minute: the CRD may be installed (or established) later.
+            await run_if_served(
+                api, claims, "UltraServerClaims", absent, served, retry_seconds=CRD_RETRY_SECONDS
+            )
         finally:
             waiting.cancel()
 
@@ -196,21 +205,33 @@ async def run_if_served(
     watch: Watch[Any],
     what: str,
     absent: Callable[[str], None] | None = None,
+    served: Callable[[], None] | None = None,
+    retry_seconds: float | None = None,
 ) -> None:
     """The watch, unless the API server does not serve the resource (or we may not read it):
-    then one log line, `absent(why)`, and nothing more."""
-    try:
-        await api.request("GET", watch.path, params={"limit": "1"})
-    except (NotFound, Forbidden) as error:
-        why = "not served" if isinstance(error, NotFound) else "no permission to list them"
-        if absent is None:
-            log.info("%s are not read (%s)", what, why)
-        else:
-            log.warning("%s are not read (%s)", what, why)
-            absent(why)
-        return
-    except READ_ERRORS:
-        pass  # the watch itself retries
+    then one log line and `absent(why)`; with `retry_seconds`, it looks again that often and
+    runs the watch once the resource is there (`served()`)."""
+    said = False
+    while True:
+        try:
+            await api.request("GET", watch.path, params={"limit": "1"})
+            break
+        except (NotFound, Forbidden) as error:
+            why = "not served" if isinstance(error, NotFound) else "no permission to list them"
+            if not said:
+                said = True
+                if absent is None:
+                    log.info("%s are not read (%s)", what, why)
+                else:
+                    log.warning("%s are not read (%s)", what, why)
+                    absent(why)
+            if retry_seconds is None:
+                return
+            await asyncio.sleep(retry_seconds)
+        except READ_ERRORS:
+            break  # the watch itself retries
+    if served is not None:
+        served()
     await watch.run()
 
 

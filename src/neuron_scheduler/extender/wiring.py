@@ -17,7 +17,7 @@ from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
-from neuron_scheduler.extender.reserving import Reservations
+from neuron_scheduler.extender.reserving import Reservations, member_unusable
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
@@ -56,7 +56,7 @@ def wire(
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
-    units = UnitPlacement(occupancy)
+    units = UnitPlacement(occupancy, lambda pod, node: member_unusable(ledger, pod, policy, node))
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()

@@ -35,7 +35,7 @@ from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.live.fleet import JSON_VERSION
-from neuron_scheduler.ultraserver.jobs import GangSizeError, member_of
+from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import NodeConfigError
 from neuron_scheduler.ultraserver.placement import (
     Occupancy,
@@ -169,7 +169,7 @@ def _unit_rule(
     try:
         member = member_of(pod)
         config = pod_node_config(pod)
-    except (GangSizeError, NodeConfigError):
+    except (MembershipError, NodeConfigError):
         member = None
     if member is not None and not occupancy.complete(member.job):
         size = max(occupancy.size(member, member.job), 1)  # this pod, at least

@@ -84,7 +84,7 @@ def ultraserver_view(
                 job_text(job),
                 PENDING if pending else first.phase,
                 first.config,
-                first.size,
+                occupancy.claimed_size(job),
                 tuple(sorted(nodes)),
                 bound,
                 None if ends is None else max(0.0, ends - now),

@@ -11,8 +11,8 @@ narrow it to a label), lets the API server check the fields (schema), and `kubec
 ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says more.
 
 A claim is Pending from when the job's units are reserved until all its members are bound, and
-ends if its job does nothing for `seconds` (no member filtered or bound: renewTime); Bound while
-any member runs; gone when the job is.
+ends if its job does nothing for `seconds` (kube-scheduler asked about none of its members since
+renewTime); Bound while any member runs; gone when the job is.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ writes it); without either, the job is as large as the members seen so far.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from neuron_scheduler.kube.objects import Pod
@@ -32,6 +33,8 @@ JobKey = tuple[str, str]  # (namespace, job name)
 GANG_ANNOTATION = "neuron-scheduler.io/gang"
 GANG_SIZE_ANNOTATION = "neuron-scheduler.io/gang-size"
 MAX_GANG = 1024  # members one job may declare; more is an error on its pods
+MAX_NAME = 253
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -41,8 +44,9 @@ LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 NODES_ENV = "PET_NNODES"  # torchrun's node count, set by PyTorchJob and Trainer's torch runtime
 
 
-class GangSizeError(ValueError):
-    """A size that cannot be a job's: the message names where it was read."""
+class MembershipError(ValueError):
+    """A job name or size the pod gives that cannot be one: the message names where it was
+    read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,7 @@ class Member:
 
 def member_of(pod: Pod) -> Member | None:
     """The job this pod is a member of; None for a pod of no job (or a job's launcher).
-    GangSizeError when the pod's own size is no size."""
+    MembershipError when the pod's own size is no size."""
     meta = pod.metadata
     labels, annotations, namespace = meta.labels, meta.annotations, meta.namespace
     ours = _size(annotations.get(GANG_SIZE_ANNOTATION), f"annotation {GANG_SIZE_ANNOTATION}")
@@ -69,7 +73,13 @@ def member_of(pod: Pod) -> Member | None:
     if group:
         return Member((namespace, group), "podgroup", ours, pod_group=group)
     if annotations.get(GANG_ANNOTATION):
-        return Member((namespace, annotations[GANG_ANNOTATION]), "gang", ours)
+        name = annotations[GANG_ANNOTATION]
+        if len(name) > MAX_NAME or not SUBDOMAIN.fullmatch(name):
+            raise MembershipError(
+                f"annotation {GANG_ANNOTATION}={name[:40]!r} is not a job name (lower-case "
+                f"letters, digits, '-' and '.', at most {MAX_NAME} characters)"
+            )
+        return Member((namespace, name), "gang", ours)
     job = labels.get(JOB_NAME_LABEL)
     if job and labels.get(JOB_ROLE_LABEL) == WORKER_ROLE and REPLICA_TYPE_LABEL not in labels:
         return Member((namespace, job), "mpijob", ours)
@@ -89,7 +99,7 @@ def _size(text: str | None, source: str) -> int | None:
         return None
     value = text.strip()
     if not value.isdigit() or not 1 <= int(value) <= MAX_GANG:
-        raise GangSizeError(
+        raise MembershipError(
             f"{source}={text[:40]!r} is not a job size; give a whole number of pods, 1 to "
             f"{MAX_GANG}"
         )

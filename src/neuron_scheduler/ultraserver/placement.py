@@ -24,6 +24,8 @@ Nodes without UltraServer labels are left alone: the pod's nodeSelector picks th
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,12 +33,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
-from neuron_scheduler.ultraserver.jobs import MAX_GANG, GangSizeError, JobKey, Member, member_of
+from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey, Member, MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_CONFIG,
     DEFAULT_SERVER_ID,
@@ -48,6 +51,7 @@ from neuron_scheduler.ultraserver.labels import (
 )
 
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
+log = logging.getLogger(__name__)
 CLAIM_SECONDS = 120.0
 
 # Why the waker hears of nodes (extender.waking): a claim was made (its job's members may go
@@ -101,6 +105,7 @@ class Occupancy:
     on_node: dict[str, dict[str, Worker]] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)  # pod uid -> unbound member
     claims: dict[str, NodeClaim] = field(default_factory=dict)  # node -> its job's claim
+    by_job: dict[JobKey, set[str]] = field(default_factory=dict)  # job -> its claimed nodes
     pod_groups: dict[JobKey, int] = field(default_factory=dict)  # PodGroup -> gang minCount
     # Why a job has no claim yet (the planner's last word), for its members' refusals.
     shortfalls: dict[JobKey, str] = field(default_factory=dict)
@@ -155,7 +160,7 @@ class Occupancy:
         self.reserved.discard(uid)  # bound or gone: from now on the watch speaks for it
         try:
             member = member_of(pod) if neuron_request(pod) is not None else None
-        except (GangSizeError, RequestError):
+        except (MembershipError, RequestError):
             member = None
         if member is None or pod.finished or pod.metadata.deletionTimestamp is not None:
             self.remove_pod(uid)
@@ -207,6 +212,9 @@ class Occupancy:
         try:
             claim = from_object(found)
         except ClaimError as error:
+            # Its node stays taken: someone claimed it, even if not as we would have.
+            if found.metadata.name not in self.rejected:
+                log.warning("%s; its node is kept out of every plan", loggable(error))
             self.rejected[found.metadata.name] = str(error)
             return
         self.rejected.pop(found.metadata.name, None)
@@ -220,18 +228,36 @@ class Occupancy:
         by_name = {found.metadata.name: found for found in listed}
         for node in [n for n in self.claims if n not in by_name]:
             self.release(node)
+        for name in [n for n in self.rejected if n not in by_name]:
+            del self.rejected[name]
         for found in by_name.values():
             self.apply_claim(found)
 
     def hold(self, claim: NodeClaim) -> None:
-        """A claim written (or seen)."""
+        """A claim written (or seen). The waker hears of the job's nodes once its claim is
+        complete (before, it admits nobody), and of each node added to a complete claim."""
         known = self.claims.get(claim.node)
         if known == claim:
             return
+        if known is not None and known.job != claim.job:
+            self._unindex(known)
+        was_complete = self.complete(claim.job)
         self.claims[claim.node] = claim
+        self.by_job.setdefault(claim.job, set()).add(claim.node)
         self.shortfalls.pop(claim.job, None)
-        if (known is None or known.job != claim.job) and self.on_freed is not None:
+        if self.on_freed is None or not self.complete(claim.job):
+            return
+        if not was_complete:
+            self.on_freed(sorted(self.claimed(claim.job)), CLAIM_MADE)
+        elif known is None or known.job != claim.job:
             self.on_freed((claim.node,), CLAIM_MADE)
+
+    def _unindex(self, claim: NodeClaim) -> None:
+        nodes = self.by_job.get(claim.job)
+        if nodes is not None:
+            nodes.discard(claim.node)
+            if not nodes:
+                del self.by_job[claim.job]
 
     def release(self, node: str, uid: str = "") -> None:
         """The claim on `node` ended (`uid`: only if it is still that object's: a delete the
@@ -240,6 +266,7 @@ class Occupancy:
         if known is None or (uid and known.uid and known.uid != uid):
             return
         del self.claims[node]
+        self._unindex(known)
         if self.on_freed is not None:
             self.on_freed((node,), CLAIM_ENDED)
         self._changed()
@@ -301,7 +328,7 @@ class Occupancy:
         return self.nodes_of(unit) if unit else {node}
 
     def claimed(self, job: JobKey) -> set[str]:
-        return {node for node, claim in self.claims.items() if claim.job == job}
+        return set(self.by_job.get(job, ()))
 
     def held_units(self, job: JobKey) -> set[UnitKey]:
         """The units whose every node the job's claim holds."""
@@ -313,14 +340,18 @@ class Occupancy:
                 units.add(unit)
         return units
 
+    def claimed_size(self, job: JobKey) -> int:
+        """The members the job's claim was written for (the largest, while it grows)."""
+        return max((self.claims[n].size for n in self.by_job.get(job, ())), default=0)
+
     def complete(self, job: JobKey) -> bool:
-        """Whether the job's claim holds nodes for all its members (a claim being written, or
-        one a crash left half written, admits nobody: all or nothing)."""
-        claims = [c for c in self.claims.values() if c.job == job]
-        if not claims:
+        """Whether the job's claim holds nodes for all the members it was written for (a claim
+        being written, or one a crash left half written, admits nobody: all or nothing)."""
+        nodes = self.by_job.get(job)
+        if not nodes:
             return False
-        config, size = claims[0].config, claims[0].size
-        return len(self.held_units(job)) >= math.ceil(size / config)
+        config = self.claims[next(iter(nodes))].config
+        return len(self.held_units(job)) >= math.ceil(self.claimed_size(job) / config)
 
     def jobs(self) -> dict[JobKey, list[Pending]]:
         """Jobs with members waiting, each job's members oldest first."""
@@ -358,6 +389,8 @@ class Occupancy:
             claim = self.claims.get(name)
             if claim is not None and claim.job != job and self.footprint(name, claim.config) & area:
                 return f"is reserved for job {claim.job_text}"
+            if name in self.rejected and name in area:
+                return "has an UltraServerClaim this extender cannot read"
         return None
 
 
@@ -401,13 +434,40 @@ def plan(
             continue
         free.append((0 if nodes & own else 1, unit[1], unit))
     if len(free) < needed:
-        more = " more" if held_units else ""
-        return Shortfall(
-            f"job {job_text(job)} needs {unit_words(config, needed)}{more} for its {size} "
-            f"members, {len(free)} free; nothing is reserved until all of them fit"
-        )
+        return shortfall(job, config, size, needed, len(free), bool(held_units))
     chosen = [unit for _, _, unit in sorted(free)[:needed]]
     return sorted(n for unit in chosen for n in occupancy.nodes_of(unit))
+
+
+def shortfall(job: JobKey, config: int, size: int, needed: int, free: int, more: bool) -> Shortfall:
+    return Shortfall(
+        f"job {job_text(job)} needs {unit_words(config, needed)}{' more' if more else ''} for "
+        f"its {size} members, {free} free; nothing is reserved until all of them fit"
+    )
+
+
+NOBODY: JobKey = ("", "")  # a job of no members and no claim: what every new job is
+
+
+def openings(
+    occupancy: Occupancy, config: int, usable: Callable[[str], str | None]
+) -> list[UnitKey]:
+    """The units a job with no member and no claim yet could get now, lowest server id first:
+    what `plan` would find for it, computed once for all such jobs alike."""
+    found = []
+    for unit, nodes in sorted(occupancy.members.items(), key=lambda item: item[0][1]):
+        if unit[0] != config or len(nodes) != config:
+            continue
+        if occupancy.blocker(NOBODY, set(nodes)) is None and all(usable(n) is None for n in nodes):
+            found.append(unit)
+    return found
+
+
+def unreadable(occupancy: Occupancy, node: str) -> str:
+    return (
+        f"UltraServer node with an UltraServerClaim this extender cannot read "
+        f"({occupancy.rejected[node]})"
+    )
 
 
 @dataclass
@@ -432,7 +492,9 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
             continue
         claim = occupancy.claims.get(name)
         others = [w.job for w in occupancy.on_node.get(name, {}).values() if w.job != job]
-        if not claimed:
+        if name in occupancy.rejected:
+            decision.failed[name] = unreadable(occupancy, name)
+        elif not claimed:
             # One reason for the job on every node, so kube-scheduler's event says it once.
             decision.failed[name] = (
                 occupancy.unavailable
@@ -463,8 +525,16 @@ class UnitPlacement:
 
     outcome = "ultraserver_unit"  # the filter-outcome metric label for the nodes it fails
 
-    def __init__(self, occupancy: Occupancy) -> None:
+    def __init__(
+        self,
+        occupancy: Occupancy,
+        unusable: Callable[[Pod, str], str | None] | None = None,
+    ) -> None:
+        """`unusable(pod, node)`: why the member cannot run on the node (the ledger's view), so
+        the first refusal of a job without a claim says why it has none (the reservation loop
+        says it after, and kube-scheduler retries a refused pod only on an event)."""
         self.occupancy = occupancy
+        self.unusable = unusable
         # Jobs whose members kube-scheduler asked about (the reservation loop renews their
         # claims and plans for them first), by the time of the last ask (filter's clock).
         self.asked: dict[JobKey, float] = {}
@@ -479,25 +549,44 @@ class UnitPlacement:
             if member is None:
                 return self._outsider(passed)
             config = pod_node_config(pod)
-        except (NodeConfigError, GangSizeError) as error:
+        except (NodeConfigError, MembershipError) as error:
             return [n for n in passed if n not in servers], {
                 n: str(error) for n in passed if n in servers
             }
         self.asked[member.job] = now
         if len(self.asked) > 10_000:
             del self.asked[next(iter(self.asked))]
-        decision = decide(self.occupancy, member, config, passed)
-        if not self.occupancy.complete(member.job) and self.occupancy.on_change is not None:
-            self.occupancy.on_change()  # the reservation loop plans for it
+        occupancy = self.occupancy
+        if not occupancy.complete(member.job):
+            if member.job not in occupancy.shortfalls and self.unusable is not None:
+                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config)
+            if occupancy.on_change is not None:
+                occupancy.on_change()  # the reservation loop plans for it
+        decision = decide(occupancy, member, config, passed)
         return decision.passed, decision.failed
+
+    def _why_no_claim(self, pod: Pod, member: Member, config: int) -> str:
+        assert self.unusable is not None
+        size = max(self.occupancy.size(member, member.job), 1)
+        planned = plan(
+            self.occupancy, member.job, config, size, functools.partial(self.unusable, pod)
+        )
+        if isinstance(planned, Shortfall):
+            return planned.reason
+        return (
+            f"job {member.text} fits on {len(planned)} UltraServer nodes now: they are being "
+            "reserved for all its members at once"
+        )
 
     def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
         """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
-        claims = self.occupancy.claims
+        claims, rejected = self.occupancy.claims, self.occupancy.rejected
         failed = {
             n: f"UltraServer node reserved for job {claims[n].job_text}"
-            for n in passed
             if n in claims
+            else unreadable(self.occupancy, n)
+            for n in passed
+            if n in claims or n in rejected
         }
         return ([n for n in passed if n not in failed], failed) if failed else (passed, {})
 
@@ -508,8 +597,8 @@ class UnitPlacement:
         try:
             member = member_of(pod)
             if member is None:
-                return node not in self.occupancy.claims
+                return node not in self.occupancy.claims and node not in self.occupancy.rejected
             config = pod_node_config(pod)
-        except (NodeConfigError, GangSizeError):
+        except (NodeConfigError, MembershipError):
             return False
         return node in decide(self.occupancy, member, config, [node]).passed
