@@ -448,8 +448,9 @@ def test_the_first_refusal_of_a_job_without_a_claim_already_says_what_it_needs()
     occupancy.apply_pod(member("busy", 0, node="a1"))
     rule = UnitPlacement(occupancy, lambda pod, node: None)
     _, failed = rule.filter(member("big", 0, size=8), names, now=0.0)
-    assert "job ns/big needs 2 free UltraServers of 4 nodes for its 8 members, 1 free" in (
-        failed["b2"]
+    assert (
+        "job ns/big needs 2 free UltraServers of 4 nodes for its 8 members, 1 free"
+        in (failed["b2"])
     )
     _, failed = rule.filter(member("small", 0, size=4), names, now=0.0)
     assert "job ns/small fits on 4 UltraServer nodes now" in failed["b0"]
