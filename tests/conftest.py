@@ -24,9 +24,19 @@ def log_levels() -> Iterator[None]:
     (on ea36366 too). Each test starts with the levels the session started with."""
     loggers = [logging.getLogger(), logging.getLogger("neuron_scheduler")]
     levels = [logger.level for logger in loggers]
+    # basicConfig(force=True) also swaps the root's handlers for one on the stderr pytest
+    # captured for that test and closes afterwards ("I/O operation on closed file" later).
+    handlers = list(logging.getLogger().handlers)
     yield
     for logger, level in zip(loggers, levels, strict=True):
         logger.setLevel(level)
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
 
 
 def pytest_terminal_summary(
