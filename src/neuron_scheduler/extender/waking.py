@@ -234,7 +234,9 @@ class Waker:
             order = self._arrivals
         else:
             order = known.order
-        self.waiting[uid] = Waiting(pod, request, Claimant.of(pod), next(self._sequence), order)
+        self.waiting[uid] = Waiting(
+            pod, request, Claimant.of(pod, request), next(self._sequence), order
+        )
 
     # --- what the watches and hold keepers tell it -------------------------------------------
 
@@ -347,7 +349,7 @@ class Waker:
             facts = self.ledger.facts.get(node)
             taken = 0  # cores given to the pods woken for this node so far
             full: set[tuple[object, int]] = set()  # shapes that no longer fit, for anyone
-            nominated = any(n.node == node for n in self.ledger.nominations.values())
+            nominated = self.ledger.holds_on(node)
             woken = 0
             for waiting in candidates:
                 uid = waiting.pod.metadata.uid

@@ -131,7 +131,7 @@ def diagnose(
             error = str(problem)
     nodes: list[NodeDiagnosis] = []
     if request is not None:
-        claimant = Claimant.of(pod)
+        claimant = Claimant.of(pod, request)
         for name in sorted({*ledger.nodes, *ledger.unusable}):
             nodes.append(_node(ledger, pod, claimant, request, name, policy))
     if occupancy is not None:
