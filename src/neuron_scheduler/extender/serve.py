@@ -9,7 +9,7 @@ import gc
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ import uvicorn
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
+from neuron_scheduler.extender.consolidating import Limits
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.plugins import ClusterView
@@ -59,6 +60,9 @@ class ExtenderOptions:
     wake_grace: float = DEFAULT_GRACE
     # How long a job's claim on the UltraServer unit it opened outlives its last worker's filter.
     claim_seconds: float = CLAIM_SECONDS
+    # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
+    consolidation: Limits = field(default_factory=Limits)
+    budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -130,6 +134,12 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         loop.create_task(budgets.run()),
         loop.create_task(mark_synced()),
     ]
+
+
+async def _after_sync(extender: Extender) -> None:
+    """Consolidation plans only on a cache that has every node and pod."""
+    await extender.synced.wait()
+    await extender.consolidator.run()
 
 
 class _Server(uvicorn.Server):
@@ -219,10 +229,13 @@ async def serve(options: ExtenderOptions) -> None:
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
             claim_seconds=options.claim_seconds,
+            consolidation=options.consolidation,
+            budget_lease=options.budget_lease,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
             extender.waker.is_leader = lambda: elector.is_leader
+            extender.consolidator.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:
@@ -255,6 +268,7 @@ async def serve(options: ExtenderOptions) -> None:
         returner = MemoryReturner(trim=malloc_trim())
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
+        tasks.append(asyncio.get_running_loop().create_task(_after_sync(extender)))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))
             tasks += election
