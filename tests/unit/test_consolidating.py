@@ -21,6 +21,7 @@ from neuron_scheduler.extender.consolidating import Consolidator, Limits, Mode
 from neuron_scheduler.extender.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.movers import Movability
+from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
 from tests.builders import node, pod_json
@@ -165,9 +166,11 @@ class World:
             self.limits.max_plans,
             self.clock,
         )
+        self.plans = Plans(self.ledger, self.movability, self.clock)
         return Consolidator(
             self.ledger,
             self.movability,
+            self.plans,
             self.budgets,
             self.api,  # type: ignore[arg-type]
             budget,
@@ -181,18 +184,21 @@ class World:
     def _report(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
         self.events.append((ref.name, reason, message))
 
+    def views(self) -> tuple[Any, ...]:
+        return (self.ledger, self.movability, self.plans, self.consolidator)
+
     def feed(self) -> None:
-        for view in (self.ledger, self.movability, self.consolidator):
+        for view in self.views():
             view.replace_pods(list(self.pods.values()))
 
     def apply(self, pod: Pod) -> None:
         self.pods[pod.metadata.name] = pod
-        for view in (self.ledger, self.movability, self.consolidator):
+        for view in self.views():
             view.apply_pod(pod)
 
     def remove(self, name: str) -> None:
         pod = self.pods.pop(name)
-        for view in (self.ledger, self.movability, self.consolidator):
+        for view in self.views():
             view.remove_pod(pod.metadata.uid)
 
     def step(self) -> None:
@@ -201,7 +207,7 @@ class World:
     def annotated(self, name: str = "big") -> Pod:
         """The pod as the watch shows it after consolidation's patch."""
         pod = self.pods[name]
-        record = self.consolidator.plans[pod.metadata.uid].record
+        record = self.plans.plans[pod.metadata.uid].record
         body = msgspec.to_builtins(pod)
         body["metadata"]["annotations"][planrecord.PLAN_ANNOTATION] = planrecord.encode(record)
         return msgspec.convert(body, Pod)
@@ -249,7 +255,7 @@ def test_on_writes_the_plan_first_then_nominates_then_evicts_one_row() -> None:
     assert len(evicted) == 3
     rows = {int(name[1:]) // 4 for name in evicted}
     assert len(rows) == 1
-    active = world.consolidator.plans["big"]
+    active = world.plans.plans["big"]
     assert active.record.node == "a"
     # Each replacement's place is held on b (13-15 free) or a's free devices outside the row.
     assert all(v.node for v in active.record.victims)
@@ -264,7 +270,7 @@ def test_on_writes_the_plan_first_then_nominates_then_evicts_one_row() -> None:
 def test_replacements_take_their_places_and_the_plan_ends_when_all_are_bound() -> None:
     world = World()
     world.step()
-    active = world.consolidator.plans["big"]
+    active = world.plans.plans["big"]
     world.apply(world.annotated())
     for name in world.evicted():
         world.remove(name)
@@ -292,7 +298,7 @@ def test_a_refused_eviction_cancels_the_plan_and_lets_go_of_its_holds() -> None:
     world = World()
     world.api.refuse = {f"w{d}" for d in range(16)}
     world.step()
-    active = world.consolidator.plans["big"]
+    active = world.plans.plans["big"]
     assert active.ended == "cancelled"
     assert world.ledger.plan_holds == {}
     assert any(e[1] == "NeuronConsolidationCancelled" for e in world.events)
@@ -336,15 +342,15 @@ def test_the_hourly_budget_and_the_node_cooldown_bound_plans() -> None:
     assert any("evictions are left" in e[2] for e in world.events)
     world = World(node_cooldown=600)
     world.step()
-    first = world.consolidator.plans["big"]
+    first = world.plans.plans["big"]
     world.remove("big")  # the plan ends with its pod
     assert first.ended == "gone"
     world.apply(stuck("big2"))
     world.step()
-    assert "big2" not in world.consolidator.plans  # node a cools down
+    assert "big2" not in world.plans.plans  # node a cools down
     world.clock.now += 601
     world.step()
-    assert "big2" in world.consolidator.plans
+    assert "big2" in world.plans.plans
 
 
 def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> None:
@@ -382,10 +388,10 @@ def test_an_expired_plan_lets_go_of_its_holds() -> None:
     world.apply(world.annotated())
     assert world.ledger.plan_holds
     world.clock.now += world.limits.plan_seconds + 1
-    assert world.consolidator.seconds_to_next_expiry() is not None
-    world.consolidator.expire()
+    assert world.plans.seconds_to_next_expiry() is not None
+    world.plans.expire()
     assert world.ledger.plan_holds == {}
-    assert world.consolidator.plans["big"].ended == "expired"
+    assert world.plans.plans["big"].ended == "expired"
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
@@ -49,27 +49,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.consolidation import DEFAULT_MAX_VICTIMS, Move
-from neuron_scheduler.core.ids import format_ids, ids_mask
+from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.planrecord import (
     PLAN_ANNOTATION,
-    PlanError,
     PlanRecord,
     Replacement,
-    decode,
     encode,
 )
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.evictionbudget import BudgetUnavailable, EvictionBudget
 from neuron_scheduler.extender.ledger import (
-    HOLD_EXPIRED,
-    HOLD_RELEASED,
-    POD_DELETED,
     Ledger,
-    Nomination,
 )
-from neuron_scheduler.extender.movers import GANG_LABELS, Facts, Movability, plan_for, stranded
+from neuron_scheduler.extender.movers import GANG_LABELS, Movability, plan_for, stranded
+from neuron_scheduler.extender.plans import Active, Plans, epoch
 from neuron_scheduler.kube.errors import (
     READ_ERRORS,
     Conflict,
@@ -87,7 +82,6 @@ log = logging.getLogger("neuron_scheduler.extender.consolidating")
 
 STEP_SECONDS = 5.0  # between looks for stranded pods (sooner when a plan changes)
 CANDIDATES_PER_STEP = 8  # pending pods planned for per step, highest priority and oldest first
-CLOCK_SKEW = 5.0  # seconds a replacement's creation may precede its plan's (clocks differ)
 
 
 class Mode(StrEnum):
@@ -128,28 +122,6 @@ class ConsolidationAPI(Protocol):
     ) -> None: ...
 
     async def evict(self, namespace: str, name: str, uid: str) -> None: ...
-
-
-@dataclass(slots=True)
-class Active:
-    """A plan, as read back from its pod's annotation, and what has become of it."""
-
-    uid: str
-    namespace: str
-    name: str
-    priority: int
-    request: NeuronRequest
-    record: PlanRecord
-    bound: str = ""  # the node its pod got
-    satisfied: dict[str, str] = field(default_factory=dict)  # moved pod uid -> replacement's
-    ended: str = ""  # why it ended ("" while in flight)
-    evicted: int = 0  # evictions this process made for it
-    asked: set[str] = field(default_factory=set)  # moved pods this process evicted (or tried)
-    busy: bool = False  # its evictions are under way in this process
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 class ConsolidationMetrics:
@@ -197,6 +169,7 @@ class Consolidator:
         self,
         ledger: Ledger,
         movability: Movability,
+        plans: Plans,
         budgets: DisruptionBudgets,
         api: ConsolidationAPI,
         budget: EvictionBudget,
@@ -211,6 +184,8 @@ class Consolidator:
     ) -> None:
         self.ledger = ledger
         self.movability = movability
+        self.plans = plans
+        plans.on_end = self._ended
         self.budgets = budgets
         self.api = api
         self.budget = budget
@@ -224,12 +199,10 @@ class Consolidator:
         self.metrics.in_flight.set_function(lambda: len(self.in_flight()))
         self.metrics.left.set_function(lambda: self.budget.left())
         self.pending: dict[str, Pod] = {}  # pending pods of our schedulers with a Neuron request
-        self.plans: dict[str, Active] = {}  # by the pending pod's uid
-        self._unreadable: dict[str, str] = {}  # pod uid -> a plan annotation that did not decode
         self._said: dict[str, str] = {}  # pod uid -> the last dry-run or refusal logged
         self._signal = asyncio.Event()
 
-    # --- the pod watch -------------------------------------------------------------------------
+    # --- the pod watch: pending pods of our schedulers ----------------------------------------
 
     def replace_nodes(self, nodes: Iterable[object]) -> None:
         pass
@@ -241,10 +214,7 @@ class Consolidator:
         pass
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
-        known = {*self.pending, *self.plans}
-        replace_all(pods, pod_uid, self.apply_pod, known, self.remove_pod)
-        for active in list(self.plans.values()):  # replacements listed before their plan
-            self._find_replacements(active)
+        replace_all(pods, pod_uid, self.apply_pod, dict(self.pending), self.remove_pod)
 
     def apply_pod(self, pod: Pod) -> None:
         uid, meta = pod.metadata.uid, pod.metadata
@@ -256,164 +226,14 @@ class Consolidator:
                 request = None
             if request is not None:
                 self.pending[uid] = pod
-            else:
-                self.pending.pop(uid, None)
-        else:
-            self.pending.pop(uid, None)
-        self._read_plan(pod, gone)
-        if pod.spec.nodeName and not gone:
-            self._replacement_bound(pod)
+                return
+        self.pending.pop(uid, None)
 
     def remove_pod(self, uid: str) -> None:
         self.pending.pop(uid, None)
-        self._unreadable.pop(uid, None)
         self._said.pop(uid, None)
-        active = self.plans.pop(uid, None)
-        if active is not None:
-            self._end(active, "gone", POD_DELETED)
 
-    def _read_plan(self, pod: Pod, gone: bool) -> None:
-        uid = pod.metadata.uid
-        text = pod.metadata.annotations.get(PLAN_ANNOTATION)
-        active = self.plans.get(uid)
-        if text is None:
-            self._unreadable.pop(uid, None)
-            if active is not None:  # removed: by the leader that ended it, or by a person
-                del self.plans[uid]
-                self._end(active, "cancelled" if not active.ended else active.ended)
-            return
-        try:
-            record = decode(text)
-        except PlanError as error:
-            if self._unreadable.get(uid) != text:
-                log.warning(
-                    "pod %s: annotation %s is not a plan this version reads (%s); ignored",
-                    loggable(pod.key),
-                    PLAN_ANNOTATION,
-                    loggable(error),
-                )
-            self._unreadable[uid] = text
-            if active is not None:
-                del self.plans[uid]
-                self._end(active, "cancelled")
-            return
-        try:
-            request = neuron_request(pod)
-        except RequestError:
-            request = None
-        if request is None:
-            self._unreadable[uid] = text
-            return
-        if active is None or active.record != record:
-            if active is not None:
-                self._end(active, "cancelled")
-            active = Active(
-                uid,
-                pod.metadata.namespace,
-                pod.metadata.name,
-                pod.spec.priority or 0,
-                request,
-                record,
-            )
-            self.plans[uid] = active
-            if self.wall_clock() >= record.until:
-                active.ended = "expired"  # from before a restart: nothing to hold
-            self._find_replacements(active)
-        if gone:
-            del self.plans[uid]
-            self._end(active, "gone", POD_DELETED)
-            return
-        if pod.spec.nodeName and not active.bound:
-            active.bound = pod.spec.nodeName
-        self._hold(active)
-        self._maybe_done(active)
-
-    def _replacement_bound(self, pod: Pod) -> None:
-        controller = pod.metadata.controller
-        if controller is None or not self.plans:
-            return
-        facts = self.movability.pods.get(pod.metadata.uid)
-        if facts is None:
-            return
-        for active in self.plans.values():
-            if not active.ended and self._take(active, pod.metadata.uid, controller.uid, facts):
-                self._hold(active)
-                self._maybe_done(active)
-                return
-
-    def _find_replacements(self, active: Active) -> None:
-        """After a restart: replacements bound before their plan was read."""
-        for uid, facts in list(self.movability.pods.items()):
-            if facts.bound and facts.owner:
-                self._take(active, uid, facts.owner, facts)
-        self._hold(active)
-        self._maybe_done(active)
-
-    def _take(self, active: Active, uid: str, owner: str, facts: Facts) -> bool:
-        """Counts a bound pod as the replacement of one moved pod of its controller with its
-        request (the place held on the node it got first), if it was created after the plan."""
-        record = active.record
-        if uid in active.satisfied.values() or any(v.uid == uid for v in record.victims):
-            return False
-        if _epoch(facts.created) < record.started - CLOCK_SKEW:
-            return False
-        open_ = [
-            v
-            for v in record.victims
-            if v.owner == owner and v.request == facts.request and v.uid not in active.satisfied
-        ]
-        if not open_:
-            return False
-        chosen = next((v for v in open_ if v.node == facts.bound), open_[0])
-        active.satisfied[chosen.uid] = uid
-        return True
-
-    # --- holds ---------------------------------------------------------------------------------
-
-    def _hold(self, active: Active, cause: str = HOLD_RELEASED) -> None:
-        """The ledger's holds for the plan as it stands (none once it ended)."""
-        record = active.record
-        block = None
-        if not active.ended and not active.bound:
-            block = Nomination(
-                record.node,
-                active.request,
-                active.priority,
-                block=ids_mask(record.cores),
-                reason=f"held for {active.key} by a consolidation plan until it is bound",
-            )
-        self.ledger.hold(active.uid, block, cause, pod=active.key)
-        for victim in record.victims:
-            if not victim.node:
-                continue
-            place = None
-            if not active.ended and victim.uid not in active.satisfied:
-                place = Nomination(
-                    victim.node,
-                    victim.request,
-                    victim.priority,
-                    block=ids_mask(victim.cores),
-                    owner=victim.owner,
-                    reason=f"held for the replacement of {victim.pod} by a consolidation plan "
-                    "until it is bound",
-                )
-            self.ledger.hold(f"{active.uid}/{victim.uid}", place, cause)
-
-    def _maybe_done(self, active: Active) -> None:
-        if active.ended or not active.bound:
-            return
-        if active.bound != active.record.node:
-            self._end(active, "bound_elsewhere")
-            return
-        if all(v.uid in active.satisfied for v in active.record.victims if v.node):
-            self._end(active, "done")
-
-    def _end(self, active: Active, outcome: str, cause: str = HOLD_RELEASED) -> None:
-        first = not active.ended
-        active.ended = active.ended or outcome
-        self._hold(active, cause)
-        if not first:
-            return
+    def _ended(self, active: Active, outcome: str) -> None:
         self.metrics.plans.labels(outcome).inc()
         if active.evicted and active.bound != active.record.node:
             self.metrics.in_vain.inc(active.evicted)
@@ -426,26 +246,7 @@ class Consolidator:
         self._signal.set()  # the leader tidies up
 
     def in_flight(self) -> list[Active]:
-        return [a for a in self.plans.values() if not a.ended]
-
-    def planned(self, uid: str) -> bool:
-        """The pod has a plan in flight (the preempt verb leaves it to the plan)."""
-        active = self.plans.get(uid)
-        return active is not None and not active.ended
-
-    # A HoldKeeper (extender.plugins): the waker ends plans whose time is up.
-
-    def seconds_to_next_expiry(self) -> float | None:
-        live = self.in_flight()
-        if not live:
-            return None
-        return min(a.record.until for a in live) - self.wall_clock()
-
-    def expire(self) -> None:
-        now = self.wall_clock()
-        for active in self.in_flight():
-            if active.record.until <= now:
-                self._end(active, "expired", HOLD_EXPIRED)
+        return self.plans.in_flight()
 
     # --- the loop (leader only) ----------------------------------------------------------------
 
@@ -460,7 +261,7 @@ class Consolidator:
             self._signal.clear()
 
     async def step(self) -> None:
-        self.expire()
+        self.plans.expire()
         if not self.is_leader():
             self.budget.loaded = False  # read afresh on becoming leader
             return
@@ -480,7 +281,7 @@ class Consolidator:
 
     async def _tidy(self) -> None:
         """Removes the annotation of each plan that ended (and the nomination it set)."""
-        for active in [a for a in self.plans.values() if a.ended]:
+        for active in [a for a in self.plans.plans.values() if a.ended]:
             pending = self.pending.get(active.uid)
             try:
                 await self.api.patch_annotations(
@@ -491,7 +292,7 @@ class Consolidator:
                         active.namespace, active.name, active.uid, ""
                     )
             except (NotFound, Conflict):
-                self.plans.pop(active.uid, None)  # gone, or another pod now
+                self.plans.plans.pop(active.uid, None)  # gone, or another pod now
             except READ_ERRORS as error:
                 log.warning(
                     "cannot remove the ended consolidation plan from pod %s: %s; it holds "
@@ -507,7 +308,7 @@ class Consolidator:
         now = self.wall_clock()
         found = []
         for uid, pod in self.pending.items():
-            if uid in self.plans or uid in self._unreadable:
+            if uid in self.plans.plans or uid in self.plans.unreadable:
                 continue
             if pod.status.nominatedNodeName:  # kube-scheduler's own preemption is under way
                 continue
@@ -515,7 +316,7 @@ class Consolidator:
                 continue  # a gang's worker: the job moves whole or not at all
             if not _unschedulable(pod):
                 continue
-            if now - _epoch(pod.metadata.creationTimestamp or "") < self.limits.pending_seconds:
+            if now - epoch(pod.metadata.creationTimestamp or "") < self.limits.pending_seconds:
                 continue
             try:
                 request = neuron_request(pod)
@@ -646,9 +447,7 @@ class Consolidator:
             )
             return
         # Held from here on, before the watch shows the annotation.
-        pod.metadata.annotations = {**meta.annotations, PLAN_ANNOTATION: encode(record)}
-        self._read_plan(pod, gone=False)
-        active = self.plans.get(meta.uid)
+        active = self.plans.adopt(pod, encode(record))
         if active is None:
             return
         self.metrics.plans.labels("started").inc()
@@ -715,7 +514,7 @@ class Consolidator:
             if self.report is not None:
                 ref = ObjectRef("Pod", active.namespace, active.name, active.uid)
                 self.report(ref, "NeuronConsolidationCancelled", message, True)
-            self._end(active, "cancelled")
+            self.plans.end(active, "cancelled")
             return False
         except READ_ERRORS as error:
             self.metrics.evictions.labels("failed").inc()
@@ -762,12 +561,3 @@ def _unschedulable(pod: Pod) -> bool:
         c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
         for c in pod.status.conditions
     )
-
-
-def _epoch(timestamp: str) -> float:
-    if not timestamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0

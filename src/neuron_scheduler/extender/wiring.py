@@ -19,6 +19,7 @@ from neuron_scheduler.extender.judging import Judge
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.movers import Movability
+from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
@@ -67,6 +68,7 @@ def wire(
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
     movability = Movability()
+    plans = Plans(ledger, movability)
     budget = EvictionBudget(
         api,
         *budget_lease,
@@ -78,6 +80,7 @@ def wire(
     consolidator = Consolidator(
         ledger,
         movability,
+        plans,
         budgets,
         api,
         budget,
@@ -92,7 +95,7 @@ def wire(
         api,
         scheduler_names,
         filters=[units],
-        keepers=[ledger, units, consolidator],
+        keepers=[ledger, units, plans],
         policy=policy,
         rate=wake_rate,
         grace=wake_grace,
@@ -105,8 +108,8 @@ def wire(
         metrics,
         synced,
         events,
-        # The consolidator reads what movability has of a pod: after it.
-        (ledger, occupancy, waker, movability, consolidator),
+        # Plans read what movability has of a pod: after it.
+        (ledger, occupancy, waker, movability, plans, consolidator),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
@@ -120,7 +123,7 @@ def wire(
             scheduler_names=scheduler_names,
             quiet=waker.quiet,
         ),
-        Preemptor(ledger, budgets, metrics, policy, planned=consolidator.planned),
+        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned),
         waker,
         consolidator,
     )
