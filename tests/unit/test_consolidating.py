@@ -209,7 +209,9 @@ class World:
         pod = self.pods[name]
         record = self.plans.plans[pod.metadata.uid].record
         body = msgspec.to_builtins(pod)
-        body["metadata"]["annotations"][planrecord.PLAN_ANNOTATION] = planrecord.encode(record)
+        body["metadata"].setdefault("annotations", {})[planrecord.PLAN_ANNOTATION] = (
+            planrecord.encode(record)
+        )
         return msgspec.convert(body, Pod)
 
     def evicted(self) -> list[str]:
@@ -407,3 +409,18 @@ def test_gang_workers_are_never_moved(label: str) -> None:
     assert world.api.calls == []
     (event,) = [e for e in world.events if e[1] == "NeuronConsolidationBlocked"]
     assert "gang job moves only whole" in event[2]
+
+
+def test_a_late_event_from_before_the_plan_does_not_end_it() -> None:
+    """The watch may deliver an update of the pod made before the plan was written (say
+    kube-scheduler's condition) after the write: the plan stands until the watch has shown it."""
+    world = World()
+    older = world.pods["big"]
+    world.step()
+    world.apply(older)  # without the annotation, from before
+    assert world.plans.plans["big"].ended == ""
+    assert "big" in world.ledger.plan_holds
+    world.apply(world.annotated())
+    world.apply(older)  # now a removal: by a person
+    assert world.plans.plans.get("big") is None
+    assert "big" not in world.ledger.plan_holds

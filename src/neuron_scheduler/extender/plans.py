@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import msgspec
+
 from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, PlanError, PlanRecord, decode
@@ -56,6 +58,9 @@ class Active:
     evicted: int = 0  # evictions this process made for it
     asked: set[str] = field(default_factory=set)  # moved pods this process evicted (or tried)
     busy: bool = False  # its evictions are under way in this process
+    # False from `adopt` until the watch shows the annotation: watch events of the pod from
+    # before the write (without it) may still arrive, and must not end the plan.
+    seen: bool = True
 
     @property
     def key(self) -> str:
@@ -109,9 +114,13 @@ class Plans:
     def adopt(self, pod: Pod, text: str) -> Active | None:
         """The plan just written on the pod (annotation `text`), held before the watch shows
         it."""
-        pod.metadata.annotations = {**pod.metadata.annotations, PLAN_ANNOTATION: text}
-        self._read_plan(pod, gone=False)
-        return self.plans.get(pod.metadata.uid)
+        annotations = {**pod.metadata.annotations, PLAN_ANNOTATION: text}
+        meta = msgspec.structs.replace(pod.metadata, annotations=annotations)
+        self._read_plan(msgspec.structs.replace(pod, metadata=meta), gone=False)
+        active = self.plans.get(pod.metadata.uid)
+        if active is not None:
+            active.seen = False
+        return active
 
     def _read_plan(self, pod: Pod, gone: bool) -> None:
         uid = pod.metadata.uid
@@ -119,6 +128,8 @@ class Plans:
         active = self.plans.get(uid)
         if text is None:
             self.unreadable.pop(uid, None)
+            if active is not None and not active.seen:
+                return  # an event from before the plan was written
             if active is not None:  # removed: by the leader that ended it, or by a person
                 del self.plans[uid]
                 self.end(active, "cancelled" if not active.ended else active.ended)
@@ -160,6 +171,7 @@ class Plans:
             if self.wall_clock() >= record.until:
                 active.ended = "expired"  # from before a restart: nothing to hold
             self._find_replacements(active)
+        active.seen = True
         if gone:
             del self.plans[uid]
             self.end(active, "gone", POD_DELETED)
