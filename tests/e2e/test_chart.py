@@ -20,6 +20,7 @@ import yaml
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.extender.consolidating import ConsolidationMetrics
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
@@ -837,6 +838,9 @@ def exported_series() -> dict[str, set[str]]:
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
+    consolidation = ConsolidationMetrics(metrics.registry)
+    for labelled in (consolidation.plans, consolidation.evictions, consolidation.blocked):
+        labelled.labels("example")
     series: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         assert family.samples, f"{family.name}: no samples; give it a child above"
