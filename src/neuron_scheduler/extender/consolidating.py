@@ -57,14 +57,16 @@ from neuron_scheduler.core.planrecord import (
     Replacement,
     encode,
 )
-from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.evictionbudget import BudgetUnavailable, EvictionBudget
 from neuron_scheduler.extender.ledger import (
     Ledger,
 )
 from neuron_scheduler.extender.movers import GANG_LABELS, Movability, plan_for, stranded
-from neuron_scheduler.extender.plans import Active, Plans, epoch
+from neuron_scheduler.extender.plans import Active, Plans
+from neuron_scheduler.extender.plugins import PodsOnly
+from neuron_scheduler.extender.waking import AnnotationWriter
 from neuron_scheduler.kube.errors import (
     READ_ERRORS,
     Conflict,
@@ -75,7 +77,7 @@ from neuron_scheduler.kube.errors import (
 )
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.objects import ObjectRef, Pod
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.reading import epoch, servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 log = logging.getLogger("neuron_scheduler.extender.consolidating")
@@ -106,16 +108,8 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class ConsolidationAPI(Protocol):
-    async def patch_annotations(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        values: dict[str, str | None],
-        *,
-        resource_version: str | None = None,
-    ) -> str: ...
+class ConsolidationAPI(AnnotationWriter, Protocol):
+    """What consolidation needs of KubeAPI beyond the waker's annotation patch."""
 
     async def patch_nominated_node(
         self, namespace: str, name: str, uid: str, node: str
@@ -164,7 +158,7 @@ class ConsolidationMetrics:
         )
 
 
-class Consolidator:
+class Consolidator(PodsOnly):
     def __init__(
         self,
         ledger: Ledger,
@@ -204,15 +198,6 @@ class Consolidator:
 
     # --- the pod watch: pending pods of our schedulers ----------------------------------------
 
-    def replace_nodes(self, nodes: Iterable[object]) -> None:
-        pass
-
-    def apply_node(self, node: object) -> None:
-        pass
-
-    def remove_node(self, name: str) -> None:
-        pass
-
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
         replace_all(pods, pod_uid, self.apply_pod, dict(self.pending), self.remove_pod)
 
@@ -220,10 +205,7 @@ class Consolidator:
         uid, meta = pod.metadata.uid, pod.metadata
         gone = pod.finished or meta.deletionTimestamp is not None
         if not pod.spec.nodeName and not gone and pod.spec.schedulerName in self.scheduler_names:
-            try:
-                request = neuron_request(pod)
-            except RequestError:
-                request = None
+            request = servable_request(pod)
             if request is not None:
                 self.pending[uid] = pod
                 return
@@ -318,10 +300,7 @@ class Consolidator:
                 continue
             if now - epoch(pod.metadata.creationTimestamp or "") < self.limits.pending_seconds:
                 continue
-            try:
-                request = neuron_request(pod)
-            except RequestError:
-                continue
+            request = servable_request(pod)
             if request is not None:
                 found.append((pod, request))
         found.sort(key=lambda p: (-(p[0].spec.priority or 0), p[0].metadata.creationTimestamp))

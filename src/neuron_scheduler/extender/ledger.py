@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import NamedTuple
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
@@ -40,7 +39,13 @@ from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import NodeFacts
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
-from neuron_scheduler.kube.reading import assignment, held_by_others, neuron_request, node_topology
+from neuron_scheduler.kube.reading import (
+    assignment,
+    epoch,
+    held_by_others,
+    neuron_request,
+    node_topology,
+)
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 # Why a node's room grew (or may have), as the ledger tells its `on_freed` listener (the waker).
@@ -826,14 +831,4 @@ def _occupant(topology: Topology, holding: Holding) -> Occupant:
     else:
         size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
         cores, unknown = 0, holding.unknown_count * size
-    return Occupant(cores, unknown, holding.priority, _epoch(holding.started))
-
-
-def _epoch(timestamp: str) -> float:
-    """RFC 3339 to seconds; 0 (the oldest) when missing or unreadable."""
-    if not timestamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+    return Occupant(cores, unknown, holding.priority, epoch(holding.started))

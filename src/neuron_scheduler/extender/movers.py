@@ -30,12 +30,13 @@ from neuron_scheduler.core.consolidation import (
     fits_by_count,
     plan_move,
 )
-from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.plugins import PodsOnly
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Affinity, Pod, PodSpec, Toleration
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.reading import servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 DO_NOT_DISRUPT = "neuron-scheduler.io/do-not-disrupt"
@@ -108,20 +109,11 @@ def never_moved(pod: Pod) -> str:
     return ""
 
 
-class Movability:
+class Movability(PodsOnly):
     """A view of every unfinished Neuron pod's `Facts`, fed by the pod watch."""
 
     def __init__(self) -> None:
         self.pods: dict[str, Facts] = {}
-
-    def replace_nodes(self, nodes: Iterable[object]) -> None:
-        pass
-
-    def apply_node(self, node: object) -> None:
-        pass
-
-    def remove_node(self, name: str) -> None:
-        pass
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
         replace_all(pods, pod_uid, self.apply_pod, self.pods, self.remove_pod)
@@ -131,10 +123,7 @@ class Movability:
         if pod.finished:
             self.pods.pop(uid, None)
             return
-        try:
-            request = neuron_request(pod)
-        except RequestError:
-            request = None
+        request = servable_request(pod)
         if request is None:
             self.pods.pop(uid, None)
         else:

@@ -17,14 +17,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 
 import msgspec
 
 from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, PlanError, PlanRecord, decode
-from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.ledger import (
     HOLD_EXPIRED,
     HOLD_RELEASED,
@@ -33,8 +32,9 @@ from neuron_scheduler.extender.ledger import (
     Nomination,
 )
 from neuron_scheduler.extender.movers import Facts, Movability
+from neuron_scheduler.extender.plugins import PodsOnly
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.reading import epoch, servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 log = logging.getLogger("neuron_scheduler.extender.consolidating")
@@ -67,7 +67,7 @@ class Active:
         return f"{self.namespace}/{self.name}"
 
 
-class Plans:
+class Plans(PodsOnly):
     """Every plan annotated on a pod, by the pod's uid (a view fed by the pod watch; a
     HoldKeeper, as the waker ends plans whose time is up). `on_end(active, outcome)` hears of
     each plan that ends."""
@@ -85,15 +85,6 @@ class Plans:
         self.on_end = on_end
         self.plans: dict[str, Active] = {}
         self.unreadable: dict[str, str] = {}  # pod uid -> an annotation that did not decode
-
-    def replace_nodes(self, nodes: Iterable[object]) -> None:
-        pass
-
-    def apply_node(self, node: object) -> None:
-        pass
-
-    def remove_node(self, name: str) -> None:
-        pass
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
         replace_all(pods, pod_uid, self.apply_pod, {*self.plans, *self.unreadable}, self.remove_pod)
@@ -149,10 +140,7 @@ class Plans:
                 del self.plans[uid]
                 self.end(active, "cancelled")
             return
-        try:
-            request = neuron_request(pod)
-        except RequestError:
-            request = None
+        request = servable_request(pod)
         if request is None:
             self.unreadable[uid] = text
             return
@@ -288,13 +276,3 @@ class Plans:
         for active in self.in_flight():
             if active.record.until <= now:
                 self.end(active, "expired", HOLD_EXPIRED)
-
-
-def epoch(timestamp: str) -> float:
-    """RFC 3339 to seconds since the epoch; 0 when missing or unreadable."""
-    if not timestamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
