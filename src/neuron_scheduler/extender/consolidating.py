@@ -84,6 +84,9 @@ log = logging.getLogger("neuron_scheduler.extender.consolidating")
 
 STEP_SECONDS = 5.0  # between looks for stranded pods (sooner when a plan changes)
 CANDIDATES_PER_STEP = 8  # pending pods planned for per step, highest priority and oldest first
+# A pod planned for without a plan started (none found, dry-run, no budget) is planned for again
+# after this long: what it waits for changes with pods coming and going, not every step.
+RETRY_SECONDS = 30.0
 
 
 class Mode(StrEnum):
@@ -194,6 +197,7 @@ class Consolidator(PodsOnly):
         self.metrics.left.set_function(lambda: self.budget.left())
         self.pending: dict[str, Pod] = {}  # pending pods of our schedulers with a Neuron request
         self._said: dict[str, str] = {}  # pod uid -> the last dry-run or refusal logged
+        self._next_look: dict[str, float] = {}  # pod uid -> when to plan for it again
         self._signal = asyncio.Event()
 
     # --- the pod watch: pending pods of our schedulers ----------------------------------------
@@ -214,6 +218,7 @@ class Consolidator(PodsOnly):
     def remove_pod(self, uid: str) -> None:
         self.pending.pop(uid, None)
         self._said.pop(uid, None)
+        self._next_look.pop(uid, None)
 
     def _ended(self, active: Active, outcome: str) -> None:
         self.metrics.plans.labels(outcome).inc()
@@ -292,6 +297,8 @@ class Consolidator(PodsOnly):
         for uid, pod in self.pending.items():
             if uid in self.plans.plans or uid in self.plans.unreadable:
                 continue
+            if self._next_look.get(uid, 0.0) > now:
+                continue
             if pod.status.nominatedNodeName:  # kube-scheduler's own preemption is under way
                 continue
             if any(label in pod.metadata.labels for label in GANG_LABELS):
@@ -325,6 +332,7 @@ class Consolidator(PodsOnly):
             if not nodes:
                 continue
             busy = {v.uid for a in in_flight for v in a.record.victims}
+            self._next_look[pod.metadata.uid] = self.wall_clock() + RETRY_SECONDS
             planned = plan_for(
                 self.ledger,
                 self.movability,
@@ -359,6 +367,7 @@ class Consolidator(PodsOnly):
                     "left this hour",
                 )
                 continue
+            self._next_look.pop(pod.metadata.uid, None)
             await self._start(pod, record)
 
     def _record(self, pod: Pod, move: Move) -> PlanRecord:
