@@ -254,6 +254,7 @@ CONSOLIDATION = (
             ("10 evictions/h", ConsolidationLimits(evictions_per_hour=10)),
             ("120 evictions/h", ConsolidationLimits(evictions_per_hour=120)),
             ("no node cooldown", ConsolidationLimits(node_cooldown=0)),
+            ("node cooldown 600 s", ConsolidationLimits(node_cooldown=600)),
             ("at most 4 victims", ConsolidationLimits(max_victims=4)),
         )
     ),

@@ -111,7 +111,7 @@ def extender(
     ] = 2,
     consolidation_node_cooldown: Annotated[
         float, typer.Option(help="seconds between two consolidation plans on one node")
-    ] = 600.0,
+    ] = 120.0,
     consolidation_evictions_per_hour: Annotated[
         int, typer.Option(help="evictions consolidation may make in any hour")
     ] = 30,

@@ -102,7 +102,7 @@ class Limits:
     mode: Mode = Mode.DRY_RUN
     pending_seconds: float = 30.0
     max_plans: int = 2
-    node_cooldown: float = 600.0
+    node_cooldown: float = 120.0
     evictions_per_hour: int = 30
     plan_seconds: float = 300.0
     max_victims: int = DEFAULT_MAX_VICTIMS

@@ -48,7 +48,7 @@ class ConsolidationLimits:
     retry_seconds: float = 30.0
     max_victims: int = DEFAULT_MAX_VICTIMS
     evictions_per_hour: int = 30
-    node_cooldown: float = 600.0
+    node_cooldown: float = 120.0
 
 
 def consolidating(limits: ConsolidationLimits) -> type[Simulation]:
