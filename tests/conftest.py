@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 from random_order.config import Config as RandomOrder
 
@@ -9,6 +12,21 @@ from neuron_scheduler.core.catalog import Catalog
 @pytest.fixture(scope="session")
 def catalog() -> Catalog:
     return Catalog.builtin()
+
+
+@pytest.fixture(autouse=True)
+def log_levels() -> Iterator[None]:
+    """Commands run in-process set log levels for the whole process: `status` and `why` quiet
+    the package's logger (live/commands.py `_quiet`), the device plugin's and DRA driver's
+    commands set the root logger to their --log-level (commandline.setup_logging). Left behind,
+    they hide or add records a later test reads from caplog: in a random order, device plugin
+    tests after test_live_commands and test_waking after test_deviceplugin_command failed so
+    (on ea36366 too). Each test starts with the levels the session started with."""
+    loggers = [logging.getLogger(), logging.getLogger("neuron_scheduler")]
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
 
 
 def pytest_terminal_summary(
