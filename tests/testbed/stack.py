@@ -33,7 +33,12 @@ SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+# With consolidation on, the chart adds these (the tests run it on).
+CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
 ROLE = "neuron-scheduler-extender"
+# The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
+# namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
+BUDGET_LEASE = "k8s-neuron-scheduler-consolidation"
 
 
 class ExtenderProcess:
@@ -200,7 +205,7 @@ class Stack:
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
         install_claims_crd(cp)
-        rules = yaml.safe_load(RULES.read_text())
+        rules = yaml.safe_load(RULES.read_text()) + yaml.safe_load(CONSOLIDATION_RULES.read_text())
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",
@@ -233,6 +238,7 @@ class Stack:
                 ],
             },
         )
+        self._budget_role(cp)
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -247,6 +253,45 @@ class Stack:
         self.node_cache_capable = True
         self.preemption = True
         self._scheduler_setup: tuple[bool, bool, Profile] | None = None
+
+    @staticmethod
+    def _budget_role(cp: ControlPlane) -> None:
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system"
+        leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+        cp.request(
+            "POST",
+            f"{rbac}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": f"{ROLE}-consolidation"},
+                "rules": [
+                    {**leases, "verbs": ["create"]},
+                    {**leases, "resourceNames": [BUDGET_LEASE], "verbs": ["get", "update"]},
+                ],
+            },
+        )
+        cp.request(
+            "POST",
+            f"{rbac}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{ROLE}-consolidation"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": f"{ROLE}-consolidation",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
 
     def use_scheduler(
         self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART

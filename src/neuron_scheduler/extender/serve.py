@@ -9,7 +9,7 @@ import gc
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ import uvicorn
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
+from neuron_scheduler.extender.consolidating import Limits
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.plugins import ClusterView
@@ -74,6 +75,9 @@ class ExtenderOptions:
     wake_grace: float = DEFAULT_GRACE
     # How long a Pending UltraServer claim outlives its job's last activity.
     claim_seconds: float = CLAIM_SECONDS
+    # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
+    consolidation: Limits = field(default_factory=Limits)
+    budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -235,6 +239,12 @@ async def run_if_served(
     await watch.run()
 
 
+async def _after_sync(extender: Extender) -> None:
+    """Consolidation plans only on a cache that has every node and pod."""
+    await extender.synced.wait()
+    await extender.consolidator.run()
+
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises the SIGTERM it caught as soon as serve() returns, which ends the process
     before code after serve() runs: what must happen on shutdown goes in shutdown()."""
@@ -322,11 +332,14 @@ async def serve(options: ExtenderOptions) -> None:
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
             claim_seconds=options.claim_seconds,
+            consolidation=options.consolidation,
+            budget_lease=options.budget_lease,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
             extender.waker.is_leader = lambda: elector.is_leader
             extender.reservations.is_leader = lambda: elector.is_leader
+            extender.consolidator.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:
@@ -360,6 +373,7 @@ async def serve(options: ExtenderOptions) -> None:
         tasks.append(asyncio.get_running_loop().create_task(returner.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.reservations.run()))
+        tasks.append(asyncio.get_running_loop().create_task(_after_sync(extender)))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))
             tasks += election

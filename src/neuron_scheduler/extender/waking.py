@@ -249,7 +249,12 @@ class Waker:
         else:
             order = known.order
         self.waiting[uid] = Waiting(
-            pod, request, Claimant.of(pod), next(self._sequence), order, placement_kind(pod)
+            pod,
+            request,
+            Claimant.of(pod, request),
+            next(self._sequence),
+            order,
+            placement_kind(pod),
         )
 
     # --- what the watches and hold keepers tell it -------------------------------------------
@@ -395,7 +400,7 @@ class Waker:
             shapes = {(m[0].request.unit, m[0].request.count) for m in eligible}
             taken = 0  # cores given to the pods woken for this node so far
             full: set[tuple[object, int]] = set()  # shapes that no longer fit, for anyone
-            nominated = any(n.node == node for n in self.ledger.nominations.values())
+            nominated = self.ledger.holds_on(node)
             woken = 0
             for waiting in heapq.merge(*eligible, key=_queue_order):
                 uid = waiting.pod.metadata.uid

@@ -37,6 +37,7 @@ POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+LEASES = "/apis/coordination.k8s.io/v1/leases"
 
 T = TypeVar("T")
 
@@ -224,6 +225,32 @@ class KubeAPI:
             raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
         return version
 
+    async def patch_nominated_node(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Sets (or, with "", clears) the pod's status.nominatedNodeName: kube-scheduler tries
+        that node first and holds the pod's resources there by count (KEP-5278). A merge patch
+        of the status subresource, the uid as precondition."""
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"nominatedNodeName": node or None}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """An Eviction (policy/v1): the API server deletes the pod gracefully only if its
+        PodDisruptionBudgets allow it (else 429, TooManyRequests), and only the pod with this
+        uid (a pod recreated under the name is left alone: 409)."""
+        await self.request(
+            "POST",
+            pod_path(namespace, name) + "/eviction",
+            body={
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}},
+            },
+        )
+
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, resource_version: str
     ) -> None:
@@ -270,6 +297,13 @@ class KubeAPI:
                 "count": 1,
             },
         )
+
+    async def list_leases(self, label_selector: str) -> list[Lease]:
+        """Leases of every namespace with this label (read by `kubectl neuron status`)."""
+        payload = await self.request(
+            "GET", LEASES, params={"labelSelector": label_selector, "limit": "50"}
+        )
+        return msgspec.json.decode(payload, type=ItemList[Lease]).items
 
     async def get_lease(self, namespace: str, name: str) -> Lease:
         path = f"{leases_path(namespace)}/{name}"

@@ -12,6 +12,13 @@ import msgspec
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
 
 
+class OwnerReference(msgspec.Struct, omit_defaults=True):
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None  # the owner that manages (and recreates) the object
+
+
 class ObjectMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
@@ -21,6 +28,15 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     annotations: dict[str, str] = {}
     creationTimestamp: str | None = None
     deletionTimestamp: str | None = None
+    ownerReferences: list[OwnerReference] = []
+
+    @property
+    def controller(self) -> OwnerReference | None:
+        """The owner that manages the object (a ReplicaSet for a Deployment's pod), if any."""
+        for owner in self.ownerReferences:
+            if owner.controller:
+                return owner
+        return None
 
 
 class ResourceRequirements(msgspec.Struct):
@@ -170,6 +186,8 @@ class LeaseMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
     resourceVersion: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
 
 
 class Lease(msgspec.Struct):

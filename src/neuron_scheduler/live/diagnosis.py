@@ -11,6 +11,11 @@ Where the refusal can be resolved, it says what would have to be freed: the pods
 cheapest allowed block, whatever their priority (what blocks it), and what the preempt verb
 would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
 disruption budgets are not read here).
+
+A pod that no node fits while some have its count free is stranded by fragmentation: the case
+kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
+says what consolidation does for it: the plan in flight (its pod's annotation), or what a plan
+would move now (extender/movers, disruption budgets not read), or why nothing may move.
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ from enum import StrEnum
 from typing import Any
 
 from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.consolidation import fits_by_count
 from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
 from neuron_scheduler.core.topology import Topology, TopologyKind
+from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.movers import Movability, gang_of, plan_for
+from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.extender.reserving import member_unusable
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
@@ -86,6 +95,7 @@ class NodeDiagnosis:
     placement: Placement | None = None  # FITS: what it would get
     blocking: Freeing | None = None  # BLOCKED: the cheapest pods to free, any priority
     preemption: Freeing | None = None  # BLOCKED: what the preempt verb would evict for it
+    by_count: bool = False  # BLOCKED: its count is free here, in no allowed block
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +108,18 @@ class Diagnosis:
     nominated_node: str
     nodes: tuple[NodeDiagnosis, ...]  # the closest to fitting first
     other_nodes: int  # nodes with no Neuron resources (never candidates)
+    consolidation: str = ""  # when stranded by fragmentation: its plan, or what one would do
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
+
+    @property
+    def stranded(self) -> tuple[str, ...]:
+        """The nodes with its count free in no allowed block, when none fits it: it waits only
+        for fragmentation (the case for consolidation)."""
+        if self.count(Verdict.FITS) or self.count(Verdict.UNIT_RULE):
+            return ()
+        return tuple(n.node for n in self.nodes if n.by_count)
 
 
 def pending_request(pod: Pod) -> NeuronRequest | None:
@@ -129,9 +148,11 @@ def diagnose(
     other_nodes: int = 0,
     policy: Policy = Policy.BEST_FIT,
     occupancy: Occupancy | None = None,
+    plans: Plans | None = None,
+    movability: Movability | None = None,
 ) -> Diagnosis:
     """Every Neuron node's answer for the pod (the ledger and the occupancy hold the cluster,
-    this pod too)."""
+    this pod too; with `plans` and `movability`, what consolidation does for it)."""
     request = pending_request(pod)
     error = None
     if request is None:
@@ -141,13 +162,13 @@ def diagnose(
             error = str(problem)
     nodes: list[NodeDiagnosis] = []
     if request is not None:
-        claimant = Claimant.of(pod)
+        claimant = Claimant.of(pod, request)
         for name in sorted({*ledger.nodes, *ledger.unusable}):
             nodes.append(_node(ledger, pod, claimant, request, name, policy))
     if occupancy is not None:
         nodes = _unit_rule(ledger, occupancy, pod, nodes, policy)
     nodes.sort(key=_closeness)
-    return Diagnosis(
+    diagnosis = Diagnosis(
         pod=pod.key,
         request=request,
         request_error=error,
@@ -157,6 +178,38 @@ def diagnose(
         nodes=tuple(nodes),
         other_nodes=other_nodes,
     )
+    if request is None or plans is None or movability is None:
+        return diagnosis
+    active = plans.plans.get(pod.metadata.uid)
+    if active is not None and not active.ended:  # (its own plan's places count against it)
+        text = f"a plan is in flight: evicting {active.record.summary}"
+    elif diagnosis.stranded:
+        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy)
+    else:
+        return diagnosis
+    return dataclasses.replace(diagnosis, consolidation=text)
+
+
+def _consolidation(
+    ledger: Ledger,
+    pod: Pod,
+    request: NeuronRequest,
+    stranded: tuple[str, ...],
+    movability: Movability,
+    policy: Policy,
+) -> str:
+    if gang_of(pod):
+        return "none: it is a gang job's worker (a job moves whole, not done yet)"
+    planned = plan_for(ledger, movability, DisruptionBudgets(), pod, request, stranded, policy)
+    if planned.move is not None:
+        names = ", ".join(movability.pods[uid].key for uid in planned.move.victims)
+        devices = format_ids(list(planned.move.block.devices))
+        return (
+            f"a plan would evict {names} from node {planned.move.node} to free devices "
+            f"{devices} (disruption budgets not read here)"
+        )
+    reasons = "; ".join(f"{r.node}: {r.reason}" for r in planned.refusals[:3])
+    return f"no pods may be moved: {reasons}"
 
 
 def _unit_rule(
@@ -241,6 +294,7 @@ def _node(
         held or decision.reason,
         blocking=_freeing(ledger, topology, occupants, blocking),
         preemption=_freeing(ledger, topology, occupants, preemption),
+        by_count=fits_by_count(topology, ledger.state_for(claimant, name), request),
     )
 
 
@@ -320,6 +374,8 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "summary": {v.value: diagnosis.count(v) for v in Verdict}
         | {"nodes_without_neuron": diagnosis.other_nodes},
         "nodes": [_node_json(n) for n in diagnosis.nodes],
+        "stranded_by_fragmentation": list(diagnosis.stranded),
+        "consolidation": diagnosis.consolidation or None,
     }
 
 
@@ -349,4 +405,5 @@ def _node_json(node: NodeDiagnosis) -> dict[str, Any]:
         ),
         "blocking": freeing(node.blocking),
         "preemption": freeing(node.preemption),
+        "free_by_count": node.by_count,
     }

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from neuron_scheduler.core.ids import format_ids, mask_ids
 from neuron_scheduler.core.resources import NeuronRequest, Unit
+from neuron_scheduler.live.consolidation import ConsolidationView
 from neuron_scheduler.live.devicemap import (
     HELD,
     HELD_COLOUR,
@@ -116,11 +117,15 @@ def node_block(node: NodeView) -> RenderableType:
     if node.held_cores:
         held = mask_ids(node.held_cores)
         line = Text.assemble("  ", (HELD, HELD_COLOUR), f" cores {format_ids(held)} held")
-        if node.nominated:
-            names = ", ".join(shown(n) for n in node.nominated[:5])
-            more = f" and {len(node.nominated) - 5} more" if len(node.nominated) > 5 else ""
-            line.append(f" for {names}{more} (nominated here by preemption)")
-        else:
+        for holders, why in (
+            (node.nominated, "nominated here by preemption"),
+            (node.planned, "by consolidation"),
+        ):
+            if holders:
+                names = ", ".join(shown(n) for n in holders[:5])
+                more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+                line.append(f" for {names}{more} ({why})")
+        if not node.nominated and not node.planned:
             line.append(" for a bind in flight")
         parts.append(line)
     if node.warning:
@@ -156,6 +161,32 @@ def fleet_summary(fleet: Fleet) -> RenderableType:
         for name, problem in fleet.unusable:
             unusable.add_row(Text(shown(name)), Text(shown(problem.reason, REASON_LIMIT)))
         parts.append(unusable)
+    return Group(*parts)
+
+
+def consolidation_block(view: ConsolidationView) -> RenderableType:
+    """Plans in flight and the eviction budget (docs/consolidation.md)."""
+    head = Text.assemble(("Consolidation: ", "bold"), f"{len(view.plans)} plans in flight")
+    if view.left is not None:
+        head.append(f"; {view.left} of {view.per_hour} evictions left this hour")
+    elif view.budget.problem:
+        head.append(f"; eviction budget unknown: {shown(view.budget.problem, REASON_LIMIT)}")
+    else:
+        head.append("; no eviction spent yet (no budget Lease)")
+    if view.budget.lease:
+        head.append(f" (Lease {shown(view.budget.lease)})")
+    parts: list[RenderableType] = [head]
+    for plan in view.plans:
+        moved = ", ".join(shown(m) for m in plan.moved[:5])
+        more = f" and {len(plan.moved) - 5} more" if len(plan.moved) > 5 else ""
+        parts.append(
+            Text(
+                f"  {shown(plan.pod)}: {shown(plan.node)} devices "
+                f"{format_ids(list(plan.devices))} freed by moving {moved}{more}; "
+                f"{plan.places_held} replacement places held; "
+                f"{plan.seconds_left:.0f}s left"
+            )
+        )
     return Group(*parts)
 
 
@@ -293,6 +324,16 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
     if not diagnosis.nodes:
         yield Text("no node advertises Neuron resources")
         return
+    if diagnosis.stranded:
+        count = len(diagnosis.stranded)
+        yield Text.assemble(
+            ("Stranded by fragmentation: ", "yellow"),
+            f"{count} node{'s' if count != 1 else ''} have its count free but no allowed block "
+            "(kube-scheduler's preemption does not act on such nodes; consolidation may: "
+            "docs/consolidation.md)",
+        )
+    if diagnosis.consolidation:
+        yield Text(f"  consolidation: {shown(diagnosis.consolidation, REASON_LIMIT)}")
     for node in diagnosis.nodes[:MAX_NODES_EXPLAINED]:
         yield node_diagnosis(node, diagnosis.priority)
     rest = diagnosis.nodes[MAX_NODES_EXPLAINED:]
