@@ -28,6 +28,13 @@ Each workload (sim/workloads.py, committed seeded generators) runs at two offere
 Run: uv run python bench/quality.py [--seeds 40] [--out bench/out/quality]
 Prints a markdown table (BENCHMARKS.md "Placement quality") and writes quality.json plus two
 pictures per load: utilization over time per policy, and the CDF of large-pod waits.
+
+--consolidation (issue 33) runs the consolidation table instead (BENCHMARKS.md "Consolidation"):
+the standard workloads whose small pods (one device, up to two cores) are long-lived replicas of
+controllers (`Workload.with_services`, 10x the others' lifetime), neuron-scheduler without
+consolidation against consolidation at the chart's defaults and at one bound changed per row
+(sim/consolidation.py). Columns: large-pod mean and p95 wait, pods placed, pods moved
+(evictions), pods unblocked (placed by a plan), evictions per pod unblocked, evicted for nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from neuron_scheduler.core.demand import DemandWeights
 from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.firstfit import allocate_like_scheduler
+from neuron_scheduler.sim.consolidation import ConsolidationLimits, consolidating
 from neuron_scheduler.sim.contenders import (
     CLAIRVOYANT,
     FIRST_FIT,
@@ -233,6 +241,69 @@ def draw(table: dict[str, dict[str, dict[str, Runs]]], out: Path) -> list[Path]:
     return written
 
 
+SERVICES = 10.0  # small pods live this many times longer than the others
+DEFAULTS = ConsolidationLimits()  # the chart's scheduler.consolidation
+CONSOLIDATION = (
+    NEURON_SCHEDULER,
+    Contender("consolidation, defaults", simulation=consolidating(DEFAULTS)),
+    *(
+        Contender(f"consolidation, {label}", simulation=consolidating(limits))
+        for label, limits in (
+            ("pending 10 s", ConsolidationLimits(pending_seconds=10)),
+            ("pending 120 s", ConsolidationLimits(pending_seconds=120)),
+            ("10 evictions/h", ConsolidationLimits(evictions_per_hour=10)),
+            ("120 evictions/h", ConsolidationLimits(evictions_per_hour=120)),
+            ("no node cooldown", ConsolidationLimits(node_cooldown=0)),
+            ("node cooldown 600 s", ConsolidationLimits(node_cooldown=600)),
+            ("at most 4 victims", ConsolidationLimits(max_victims=4)),
+        )
+    ),
+)
+
+
+def consolidation_table(seeds: int) -> list[dict[str, object]]:
+    catalog = Catalog.builtin()
+    rows: list[dict[str, object]] = []
+    print(
+        "| workload | load | policy | large wait mean | large wait p95 | pods placed "
+        "| evictions | pods unblocked | evictions per pod unblocked | evicted for nothing |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for standard in STANDARD.values():
+        services = standard.with_services(SERVICES)
+        for load_name, load in LOADS.items():
+            workload = services.at_load(load, catalog)
+            per: dict[str, list[SimResult]] = {}
+            for seed in range(1, seeds + 1):
+                events = workload.events(seed)
+                for contender in CONSOLIDATION:
+                    result = contender.run(workload.nodes(), catalog, events, seed)
+                    per.setdefault(contender.label, []).append(result)
+            for label, results in per.items():
+                moved = statistics.fmean(r.moved for r in results)
+                unblocked = statistics.fmean(r.unblocked for r in results)
+                row: dict[str, object] = {
+                    "workload": services.name,
+                    "load": load_name,
+                    "policy": label,
+                    "large_wait_mean": statistics.fmean(r.large_wait_mean() for r in results),
+                    "large_wait_p95": statistics.fmean(r.large_wait_p95() for r in results),
+                    "placed": statistics.fmean(r.placed for r in results),
+                    "evictions": moved,
+                    "unblocked": unblocked,
+                    "evictions_per_unblocked": moved / unblocked if unblocked else 0.0,
+                    "evicted_for_nothing": sum(r.moved_for_nothing for r in results),
+                }
+                rows.append(row)
+                print(
+                    f"| {services.name} | {load:.2f} {load_name} | {label} "
+                    f"| {row['large_wait_mean']:.0f} s | {row['large_wait_p95']:.0f} s "
+                    f"| {row['placed']:.1f} | {moved:.1f} | {unblocked:.1f} "
+                    f"| {row['evictions_per_unblocked']:.2f} | {row['evicted_for_nothing']} |"
+                )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # The first fragmentation refusal is one event per run, and heavy-tailed: on mixed/busy, 10
@@ -240,9 +311,18 @@ def main() -> None:
     # seeds read mixed/overload 1.5 points below what 40 read.
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("bench/out/quality"))
+    parser.add_argument(
+        "--consolidation", action="store_true", help="the consolidation table only (issue 33)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")
+    if args.consolidation:
+        start = time.perf_counter()
+        rows = consolidation_table(args.seeds)
+        print(f"\n{args.seeds} seeds, {time.perf_counter() - start:.0f} s")
+        (args.out / "consolidation.json").write_text(json.dumps(rows, indent=1))
+        return
     catalog = Catalog.builtin()
     for name, standard in STANDARD.items():
         print(

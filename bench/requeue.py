@@ -15,12 +15,13 @@ waiting pod that the extender refused (the room is free by count, not as a block
 - failed-bind: the ids a bind wrote on a pod that stays pending (its Binding never came) hold a
   pair until `ANNOUNCED_SECONDS` after they were written; nothing in the cluster marks the end;
 - preemption: a pair held for a higher-priority pod nominated to the ring; that pod is deleted;
-- claim: an UltraServer unit claimed by an MPI job whose worker was filtered but never bound;
-  another job's worker waits until the claim ends (the extender runs with
+- claim: an UltraServer unit the extender reserved for a training job whose member no
+  scheduler places; another job's member waits until that claim ends (the extender runs with
   --ultraserver-claim-seconds 15).
 
 For each: seconds from the freeing event (the API call, or the hold's end) to the bind, p50 / p99
-/ max, and the most wake writes one pod got in one round. A round not bound within `--cap`
+/ max, the most wake writes one pod got in one round, and the rounds in which the extender woke a
+pod (with writes off: would have woken one, as it logs). A round not bound within `--cap`
 counts as the cap. `--wake-rate 0` is the extender before issue 31 (it only logs whom it would
 wake).
 
@@ -38,6 +39,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -206,27 +208,28 @@ class Bench:
         return [self.bound_after(waiter, start)]
 
     def claim(self, nodes: list[str]) -> list[float]:
-        def worker(job: str, scheduler: str) -> dict[str, Any]:
+        """Job A's member is of no running scheduler: the extender reserves the UltraServer for
+        it, and the claim ends when A has done nothing for CLAIM_SECONDS. Job B's member waits
+        for the unit meanwhile."""
+
+        def member(job: str, scheduler: str) -> str:
             body = self.scenario.pod_body(f"{job}-worker-0", {NEURON: 16}, scheduler=scheduler)
             body["metadata"]["labels"] = {
                 "training.kubeflow.org/job-name": job,
                 "training.kubeflow.org/job-role": "worker",
             }
-            created: dict[str, Any] = self.cp.request(
-                "POST", f"/api/v1/namespaces/{self.scenario.namespace}/pods", body
-            )
-            return created
+            body["metadata"]["annotations"] = {"neuron-scheduler.io/gang-size": "1"}
+            self.cp.request("POST", f"/api/v1/namespaces/{self.scenario.namespace}/pods", body)
+            return str(body["metadata"]["name"])
 
-        if self.rounds:
-            time.sleep(CLAIM_SECONDS)  # the last round's jobs' claims have ended
-        first = worker(self.name("job"), "nobody")
-        status, answer = self.stack.extender.call("filter", {"Pod": first, "NodeNames": nodes})
-        claimed = time.time()
-        assert status == 200 and answer["NodeNames"], answer
-        waiter = worker(self.name("job"), "my-scheduler")["metadata"]["name"]
+        wait_for(lambda: not claims(self.cp), "the last round's claims to end", 120)
+        first = self.name("job")
+        member(first, "nobody")
+        held = wait_for(lambda: claims(self.cp, first), f"job {first}'s claim", 60)
+        ends = min(held)
+        waiter = member(self.name("job"), "my-scheduler")
         self.refused(waiter)
-        ends = claimed + CLAIM_SECONDS
-        assert time.time() < ends, "the claim ended before the other job's worker was refused"
+        assert time.time() < ends, "the claim ended before the other job's member was refused"
         return [self.bound_after(waiter, ends)]
 
     def batch(self, nodes: list[str]) -> list[float]:
@@ -271,6 +274,18 @@ class Bench:
         wait_for(decided, f"{pod} to be tried", 60)
 
 
+def claims(cp: ControlPlane, job: str = "") -> list[float]:
+    """When each UltraServer claim (of `job`, or any) ends (wall clock)."""
+    listed = cp.request("GET", "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims")
+    ends = []
+    for claim in listed["items"]:
+        if job and claim["spec"]["job"] != job:
+            continue
+        renewed = datetime.fromisoformat(claim["spec"]["renewTime"].replace("Z", "+00:00"))
+        ends.append(renewed.timestamp() + claim["spec"]["seconds"])
+    return ends
+
+
 def fitting(pods: list[dict[str, Any]], nodes: dict[str, str]) -> list[str]:
     """Pending pods some node could take, by the annotations of the pods bound there."""
     catalog = Catalog.builtin()
@@ -294,9 +309,11 @@ def fitting(pods: list[dict[str, Any]], nodes: dict[str, str]) -> list[str]:
 
 
 def wakes_per_pod(log: Path, since: int) -> tuple[int, Counter[str]]:
-    """The extender log's wake lines after byte `since`: (its size now, wakes per pod)."""
+    """The extender log's wake lines after byte `since`: (its size now, wakes per pod), the
+    wakes written, or with writes off those it would have written."""
     text = log.read_bytes()[since:].decode(errors="replace")
-    return since + len(text.encode()), Counter(re.findall(r"woke pending pod (\S+):", text))
+    found = re.findall(r"(?:woke pending pod|would wake pod) (\S+):", text)
+    return since + len(text.encode()), Counter(found)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -348,22 +365,24 @@ def main() -> None:
         }
         print(
             f"{'kind':12} {'rounds':>6} {'waits':>6} {'p50 s':>7} {'p99 s':>7} {'max s':>7} "
-            f"{'capped':>6} {'wakes/pod':>9}"
+            f"{'capped':>6} {'wakes/pod':>9} {'rounds woken':>12}"
         )
         for kind in args.kinds:
             bench, rounds, stage = stages[kind]
             waits: list[float] = []
-            most_wakes = 0
+            most_wakes = woken = 0
             offset = log.stat().st_size
             for _ in range(rounds):
                 waits += stage()
                 offset, wakes = wakes_per_pod(log, offset)
                 most_wakes = max([most_wakes, *wakes.values()])
+                woken += bool(wakes)
                 bench.clear()
             capped = sum(1 for w in waits if w >= args.cap)
             print(
                 f"{kind:12} {rounds:6d} {len(waits):6d} {statistics.median(waits):7.2f} "
-                f"{percentile(waits, 0.99):7.2f} {max(waits):7.2f} {capped:6d} {most_wakes:9d}",
+                f"{percentile(waits, 0.99):7.2f} {max(waits):7.2f} {capped:6d} {most_wakes:9d} "
+                f"{woken:12d}",
                 flush=True,
             )
         stack.scheduler.stop()

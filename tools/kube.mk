@@ -25,7 +25,7 @@ FAKECRI_BIN := $(KUBE_BIN_DIR)/fakecri
 # For recipes: the testbed's find_kubebin() reads it instead of calling make.
 export KUBE_BIN
 # Symlinks named after each component, so KUBE_BIN_DIR can go on PATH.
-KUBE_COMPONENTS := kube-apiserver kube-scheduler etcd kubectl kubelet
+KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler etcd kubectl kubelet
 
 # Without these the servers report v0.0.0-master, which kubectl and helm reject
 # as skewed. client-go's copy is what `kubectl version --client` prints.

@@ -20,6 +20,7 @@ import yaml
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.extender.consolidating import ConsolidationMetrics
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
@@ -33,6 +34,7 @@ from tests.e2e.chart import (
     Doc,
     apply,
     chart_extender_process,
+    extender_args,
     extender_credentials,
     find,
     helm,
@@ -177,6 +179,7 @@ def expected_kinds(combo: str) -> list[str]:
     names: list[str] = []
     if scheduler.get("enabled", True):
         names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        names.append("CustomResourceDefinition/ultraserverclaims.neuron-scheduler.io")
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):
             kind = "Certificate" if tls.get("certManager", {}).get("enabled") else "Secret"
@@ -218,7 +221,11 @@ def test_lint_and_render(combo: str) -> None:
     docs = render(values)
     assert kinds(docs) == expected_kinds(combo)
     for doc in docs:
-        namespaced = doc["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+        namespaced = doc["kind"] not in (
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+        )
         ns = doc["metadata"].get("namespace")
         # The one exception: reading kube-system's client-CA ConfigMap.
         if doc["metadata"]["name"].endswith("extension-apiserver-authentication-reader"):
@@ -252,7 +259,33 @@ def test_extender_cluster_role_is_the_rules_file() -> None:
     assert verbs[("", "pods/binding")] == {"create"}
     assert verbs[("", "nodes")] == {"get", "list", "watch"}
     assert ("", "nodes/status") not in verbs
+    assert ("", "pods/eviction") not in verbs  # consolidation's default, dry-run, evicts nothing
     assert all("*" not in v for v in verbs.values())
+
+
+def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
+    """Mode on: the ClusterRole is both rules files (what the e2e Stack runs with), and a Role
+    on the one Lease that keeps the eviction budget; the extender is told its name."""
+    docs = render({"scheduler": {"consolidation": {"mode": "on", "evictionsPerHour": 7}}})
+    rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
+    both = yaml.safe_load(RULES.read_text()) + yaml.safe_load(
+        RULES.with_name("consolidation-rules.yaml").read_text()
+    )
+    assert rendered["rules"] == both
+    role = find(docs, "Role", "k8s-neuron-scheduler-consolidation")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["k8s-neuron-scheduler-consolidation"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    args = extender_args(docs)
+    assert "--consolidation=on" in args
+    assert "--consolidation-evictions-per-hour=7" in args
+    assert "--consolidation-lease=k8s-neuron-scheduler-consolidation" in args
 
 
 @pytest.mark.parametrize(
@@ -563,6 +596,7 @@ def api_path(doc: Doc) -> str:
         "Certificate": "certificates",
         "PodDisruptionBudget": "poddisruptionbudgets",
         "ServiceMonitor": "servicemonitors",
+        "CustomResourceDefinition": "customresourcedefinitions",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -811,6 +845,9 @@ def exported_series() -> dict[str, set[str]]:
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
+    consolidation = ConsolidationMetrics(metrics.registry)
+    for labelled in (consolidation.plans, consolidation.evictions, consolidation.blocked):
+        labelled.labels("example")
     series: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         assert family.samples, f"{family.name}: no samples; give it a child above"

@@ -1,8 +1,9 @@
 """A real etcd + kube-apiserver (+ kube-scheduler) on 127.0.0.1 for tests.
 
 Built on the multi-call binary from tools/kube (`make kube-bin`). There is no
-controller-manager and no kubelet: create Nodes and Pods directly, delete pods
-with grace period 0, and expect namespaces never to finish terminating.
+kubelet: create Nodes and Pods directly, delete pods with grace period 0, and
+expect namespaces never to finish terminating. kube-controller-manager runs only
+when a test starts it (`start_controller_manager`), with the controllers it names.
 """
 
 from __future__ import annotations
@@ -147,6 +148,30 @@ class Scheduler:
         return self.process.alive()
 
 
+# What tests that run workloads need: Deployments recreate evicted pods, PodDisruptionBudgets get
+# their status (disruptionsAllowed, which the Eviction API checks), owners' deletions reach pods.
+WORKLOAD_CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "disruption-controller",
+    "garbage-collector-controller",
+)
+
+
+class ControllerManager:
+    """A kube-controller-manager process, stopped by the test that started it."""
+
+    def __init__(self, process: ManagedProcess) -> None:
+        self.process = process
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
 class ControlPlane:
     """etcd and kube-apiserver on free 127.0.0.1 ports, torn down on exit.
 
@@ -185,6 +210,7 @@ class ControlPlane:
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
         self._schedulers: list[Scheduler] = []
+        self._controller_managers: list[ControllerManager] = []
         self._client: KubeClient | None = None
 
     # lifecycle -------------------------------------------------------------
@@ -345,11 +371,14 @@ class ControlPlane:
             paths["kube-apiserver"] = self._apiserver.log_path
         for s in self._schedulers:
             paths[s.log_path.stem] = s.log_path
+        for m in self._controller_managers:
+            paths[m.log_path.stem] = m.log_path
         return paths
 
     @property
     def processes(self) -> list[ManagedProcess]:
         procs = [p for p in (self._etcd, self._apiserver) if p is not None]
+        procs += [m.process for m in self._controller_managers]
         return procs + [s.process for s in self._schedulers]
 
     def kubectl(
@@ -428,6 +457,44 @@ class ControlPlane:
         self._schedulers.append(scheduler)
         scheduler.start()
         return scheduler
+
+    def start_controller_manager(
+        self, controllers: Sequence[str] = WORKLOAD_CONTROLLERS
+    ) -> ControllerManager:
+        """kube-controller-manager as admin, running only `controllers`, ready once its
+        /healthz passes. The caller stops it (its controllers act on every namespace)."""
+        if not self.running:
+            raise RuntimeError("control plane is not running")
+        (port,) = free_ports(1)
+        kc = self.kubeconfig_path
+        index = len(self._controller_managers) + 1
+        proc = self._process(
+            "kube-controller-manager",
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--controllers={','.join(controllers)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            # Controllers react within a second; the defaults wait for resyncs of many seconds.
+            "--concurrent-deployment-syncs=2",
+            "--concurrent-replicaset-syncs=2",
+            "--v=2",
+            log_name=f"kube-controller-manager-{index}",
+        )
+        manager = ControllerManager(proc)
+        self._controller_managers.append(manager)
+        proc.start()
+        url = f"https://127.0.0.1:{port}/healthz"
+        try:
+            _wait_ready(
+                proc, "/healthz", lambda: _get_ok(url, token=self.admin_token), self.startup_timeout
+            )
+        except BaseException:
+            proc.stop()
+            raise
+        return manager
 
     def service_account(
         self,

@@ -20,6 +20,7 @@ import yaml
 
 from neuron_scheduler.sim.kubescheduler import CHART, Profile
 
+from .client import KubeError
 from .controlplane import ControlPlane, Scheduler
 from .manifests import scheduler_config
 from .pki import Pki
@@ -30,7 +31,14 @@ REPO = Path(__file__).resolve().parents[2]  # tests/testbed/stack.py -> the chec
 # only tests bind, by calling /bind directly (no kube-scheduler serves it).
 SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
+CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+# With consolidation on, the chart adds these (the tests run it on).
+CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
 ROLE = "neuron-scheduler-extender"
+# The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
+# namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
+BUDGET_LEASE = "k8s-neuron-scheduler-consolidation"
 
 
 class ExtenderProcess:
@@ -162,6 +170,25 @@ class ExtenderProcess:
         return total
 
 
+def install_claims_crd(cp: ControlPlane, timeout: float = 60.0) -> None:
+    """The chart's UltraServerClaim CRD, once per control plane, established."""
+    crd = yaml.safe_load(CLAIM_CRD.read_text())
+    try:
+        cp.request("POST", CRDS, crd)
+    except KubeError as error:
+        if error.status != 409:  # (there already: another Stack on this control plane)
+            raise
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
+        conditions = (found.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
+        time.sleep(0.1)
+
+
 class Stack:
     """A control plane, the extender with least privilege, and a `my-scheduler` using it."""
 
@@ -177,7 +204,8 @@ class Stack:
             raise FileNotFoundError(
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
-        rules = yaml.safe_load(RULES.read_text())
+        install_claims_crd(cp)
+        rules = yaml.safe_load(RULES.read_text()) + yaml.safe_load(CONSOLIDATION_RULES.read_text())
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",
@@ -210,6 +238,7 @@ class Stack:
                 ],
             },
         )
+        self._budget_role(cp)
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -224,6 +253,45 @@ class Stack:
         self.node_cache_capable = True
         self.preemption = True
         self._scheduler_setup: tuple[bool, bool, Profile] | None = None
+
+    @staticmethod
+    def _budget_role(cp: ControlPlane) -> None:
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system"
+        leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+        cp.request(
+            "POST",
+            f"{rbac}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": f"{ROLE}-consolidation"},
+                "rules": [
+                    {**leases, "verbs": ["create"]},
+                    {**leases, "resourceNames": [BUDGET_LEASE], "verbs": ["get", "update"]},
+                ],
+            },
+        )
+        cp.request(
+            "POST",
+            f"{rbac}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{ROLE}-consolidation"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": f"{ROLE}-consolidation",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
 
     def use_scheduler(
         self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART

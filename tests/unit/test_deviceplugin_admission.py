@@ -209,7 +209,7 @@ async def test_withheld_ids_end_in_an_event_that_says_so(caplog: pytest.LogCaptu
     kubelet = FakeLister(held(("a", {"main": {}})))
     subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
     offered = tuple(str(i) for i in range(4, 16))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, "neuron_scheduler.deviceplugin"):
         (ids,) = await subject.preferred(Unit.CORE, [ContainerRequest(offered, (), 2)])
     assert "kubelet is admitting ns/a container main but did not offer its annotated core 0,1 " in (
         caplog.text
@@ -244,7 +244,7 @@ async def test_an_unreadable_pod_resources_socket_falls_back_to_the_order(
     kubelet.error = HoldingsError("/x/kubelet.sock does not exist")
     subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
     every = tuple(str(i) for i in range(16))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, "neuron_scheduler.deviceplugin"):
         for _ in range(2):
             assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [
                 ["0", "1"]

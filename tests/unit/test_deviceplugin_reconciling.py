@@ -376,7 +376,7 @@ async def test_an_unreadable_socket_is_said_once(caplog: pytest.LogCaptureFixtur
     lister = FakeLister(KubeletHoldings())
     lister.error = HoldingsError("/x/kubelet.sock does not exist")
     fixer = corrector(pods, lister)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, "neuron_scheduler"):
         assert await fixer.reconcile() is None
         assert await fixer.reconcile() is None
     assert [r.getMessage() for r in caplog.records].count(

@@ -368,7 +368,7 @@ def test_hostile_bodies_are_400s_with_one_line(
     body: bytes,
 ) -> None:
     base, _ = extender
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.ERROR, "neuron_scheduler"):
         result = post(base, f"/{verb}", body, expect=400)
     assert "\n" not in result["Error"] and len(result["Error"]) < 400, result
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], what

@@ -27,6 +27,7 @@ from neuron_scheduler.live.diagnosis import (
 )
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.terminal import shown, status_view, why_view
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
 from neuron_scheduler.ultraserver.labels import MODE_LABEL, server_id_label
 from neuron_scheduler.ultraserver.placement import Occupancy
 from tests.builders import node, node_json, pod, pod_json
@@ -229,7 +230,7 @@ def test_why_gives_every_nodes_answer_in_the_order_closest_to_fitting() -> None:
     assert {n.verdict for n in diagnose(ledger, three).nodes} == {Verdict.NEVER, Verdict.EXCLUDED}
 
 
-def test_why_applies_the_extenders_ultraserver_unit_rule_where_devices_fit() -> None:
+def test_why_applies_the_extenders_ultraserver_rule_where_devices_fit() -> None:
     def ultraserver(name: str, unit: str) -> Node:
         n = node(name, "trn1.32xlarge")
         n.metadata.labels |= {MODE_LABEL: "1_2_4", server_id_label(4): unit}
@@ -243,11 +244,23 @@ def test_why_applies_the_extenders_ultraserver_unit_rule_where_devices_fit() -> 
     occupancy = Occupancy()
     occupancy.replace_nodes(nodes)
     occupancy.replace_pods([busy])
-    worker = pod("mine", {NEURON: 1}, labels={**labels, "training.kubeflow.org/job-name": "mine"})
+    worker = pod(
+        "mine",
+        {NEURON: 1},
+        labels={**labels, "training.kubeflow.org/job-name": "mine"},
+        annotations={"neuron.amazonaws.com/ultraserver-node-config": "1"},
+    )
+    answers = {n.node: n for n in diagnose(ledger, worker, occupancy=occupancy).nodes}
+    # No claim yet: the extender reserves whole units for the job first; why says whether it can.
+    assert answers["u2"].verdict is Verdict.UNIT_RULE
+    assert "job default/mine fits now (on 1 nodes)" in answers["u2"].reason
+    assert answers["u1"].verdict is Verdict.UNIT_RULE
+    assert answers["u1"].reason == answers["u2"].reason  # one reason for the job
+    assert answers["u1"].placement is None
+    occupancy.hold(NodeClaim("u2", ("default", "mine"), 1, 1, PENDING, 0.0, 120))
     answers = {n.node: n for n in diagnose(ledger, worker, occupancy=occupancy).nodes}
     assert answers["u2"].verdict is Verdict.FITS
-    assert answers["u1"].verdict is Verdict.UNIT_RULE
-    assert "other" in answers["u1"].reason and answers["u1"].placement is None
+    assert answers["u1"].reason == "runs a member of job default/other"
 
 
 def test_why_has_nothing_to_say_about_bound_finished_or_non_neuron_pods() -> None:

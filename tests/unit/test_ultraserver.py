@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import msgspec
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from neuron_scheduler.cli import app
-from neuron_scheduler.core.allocation import Placement
-from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON as DEVICE
-from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
-from neuron_scheduler.extender.wiring import wire
-from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Node, ObjectMeta, Pod, PodSpec
+from neuron_scheduler.kube.objects import Node, ObjectMeta
 from neuron_scheduler.ultraserver import affinity
 from neuron_scheduler.ultraserver.labels import (
     NodeConfigError,
@@ -29,9 +21,7 @@ from neuron_scheduler.ultraserver.launcher import environment, hostfile
 from neuron_scheduler.ultraserver.launcher.nodes import from_labels, pod_of
 from neuron_scheduler.ultraserver.launcher.ranking import UnitError, WorkerInfo, order, summary
 from neuron_scheduler.ultraserver.launcher.ssh import gather_script, parse_gathered
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement, decide
 from tests import ultraserver_seed as seed
-from tests.builders import node_json, pod_json
 
 
 def seed_workers(config: int, modes: str = "1_2_4") -> list[WorkerInfo]:
@@ -260,6 +250,18 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
     result = runner.invoke(app, ["ultraserver-affinity", "--job-name", "demo", "--workers", "4"])
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout) == affinity.worker_placement("demo", 4, 4)
+    # The template metadata's annotations, as a comment above the spec (they go elsewhere).
+    shown = "\n".join(
+        line.removeprefix("#   ") for line in result.stdout.splitlines() if line.startswith("#   ")
+    )
+    assert yaml.safe_load(shown) == {
+        "metadata": {
+            "annotations": {
+                "neuron.amazonaws.com/ultraserver-node-config": "4",
+                "neuron-scheduler.io/gang-size": "4",
+            }
+        }
+    }
     full = runner.invoke(
         app,
         [
@@ -280,7 +282,8 @@ def test_affinity_cli_prints_yaml_and_full_example() -> None:
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 8
     assert worker["template"]["metadata"]["annotations"] == {
-        "neuron.amazonaws.com/ultraserver-node-config": "2"
+        "neuron.amazonaws.com/ultraserver-node-config": "2",
+        "neuron-scheduler.io/gang-size": "8",  # the extender reserves for all 8 at once
     }
     bad = runner.invoke(
         app, ["ultraserver-affinity", "--job-name", "demo", "--workers", "4", "--node-config", "3"]
@@ -332,203 +335,3 @@ def test_full_example_init_container_runs_as_root_for_ssh() -> None:
     job = affinity.mpijob("demo", 4, 4)
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     assert launcher["initContainers"][1]["securityContext"]["runAsUser"] == 0
-
-
-# --- placement rule -----------------------------------------------------------------------------
-
-PREFIX = "neuron.amazonaws.com/ultraserver-"
-
-
-def fleet() -> tuple[Occupancy, list[str]]:
-    """Two UltraServers (a, b) of 4 nodes, each two pairs, plus one plain trn2 node."""
-    occupancy = Occupancy()
-    names = []
-    for unit in ("a", "b"):
-        for i in range(4):
-            name = f"{unit}{i}"
-            names.append(name)
-            labels = {
-                PREFIX + "mode": "1_2_4",
-                PREFIX + "server-id-4": f"{unit}000000000000000",
-                PREFIX + "node-id-4": str(i),
-                PREFIX + "server-id-2": f"{unit}{i // 2}00000000000000",
-                PREFIX + "node-id-2": str(i % 2),
-            }
-            occupancy.apply_node(Node(metadata=ObjectMeta(name=name, labels=labels)))
-    names.append("plain")
-    occupancy.apply_node(Node(metadata=ObjectMeta(name="plain", labels={})))
-    return occupancy, names
-
-
-def worker(job: str, index: int, node: str = "", config: int | None = None) -> Pod:
-    annotations = {} if config is None else {PREFIX + "node-config": str(config)}
-    return Pod(
-        metadata=ObjectMeta(
-            name=f"{job}-worker-{index}",
-            namespace="ns",
-            uid=f"{job}-{index}",
-            labels={
-                "training.kubeflow.org/job-name": job,
-                "training.kubeflow.org/job-role": "worker",
-            },
-            annotations=annotations,
-        ),
-        spec=PodSpec(nodeName=node),
-    )
-
-
-def test_placement_keeps_a_job_in_one_unit_and_others_out() -> None:
-    occupancy, names = fleet()
-    rule = UnitPlacement(occupancy)
-    passed, failed = rule.filter(worker("j1", 0), names, now=0.0)
-    assert passed == ["a0", "a1", "a2", "a3", "plain"]  # lowest complete unit; plain: not ours
-    assert "starts on UltraServer" in failed["b0"]
-    # Worker 0 bound to a2 but not yet seen: the claim keeps worker 1 on unit a.
-    passed, _ = rule.filter(worker("j1", 1), names, now=1.0)
-    assert set(passed) == {"a0", "a1", "a2", "a3", "plain"}
-    occupancy.apply_pod(worker("j1", 0, "a2"))
-    passed, failed = rule.filter(worker("j1", 1), names, now=2.0)
-    assert set(passed) == {"a0", "a1", "a3", "plain"}
-    assert failed["a2"] == "already runs a worker of job ns/j1"
-    assert "fills UltraServer neuron.amazonaws.com/ultraserver-server-id-4=a0" in failed["b1"]
-    # Another job is kept off unit a, even before j1's workers are all there.
-    passed, failed = rule.filter(worker("j2", 0), names, now=3.0)
-    assert set(passed) == {"b0", "b1", "b2", "b3", "plain"}
-    assert failed["a0"].endswith("holds workers of job ns/j1")
-
-
-def test_placement_claim_blocks_other_jobs_until_it_expires() -> None:
-    occupancy, names = fleet()
-    rule = UnitPlacement(occupancy, claim_seconds=10)
-    rule.filter(worker("j1", 0), names, now=0.0)
-    _, failed = rule.filter(worker("j2", 0), names, now=1.0)
-    assert failed["a1"].endswith("is being filled by job ns/j1")
-    passed, _ = rule.filter(worker("j2", 0), names, now=20.0)
-    assert "a1" in passed
-
-
-def test_placement_mixed_configs_share_no_unit() -> None:
-    occupancy, names = fleet()
-    occupancy.apply_pod(worker("pair", 0, "a0", config=2))
-    # A 4-node job may not take unit a: a 2-node job holds half of it.
-    decision = decide(occupancy, ("ns", "big"), 4, names, now=0.0)
-    assert set(decision.passed) == {"b0", "b1", "b2", "b3", "plain"}
-    # Another 2-node job may take a's other pair (a2, a3), and prefers it by server id.
-    decision = decide(occupancy, ("ns", "pair2"), 2, names, now=0.0)
-    assert set(decision.passed) == {"a2", "a3", "plain"}
-    # A 2-node job's pair is closed to a worker of a 4-node job already in unit b.
-    occupancy.apply_pod(worker("big", 0, "b0", config=4))
-    decision = decide(occupancy, ("ns", "pair3"), 2, names, now=0.0)
-    assert set(decision.passed) == {"a2", "a3", "plain"}
-    assert decision.failed["b2"].endswith("holds workers of job ns/big")
-
-
-def test_placement_multi_unit_job_fills_units_in_turn() -> None:
-    occupancy, names = fleet()
-    for i, node in enumerate(["a0", "a1", "a2", "a3"]):
-        occupancy.apply_pod(worker("big", i, node))
-    decision = decide(occupancy, ("ns", "big"), 4, names, now=0.0)
-    assert set(decision.passed) == {"b0", "b1", "b2", "b3", "plain"}
-    assert decision.claim == (4, "b000000000000000")
-
-
-def test_placement_ignores_other_pods_and_bad_config() -> None:
-    occupancy, names = fleet()
-    rule = UnitPlacement(occupancy)
-    plain = Pod(metadata=ObjectMeta(name="x", namespace="ns", labels={}))
-    assert rule.filter(plain, names, now=0.0) == (names, {})
-    bad = worker("j", 0, config=3)
-    passed, failed = rule.filter(bad, names, now=0.0)
-    assert passed == ["plain"]
-    assert "valid values are 4, 2 and 1" in failed["a0"]
-    occupancy.apply_pod(worker("j1", 0, "a0"))
-    occupancy.apply_pod(Pod(metadata=worker("j1", 0).metadata))  # unbound again
-    assert not occupancy.workers
-    occupancy.apply_pod(worker("j1", 1, "a1"))
-    occupancy.replace_pods([])
-    assert not occupancy.workers and not occupancy.on_node
-    occupancy.remove_node("a0")
-    assert "a0" not in occupancy.nodes_of((4, "a000000000000000"))
-
-
-def test_a_reserved_worker_stays_until_the_watch_or_its_bind_says_otherwise() -> None:
-    occupancy = Occupancy()
-    pending = worker("j", 0)
-    occupancy.reserve(pending, "a0", Placement((0,), (0, 1), 10))
-    occupancy.apply_pod(pending)  # the watch shows bind's annotation patch: still unbound
-    assert occupancy.workers[pending.metadata.uid].node == "a0"
-    occupancy.unreserve(pending, "a1")  # another node's hold: not this one
-    assert pending.metadata.uid in occupancy.workers
-    occupancy.unreserve(pending, "a0")
-    assert not occupancy.workers
-    occupancy.reserve(pending, "a0", Placement((0,), (0, 1), 10))
-    occupancy.apply_pod(worker("j", 0, "a0"))  # bound: the watch speaks for it now
-    occupancy.unreserve(pending, "a0")  # a failed attempt's late let-go changes nothing
-    assert occupancy.workers[pending.metadata.uid].node == "a0"
-    occupancy.apply_pod(pending)  # unbound again (as the watch would never show): gone
-    assert not occupancy.workers and not occupancy.reserved
-
-
-class SlowBindAPI:
-    """What bind calls on the API; the binding itself waits until the test lets it go."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, Pod] = {}
-        self.binding = asyncio.Event()  # set while a binding is in flight
-        self.proceed = asyncio.Event()
-        self.fail = False
-
-    async def get_pod(self, namespace: str, name: str) -> Pod:
-        return self.pods[name]
-
-    async def patch_annotations(self, *_: object, **__: object) -> str:
-        return "2"
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str, **_: object) -> None:
-        self.binding.set()
-        await self.proceed.wait()
-        if self.fail:
-            raise api_error("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", 500, b"")
-
-    async def create_event(self, *_: object, **__: object) -> None:
-        return None
-
-
-def neuron_worker(job: str, index: int) -> Pod:
-    """A worker that asks for one device, so several would fit on one node by devices alone."""
-    bare = worker(job, index, config=4)
-    with_request = msgspec.convert(pod_json(bare.metadata.name, {DEVICE: 1}), Pod)
-    return msgspec.structs.replace(with_request, metadata=bare.metadata)
-
-
-async def test_a_worker_being_bound_already_counts_on_its_node() -> None:
-    api = SlowBindAPI()
-    extender = wire(api, Catalog.builtin())  # type: ignore[arg-type]
-    extender.synced.set()
-    for i in range(4):
-        ultra = node_json(f"a{i}", "trn2.48xlarge")
-        ultra["metadata"]["labels"].update(
-            {
-                PREFIX + "mode": "1_2_4",
-                PREFIX + "server-id-4": "a000000000000000",
-                PREFIX + "node-id-4": str(i),
-            }
-        )
-        for view in extender.views:
-            view.apply_node(msgspec.convert(ultra, Node))
-    nodes = ["a0", "a1", "a2", "a3"]
-    first, second = neuron_worker("j", 0), neuron_worker("j", 1)
-    api.pods = {first.metadata.name: first, second.metadata.name: second}
-    target = extender.judge.filter(ExtenderArgs(Pod=first, NodeNames=nodes)).passed[0]
-    args = ExtenderBindingArgs(first.metadata.name, "ns", first.metadata.uid, target)
-    binding = asyncio.create_task(extender.binder.bind(args))
-    await api.binding.wait()
-    # The first worker's binding is in flight, invisible to the watch: its node is taken.
-    result = extender.judge.filter(ExtenderArgs(Pod=second, NodeNames=nodes))
-    assert target not in result.passed
-    assert result.failed[target] == "already runs a worker of job ns/j"
-    # The binding fails and is rolled back: the node is open to the job again.
-    api.fail = True
-    api.proceed.set()
-    assert "failed" in await binding
-    assert target in extender.judge.filter(ExtenderArgs(Pod=second, NodeNames=nodes)).passed

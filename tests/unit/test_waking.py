@@ -20,6 +20,7 @@ from neuron_scheduler.extender.waking import WAKE_ANNOTATION, Waker
 from neuron_scheduler.extender.wire import ExtenderArgs
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
 from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
@@ -44,20 +45,20 @@ class World:
         self.api = FakeAPI()
         self.ledger = Ledger(Catalog.builtin(), clock=self.clock, wall_clock=self.clock)
         self.occupancy = Occupancy()
-        self.units = UnitPlacement(self.occupancy, claim_seconds=120, clock=self.clock)
+        self.units = UnitPlacement(self.occupancy)
         self.waker = Waker(
             self.ledger,
             self.api,  # type: ignore[arg-type]
             ["my-scheduler"],
             filters=[self.units],
-            keepers=[self.ledger, self.units],
+            keepers=[self.ledger],
             rate=rate,
             grace=grace,
             clock=self.clock,
             wall_clock=self.clock,
             **waker,
         )
-        self.ledger.on_freed = self.units.on_freed = self.waker.node_changed
+        self.ledger.on_freed = self.occupancy.on_freed = self.waker.node_changed
         self.judge = Judge(
             self.ledger,
             Metrics(self.ledger),
@@ -149,6 +150,8 @@ async def test_a_hold_that_ends_silently_wakes_at_once() -> None:
     """Ids a bind wrote on a pending pod hold its devices until ANNOUNCED_SECONDS after they
     were written; no cluster event says when that ends."""
     world = World()
+    await world.run(1.0)  # the nodes' own changes examined
+    assert world.waker.step() == 5.0  # nothing held: the next look is the safety net's
     written = int((world.clock.now - 85) * 1e9)  # held for 5 more seconds
     world.add(
         "failed-bind",
@@ -163,7 +166,10 @@ async def test_a_hold_that_ends_silently_wakes_at_once() -> None:
     )
     waiter = world.add("waiter", 1)
     assert world.filter(waiter, [ONE]) == []
-    await world.run(4.0)
+    assert world.waker.step() == pytest.approx(5.0)  # the next step comes when the hold ends
+    world.clock.now += 1.0
+    assert world.waker.step() == pytest.approx(4.0)
+    await world.run(3.0)
     assert world.woken() == []
     await world.run(1.0)  # the hold's end is due: no grace, no read needed
     assert world.woken() == ["waiter"]
@@ -289,13 +295,19 @@ async def test_a_failed_wake_is_logged_once_and_left_to_the_flush(
         world.delete(holders[0])
         world.delete(holders[1])
         await world.run(1.0)
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "neuron_scheduler.extender.waking" and r.levelno >= logging.WARNING
+    ]
     assert len(lines) == 1, lines
     assert "needs patch on pods" in lines[0] and "5 minutes" in lines[0]
     assert world.waker.waiting == {}
 
 
-async def test_an_ultraserver_claim_that_ends_wakes_the_other_jobs_worker() -> None:
+async def test_a_claim_made_for_a_training_job_wakes_its_members() -> None:
+    """A job's members are refused until its UltraServer claim is written (by the reservation
+    loop, no cluster event kube-scheduler acts on): then they are woken at once."""
     world = World()
     labels = {
         "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
@@ -305,21 +317,18 @@ async def test_an_ultraserver_claim_that_ends_wakes_the_other_jobs_worker() -> N
     for view in world.views:
         view.replace_nodes(trn)
     names = [n.metadata.name for n in trn]
-
-    def worker(job: str) -> Pod:
-        job_labels = {
-            "training.kubeflow.org/job-name": job,
-            "training.kubeflow.org/job-role": "worker",
-        }
-        return world.add(f"{job}-worker-0", 16, labels=job_labels)
-
-    assert world.filter(worker("a"), names)  # job a claims the UltraServer for 120 s
-    b = worker("b")
-    assert world.filter(b, names) == []
-    await world.run(119.0)
-    assert world.woken() == []
+    job = {"training.kubeflow.org/job-name": "b", "training.kubeflow.org/job-role": "worker"}
+    members = [world.add(f"b-worker-{i}", 16, labels=job) for i in range(4)]
+    for pod in members:
+        assert world.filter(pod, names) == []
     await world.run(1.0)
-    assert world.woken() == ["b-worker-0"]
+    assert world.woken() == []
+    for name in names:
+        world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
+    await world.run(0.0)
+    assert world.woken() == [f"b-worker-{i}" for i in range(4)]
+    value = world.api.pods["b-worker-0"]["metadata"]["annotations"][WAKE_ANNOTATION]
+    assert "claim made" in value, value
 
 
 async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> None:
@@ -335,3 +344,46 @@ async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> 
     waker = Waker(fresh, world.api, ["my-scheduler"], clock=world.clock)  # type: ignore[arg-type]
     waker.replace_pods([msgspec.convert(body, Pod)])
     assert list(waker.waiting) == ["uid-left"]
+
+
+async def test_a_claim_seen_node_by_node_wakes_every_member_once_complete() -> None:
+    """The claim watch delivers one node at a time; half a claim admits nobody, so the waker
+    hears of all the job's nodes when the last one makes it complete."""
+    world = World()
+    labels = {
+        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
+    }
+    trn = [node(f"trn-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    for view in world.views:
+        view.replace_nodes(trn)
+    names = [n.metadata.name for n in trn]
+    job = {"training.kubeflow.org/job-name": "b", "training.kubeflow.org/job-role": "worker"}
+    members = [world.add(f"b-worker-{i}", 16, labels=job) for i in range(4)]
+    for pod in members:
+        assert world.filter(pod, names) == []
+    await world.run(1.0)
+    for name in names:
+        world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
+        await world.run(0.0)
+    assert world.woken() == [f"b-worker-{i}" for i in range(4)]
+
+
+async def test_a_replica_that_becomes_leader_wakes_the_pods_its_predecessor_refused() -> None:
+    leading = [False]
+    world = World(is_leader=lambda: leading[0])
+    holders = world.fill(RING, list(range(0, 12, 2)))
+    body = pod_json("waiter", {NEURON: 2}, uid="uid-waiter")
+    body["metadata"]["resourceVersion"] = "1"
+    body["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    world.api.pods["waiter"] = body
+    for view in world.views:  # refused by the previous leader: this replica's filter never was
+        view.apply_pod(msgspec.convert(body, Pod))
+    await world.run(1.0)
+    leading[0] = True
+    await world.run(1.0)
+    world.delete(holders[0])
+    await world.run(1.0)
+    assert world.woken() == ["waiter"]

@@ -2,9 +2,11 @@
 // neuron-scheduler tests run on 127.0.0.1: one build, one cache entry, instead
 // of five separately vendored binaries. The kubelet is here so the device plugin
 // can be tested against the real device manager (with the fake CRI runtime in
-// ./fakecri, built by tools/kube.mk next to this binary).
+// ./fakecri, built by tools/kube.mk next to this binary). kube-controller-manager
+// is here so that Deployments recreate the pods consolidation evicts and the
+// disruption controller keeps PodDisruptionBudgets' status current.
 //
-// Usage: kubebin <kube-apiserver|kube-scheduler|etcd|kubectl|kubelet> [flags...]
+// Usage: kubebin <kube-apiserver|kube-controller-manager|kube-scheduler|etcd|kubectl|kubelet> [flags...]
 // or invoke it through a symlink named after the component.
 package main
 
@@ -26,6 +28,7 @@ import (
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
@@ -34,6 +37,9 @@ import (
 
 var components = map[string]func() int{
 	"kube-apiserver": func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
+	"kube-controller-manager": func() int {
+		return cli.Run(controllermanager.NewControllerManagerCommand())
+	},
 	"kube-scheduler": func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
 	"kubelet":        func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
 	"etcd": func() int {

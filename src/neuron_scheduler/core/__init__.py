@@ -9,4 +9,7 @@ simulator and the views. No I/O and nothing else of ours is imported here.
   still give (`free_devices`, `largest_free_block`), which the metrics and `status` report.
 - `handoff`: the pod annotations that hand the scheduler's choice to the device plugin.
 - `logtext`: text from requests and API objects made fit for one log line (escaped, bounded).
+- `eviction`: which pods to evict so a pod gets an allowed block (the preempt verb's choice).
+- `consolidation`: which pods of one node may move for a stranded pod, and where each goes again.
+- `planrecord`: a consolidation plan and the eviction budget as they are persisted.
 """

@@ -74,9 +74,50 @@ def plan_eviction(
     taken out); `occupants` are the pods still there. `suggested` (kube-scheduler's own victims)
     is the answer when it frees a block and no other set is better (ties go to it)."""
     lower = {uid: o for uid, o in occupants.items() if o.priority < priority}
+    key = _key_of(lower, violations)
+    best: Eviction | None = None
+    if suggested and set(suggested) <= set(lower):
+        block = _frees(topology, base, request, [lower[u] for u in suggested], policy)
+        if block is not None:
+            best = Eviction(_ordered(lower, suggested), block, key(suggested), kept=True)
+    options = eviction_options(topology, base, request, lower, occupants, violations, policy)
+    if options and (best is None or options[0].key < best.key):
+        best = options[0]
+    return best
 
+
+def eviction_options(
+    topology: Topology,
+    base: NodeState,
+    request: NeuronRequest,
+    eligible: Mapping[str, Occupant],
+    occupants: Mapping[str, Occupant],
+    violations: Violations = no_budgets,
+    policy: Policy = Policy.BEST_FIT,
+) -> list[Eviction]:
+    """Every set of `eligible` occupants that frees an allowed block (one per block: its
+    holders, plus eligible pods of unknown ids where the block alone leaves too few cores), best
+    first by the order above. A block that any other occupant holds is no option. Consolidation
+    walks this list for the first set it may move; preemption takes the first."""
+    key = _key_of(eligible, violations)
+    options: list[Eviction] = []
+    seen: set[frozenset[str]] = set()
+    for blockers in _block_holders(topology, request, occupants, eligible, base):
+        chosen = _with_unknown(topology, base, request, blockers, eligible, key, policy)
+        if chosen is None or frozenset(chosen[0]) in seen:
+            continue
+        victims, block = chosen
+        seen.add(frozenset(victims))
+        options.append(Eviction(_ordered(eligible, victims), block, key(victims), kept=False))
+    options.sort(key=lambda option: option.key)  # stable: ties keep the fewest-holders order
+    return options
+
+
+def _key_of(
+    eligible: Mapping[str, Occupant], violations: Violations
+) -> Callable[[Sequence[str]], Key]:
     def key(victims: Sequence[str]) -> Key:
-        chosen = [lower[uid] for uid in victims]
+        chosen = [eligible[uid] for uid in victims]
         return (
             max((o.priority for o in chosen), default=LOWEST_PRIORITY),
             violations(victims),
@@ -84,23 +125,12 @@ def plan_eviction(
             -sum(o.started for o in chosen),
         )
 
-    best: Eviction | None = None
-    if suggested and set(suggested) <= set(lower):
-        block = _frees(topology, base, request, [lower[u] for u in suggested], policy)
-        if block is not None:
-            best = Eviction(tuple(suggested), block, key(suggested), kept=True)
-    for blockers in _block_holders(topology, request, occupants, priority, base):
-        chosen = _with_unknown(topology, base, request, blockers, lower, key, policy)
-        if chosen is None:
-            continue
-        victims, block = chosen
-        candidate_key = key(victims)
-        if best is None or candidate_key < best.key:
-            best = Eviction(victims, block, candidate_key, kept=False)
-    if best is None:
-        return None
-    ordered = tuple(sorted(best.victims, key=lambda u: (-lower[u].priority, lower[u].started)))
-    return Eviction(ordered, best.block, best.key, best.kept)
+    return key
+
+
+def _ordered(eligible: Mapping[str, Occupant], victims: Sequence[str]) -> tuple[str, ...]:
+    """Highest priority first, then longest running (kube-scheduler reads Pods[0])."""
+    return tuple(sorted(victims, key=lambda u: (-eligible[u].priority, eligible[u].started)))
 
 
 def _frees(
@@ -122,12 +152,12 @@ def _block_holders(
     topology: Topology,
     request: NeuronRequest,
     occupants: Mapping[str, Occupant],
-    priority: int,
+    eligible: Mapping[str, Occupant],
     base: NodeState,
 ) -> list[frozenset[str]]:
-    """For each allowed block, the pods holding any of its cores; blocks held by a pod of equal
-    or higher priority, or by something that is not a pod (a held or reserved block), are
-    skipped."""
+    """For each allowed block, the pods holding any of its cores; blocks held by a pod that is
+    not eligible (for preemption: of equal or higher priority), or by something that is not a
+    pod (a held or reserved block), are skipped."""
     owner: dict[int, str] = {}
     for uid, occupant in occupants.items():
         for core in mask_ids(occupant.cores):
@@ -144,7 +174,7 @@ def _block_holders(
         if block & foreign:
             continue
         holders = frozenset(owner[c] for c in mask_ids(block) if c in owner)
-        if all(occupants[uid].priority < priority for uid in holders):
+        if all(uid in eligible for uid in holders):
             sets.add(holders)
     return sorted(sets, key=lambda s: (len(s), sorted(s)))
 
@@ -181,21 +211,21 @@ def _with_unknown(
     base: NodeState,
     request: NeuronRequest,
     blockers: frozenset[str],
-    lower: Mapping[str, Occupant],
+    eligible: Mapping[str, Occupant],
     key: Callable[[Sequence[str]], Key],
     policy: Policy,
 ) -> tuple[tuple[str, ...], Placement] | None:
-    """The block's pods, plus lower-priority pods of unknown ids (the cheapest first) when the
-    block alone leaves too few cores beside them."""
-    victims = list(blockers)
-    block = _frees(topology, base, request, [lower[u] for u in victims], policy)
+    """The block's pods, plus eligible pods of unknown ids (the cheapest first) when the block
+    alone leaves too few cores beside them."""
+    victims = sorted(blockers)
+    block = _frees(topology, base, request, [eligible[u] for u in victims], policy)
     if block is not None:
         return tuple(victims), block
-    unknown = [uid for uid, o in lower.items() if o.unknown_cores and uid not in blockers]
+    unknown = [uid for uid, o in eligible.items() if o.unknown_cores and uid not in blockers]
     unknown.sort(key=lambda uid: key((uid,)))
     for uid in unknown:
         victims.append(uid)
-        block = _frees(topology, base, request, [lower[u] for u in victims], policy)
+        block = _frees(topology, base, request, [eligible[u] for u in victims], policy)
         if block is not None:
             return tuple(victims), block
     return None

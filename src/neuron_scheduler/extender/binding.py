@@ -203,7 +203,7 @@ class Binder:
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
                 return f"node {args.Node} left neuron-scheduler's cache"
-            claimant = Claimant.of(pod)  # its own held block is its
+            claimant = Claimant.of(pod, request)  # its own held block is its
             state = self.ledger.state_for(claimant, args.Node)
             decision = allocate(
                 entry.topology, state, request, self.policy, self.ledger.demand.weights

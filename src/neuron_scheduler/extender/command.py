@@ -90,13 +90,52 @@ def extender(
     ultraserver_claim_seconds: Annotated[
         float,
         typer.Option(
-            help="how long an MPI job keeps the UltraServer unit it opened closed to other jobs "
-            "after its last worker was filtered, while its workers are bound"
+            help="how long a training job's Pending UltraServer claim lasts after the job last "
+            "did anything (kube-scheduler asked about one of its members)"
         ),
     ] = 120.0,
+    consolidation: Annotated[
+        str,
+        typer.Option(
+            help="off, dry-run or on: move pods that can go elsewhere (Eviction API) so a pod "
+            "that fits by count but finds no free block gets one; dry-run only writes an event "
+            "on the pending pod saying what it would evict (docs/consolidation.md)"
+        ),
+    ] = "dry-run",
+    consolidation_pending_seconds: Annotated[
+        float,
+        typer.Option(help="how long a pod waits, unschedulable, before consolidation plans for it"),
+    ] = 30.0,
+    consolidation_max_plans: Annotated[
+        int, typer.Option(help="consolidation plans in flight at once, cluster-wide")
+    ] = 2,
+    consolidation_node_cooldown: Annotated[
+        float, typer.Option(help="seconds between two consolidation plans on one node")
+    ] = 120.0,
+    consolidation_evictions_per_hour: Annotated[
+        int, typer.Option(help="evictions consolidation may make in any hour")
+    ] = 30,
+    consolidation_plan_seconds: Annotated[
+        float,
+        typer.Option(
+            help="how long a plan's holds last at most (the freed block, the places held for "
+            "the moved pods' replacements)"
+        ),
+    ] = 300.0,
+    consolidation_max_victims: Annotated[
+        int, typer.Option(help="pods one consolidation plan may evict")
+    ] = 16,
+    consolidation_lease: Annotated[
+        str,
+        typer.Option(
+            help="the Lease (in --lease-namespace) that keeps consolidation's eviction budget "
+            "across restarts"
+        ),
+    ] = "k8s-neuron-scheduler-consolidation",
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
+    from neuron_scheduler.extender.consolidating import Limits, Mode
     from neuron_scheduler.extender.serve import ExtenderOptions, run
     from neuron_scheduler.kube.config import ConfigError, own_namespace
     from neuron_scheduler.kube.election import ElectionConfig, default_identity
@@ -131,6 +170,31 @@ def extender(
                 f"--ultraserver-claim-seconds {ultraserver_claim_seconds} is not between 1 and "
                 "3600 seconds"
             )
+        modes = [m.value for m in Mode]
+        if consolidation not in modes:
+            raise UsageError(f"--consolidation {consolidation!r} is not one of {', '.join(modes)}")
+        bounds: tuple[tuple[str, float, float, float], ...] = (
+            ("--consolidation-pending-seconds", consolidation_pending_seconds, 0, 86400),
+            ("--consolidation-max-plans", consolidation_max_plans, 1, 100),
+            ("--consolidation-node-cooldown", consolidation_node_cooldown, 0, 86400),
+            ("--consolidation-evictions-per-hour", consolidation_evictions_per_hour, 0, 10000),
+            ("--consolidation-plan-seconds", consolidation_plan_seconds, 10, 3600),
+            ("--consolidation-max-victims", consolidation_max_victims, 1, 64),
+        )
+        for name, amount, low, high in bounds:
+            if not low <= amount <= high:
+                raise UsageError(f"{name} {amount:g} is not between {low:g} and {high:g}")
+        if not consolidation_lease or len(consolidation_lease) > 253:
+            raise UsageError("--consolidation-lease must be a Lease name")
+        limits = Limits(
+            Mode(consolidation),
+            consolidation_pending_seconds,
+            consolidation_max_plans,
+            consolidation_node_cooldown,
+            consolidation_evictions_per_hour,
+            consolidation_plan_seconds,
+            consolidation_max_victims,
+        )
         names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
         if any(not n for n in names):
             raise UsageError("--scheduler-name cannot be empty")
@@ -166,6 +230,8 @@ def extender(
                 wake_rate=wake_rate,
                 wake_grace=wake_grace,
                 claim_seconds=ultraserver_claim_seconds,
+                consolidation=limits,
+                budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
             )
         )
 

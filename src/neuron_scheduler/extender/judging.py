@@ -85,7 +85,7 @@ class Judge:
                 return Refusal(f"{UNUSABLE}: {error}", True), "unusable_node"
             if resolved is None:
                 return Refusal(NOT_NEURON, True), "no_neuron_node"
-            claimant = Claimant.of(args.Pod) if args.Pod is not None else Claimant()
+            claimant = Claimant.of(args.Pod, request) if args.Pod is not None else Claimant()
             state = self.ledger.state_for(claimant, name)
             decision = allocate(
                 resolved.topology, state, request, self.policy, self.ledger.demand.weights
@@ -121,7 +121,7 @@ class Judge:
         if request is None:
             self.metrics.filter_outcomes.labels("no_neuron_request").inc(len(names))
             return FilterResult(list(names), {}, {})
-        claimant = Claimant.of(pod)
+        claimant = Claimant.of(pod, request)
         verdicts = self.ledger.verdicts(request, self.policy, claimant)
         fits = verdicts.fits
         outcomes: defaultdict[str, int] = defaultdict(int)
@@ -212,7 +212,7 @@ class Judge:
             return list(map(HostPriority, names, repeat(0)))
         if request is None:
             return list(map(HostPriority, names, repeat(0)))
-        claimant = Claimant.of(pod)
+        claimant = Claimant.of(pod, request)
         scores = self.ledger.verdicts(request, self.policy, claimant).scores
         try:  # usually every node has a kept score (filter just asked about the same nodes)
             return list(map(HostPriority, names, map(scores.__getitem__, names)))

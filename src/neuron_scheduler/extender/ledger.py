@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import NamedTuple
 
 from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
@@ -33,14 +32,20 @@ from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.eviction import Occupant
 from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
 from neuron_scheduler.core.handoff import decode as decode_annotations
-from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.ids import format_ids, mask_ids
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import NodeFacts
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
-from neuron_scheduler.kube.reading import assignment, held_by_others, neuron_request, node_topology
+from neuron_scheduler.kube.reading import (
+    assignment,
+    epoch,
+    held_by_others,
+    neuron_request,
+    node_topology,
+)
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 # Why a node's room grew (or may have), as the ledger tells its `on_freed` listener (the waker).
@@ -85,11 +90,19 @@ class Holding:
 @dataclass(frozen=True, slots=True)
 class Nomination:
     """A pod kube-scheduler preempted others for, waiting for its node (status.nominatedNodeName):
-    the block it will get is held for it, as kube-scheduler holds its resources by count."""
+    the block it will get is held for it, as kube-scheduler holds its resources by count.
+
+    A consolidation plan's holds (`hold`) are Nominations too, with the exact cores it freed
+    (`block`): the pending pod's block, and the place of each moved pod's replacement, which
+    any pod of the moved pod's controller (`owner`) with the same request may take. `reason`
+    names such a hold where a refusal cites it."""
 
     node: str
     request: NeuronRequest
     priority: int
+    block: int = 0  # cores held, exactly; 0: where the allocator would place the pod
+    owner: str = ""  # held for a pod of this controller (uid) with `request`, not one pod
+    reason: str = ""
 
 
 LOWEST_PRIORITY = -(2**31)
@@ -99,15 +112,20 @@ LOWEST_PRIORITY = -(2**31)
 class Claimant:
     """The pod a node's state is read for. Blocks held for nominated pods count against it only
     when their priority is at least its own (kube-scheduler's rule for nominated pods'
-    resources), and a nominated pod does not see its own block. The default, an unnamed pod of
-    the lowest priority, sees every hold."""
+    resources), and a nominated pod does not see its own block, nor a replacement the place held
+    for it (its controller's `owner` uid and its `request`). The default, an unnamed pod of the
+    lowest priority, sees every hold."""
 
     uid: str = ""
     priority: int = LOWEST_PRIORITY
+    owner: str = ""
+    request: NeuronRequest | None = None
 
     @classmethod
-    def of(cls, pod: Pod) -> Claimant:
-        return cls(pod.metadata.uid, pod.spec.priority or 0)
+    def of(cls, pod: Pod, request: NeuronRequest | None = None) -> Claimant:
+        controller = pod.metadata.controller
+        owner = controller.uid if controller is not None else ""
+        return cls(pod.metadata.uid, pod.spec.priority or 0, owner, request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +206,10 @@ class Ledger:
         self._pod_keys: dict[str, str] = {}  # pod uid -> namespace/name
         self._rejected: set[str] = set()  # pod uids whose ids were rejected, reported once
         self.nominations: dict[str, Nomination] = {}  # pod uid -> the node it waits for
+        # Holds of consolidation plans (`hold`): by the pending pod's uid (its block), or
+        # "<its uid>/<moved pod's uid>" (a replacement's place). A pod's block held here stands
+        # for its nomination, if it has one.
+        self.plan_holds: dict[str, Nomination] = {}
         self._held: set[str] = set()  # nominations whose held block was reported once
         self._states: dict[str, NodeState] = {}
         # (unit, count, policy, nominated owner, lower nomination priorities passed over)
@@ -201,6 +223,8 @@ class Ledger:
         self.decisions = 0  # made by fill_verdicts (the rest were kept), for the metrics
         # Told which nodes got room back, and why (the waker); never about room taken.
         self.on_freed: Callable[[Iterable[str], str], None] | None = None
+        # Told when a hold with a deadline starts (the waker ends it when due).
+        self.on_deadline: Callable[[], None] | None = None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -303,9 +327,9 @@ class Ledger:
     def _announce_holds(self) -> None:
         """A nominated pod hears which block it will get as soon as its victims are leaving
         (holds are otherwise worked out only when someone reads the node)."""
-        if self.report is None or not self.nominations:
+        if self.report is None or not (self.nominations or self.plan_holds):
             return
-        for node in {n.node for uid, n in self.nominations.items() if uid not in self._held}:
+        for node in {n.node for uid, n in self.holds() if uid not in self._held}:
             self.state(node)
 
     def _nominate(self, pod: Pod) -> None:
@@ -350,7 +374,58 @@ class Ledger:
         self._invalidate(holding.node, cause)
 
     def _keeps_key(self, uid: str) -> bool:
-        return uid in self._reservations or uid in self.nominations or uid in self._announced
+        return (
+            uid in self._reservations
+            or uid in self.nominations
+            or uid in self._announced
+            or uid in self.plan_holds
+        )
+
+    # --- holds of consolidation plans ----------------------------------------------------------
+
+    def hold(
+        self, key: str, held: Nomination | None, cause: str = HOLD_RELEASED, pod: str = ""
+    ) -> None:
+        """Holds `held` under `key` (see `plan_holds`; `pod`: the namespace/name of the pod a
+        block is held for, named in its NeuronBlockHeld event), or lets go of what is held
+        there (then `cause` says why the room came back)."""
+        previous = self.plan_holds.get(key)
+        if pod:
+            self._pod_keys[key] = pod
+        if previous == held:
+            return
+        if previous is not None:
+            del self.plan_holds[key]
+            self._held.discard(key)
+            if key not in self._holdings and not self._keeps_key(key):
+                self._pod_keys.pop(key, None)
+            self._invalidate(previous.node, cause)
+        if held is not None:
+            self.plan_holds[key] = held
+            self._invalidate(held.node)
+        self._announce_holds()
+
+    def holds(self) -> Iterable[tuple[str, Nomination]]:
+        """Every block held for a pod that is not bound yet: nominations (those a plan's block
+        does not stand for) and plans' holds."""
+        plans = self.plan_holds
+        for uid, nomination in self.nominations.items():
+            if uid not in plans:
+                yield uid, nomination
+        yield from plans.items()
+
+    def holds_on(self, node: str) -> bool:
+        return any(n.node == node for _, n in self.holds())
+
+    @staticmethod
+    def _passes(claimant: Claimant, key: str, held: Nomination) -> bool:
+        """Whether the claimant may take what is held under `key`: its own, one of lower
+        priority, or a replacement's place it is a replacement for."""
+        if key == claimant.uid or held.priority < claimant.priority:
+            return True
+        return bool(held.owner) and (
+            held.owner == claimant.owner and held.request == claimant.request
+        )
 
     def disown(self, pod: Pod, alloc_time: str) -> None:
         """The annotations a failed bind wrote on this pending pod (`alloc_time`) stay there
@@ -406,6 +481,8 @@ class Ledger:
             self._invalidate(previous.holding.node, cause)
         if announced is not None:
             self._invalidate(announced.holding.node)
+            if self.on_deadline is not None:
+                self.on_deadline()
 
     def _expire_announced(self) -> None:
         """Drops the held ids whose time is up (checked on every read, and by the waker when the
@@ -524,13 +601,13 @@ class Ledger:
         self._expire_announced()
         owner = (
             claimant.uid
-            if claimant.uid in self.nominations or claimant.uid in self._announced
+            if claimant.uid in self.nominations
+            or claimant.uid in self._announced
+            or self._own_plan_hold(claimant)
             else ""
         )
         passed = tuple(
-            sorted(
-                {n.priority for n in self.nominations.values() if n.priority < claimant.priority}
-            )
+            sorted({n.priority for _, n in self.holds() if n.priority < claimant.priority})
         )
         if self.demand.version != self._verdicts_demand:
             self._verdicts.clear()  # made with what the cluster asked for before
@@ -591,12 +668,20 @@ class Ledger:
         return self._state(node, passed) if passed else self.state(node)
 
     def _passed_holds(self, claimant: Claimant, node: str) -> frozenset[str]:
-        if not self.nominations:
+        if not self.nominations and not self.plan_holds:
             return frozenset()
         return frozenset(
-            uid
-            for uid, n in self.nominations.items()
-            if n.node == node and (uid == claimant.uid or n.priority < claimant.priority)
+            key for key, n in self.holds() if n.node == node and self._passes(claimant, key, n)
+        )
+
+    def _own_plan_hold(self, claimant: Claimant) -> bool:
+        """A plan holds something for this very pod (its block, or its place as a
+        replacement): it sees the nodes unlike any other pod."""
+        if not self.plan_holds:
+            return False
+        return claimant.uid in self.plan_holds or any(
+            n.owner and self._passes(claimant, key, n) and n.priority >= claimant.priority
+            for key, n in self.plan_holds.items()
         )
 
     def hold_reason(
@@ -604,21 +689,22 @@ class Ledger:
     ) -> str | None:
         """Why a pod that fits but for blocks held on the node does not: who they are held for."""
         entry = self.nodes.get(node)
-        holders = [
-            uid
-            for uid, n in self.nominations.items()
-            if n.node == node and uid not in self._passed_holds(claimant, node)
-        ]
+        passed = self._passed_holds(claimant, node)
+        holders = [(key, n) for key, n in self.holds() if n.node == node and key not in passed]
         if entry is None or not holders:
             return None
-        unheld = self._state(node, frozenset(holders) | self._passed_holds(claimant, node))
+        unheld = self._state(node, frozenset(key for key, _ in holders) | passed)
         if not isinstance(allocate(entry.topology, unheld, request, policy), Placement):
             return None
-        names = ", ".join(self.pod_key(uid) for uid in holders[:3])
-        more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
-        return (
-            f"devices are held for {names}{more}, nominated to this node by preemption, until bound"
-        )
+        nominated = [key for key, n in holders if not n.reason]
+        reasons = list(dict.fromkeys(n.reason for _, n in holders if n.reason))
+        if nominated:
+            names = ", ".join(self.pod_key(uid) for uid in nominated[:3])
+            more = f" and {len(nominated) - 3} more" if len(nominated) > 3 else ""
+            reasons.insert(
+                0, f"held for {names}{more}, nominated to this node by preemption, until bound"
+            )
+        return "devices are " + "; ".join(reasons[:3])
 
     def _state(self, node: str, excluded: frozenset[str] = frozenset()) -> NodeState:
         """The node's state with the blocks held for the `excluded` nominated pods left out."""
@@ -665,10 +751,15 @@ class Ledger:
         held = 0
         waiting = [
             (-n.priority, uid, n)
-            for uid, n in self.nominations.items()
+            for uid, n in self.holds()
             if n.node == node and uid not in exclude
         ]
-        for _, uid, nomination in sorted(waiting):
+        for _, uid, nomination in sorted(waiting, key=lambda w: (w[0], w[1])):
+            if nomination.block:
+                held |= nomination.block
+                if not nomination.owner:
+                    self._report_held(uid, node, nomination, _placement(topology, nomination.block))
+                continue
             free_soon = NodeState((used & ~going) | held, unknown)
             decision = allocate(topology, free_soon, nomination.request, Policy.BEST_FIT)
             if isinstance(decision, Placement):
@@ -732,20 +823,17 @@ class Ledger:
         return sorted(self._pod_keys[uid] for uid in self._by_node.get(node, {}))
 
 
+def _placement(topology: Topology, cores: int) -> Placement:
+    """The devices and cores of a mask, as a block held for a pod is reported."""
+    ids = tuple(mask_ids(cores))
+    per_device = topology.cores_per_device
+    return Placement(tuple(sorted({c // per_device for c in ids})), ids, 0)
+
+
 def _occupant(topology: Topology, holding: Holding) -> Occupant:
     if holding.ours and not holding.cores >> topology.total_cores:
         cores, unknown = holding.cores, 0
     else:
         size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
         cores, unknown = 0, holding.unknown_count * size
-    return Occupant(cores, unknown, holding.priority, _epoch(holding.started))
-
-
-def _epoch(timestamp: str) -> float:
-    """RFC 3339 to seconds; 0 (the oldest) when missing or unreadable."""
-    if not timestamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+    return Occupant(cores, unknown, holding.priority, epoch(holding.started))

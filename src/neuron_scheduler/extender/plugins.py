@@ -31,6 +31,19 @@ class ClusterView(Protocol):
     def remove_pod(self, uid: str) -> None: ...
 
 
+class PodsOnly:
+    """A ClusterView's node half, for views that keep only pods."""
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        pass
+
+    def apply_node(self, node: Node) -> None:
+        pass
+
+    def remove_node(self, name: str) -> None:
+        pass
+
+
 class NodeFilter(Protocol):
     """Narrows the nodes that passed the device check (filter runs it after the allocator)."""
 

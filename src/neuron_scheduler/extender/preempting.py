@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Placement, Policy, allocate, check_request
@@ -58,11 +58,15 @@ class Preemptor:
         budgets: DisruptionBudgets,
         metrics: Metrics,
         policy: Policy = Policy.BEST_FIT,
+        planned: Callable[[str], bool] = lambda uid: False,
     ) -> None:
+        """`planned(uid)`: the pod has a consolidation plan in flight, which frees its block:
+        no node is answered for it, so kube-scheduler evicts nothing more for it."""
         self.ledger = ledger
         self.budgets = budgets
         self.metrics = metrics
         self.policy = policy
+        self.planned = planned
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         if args.Pod is None:
@@ -76,6 +80,13 @@ class Preemptor:
             raise BadRequest(str(error)) from error
         except RequestError as error:
             log.info("preemption for %s: %s; no node helps", loggable(pod.key), loggable(error))
+            self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
+            return ExtenderPreemptionResult({})
+        if self.planned(pod.metadata.uid):
+            log.info(
+                "preemption for %s: a consolidation plan frees its block; no node evicted for",
+                loggable(pod.key),
+            )
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
         answer: dict[str, MetaVictims] = {}
@@ -119,7 +130,7 @@ class Preemptor:
             return None
         topology = entry.topology
         on_node = self.ledger.pods_holding(node)
-        base, occupants = self.ledger.eviction_view(Claimant.of(pod), node)
+        base, occupants = self.ledger.eviction_view(Claimant.of(pod, request), node)
         # kube-scheduler's victims that hold no Neuron device are there for its other resources
         # (CPU, memory, ports): they stay in every answer, after ours.
         others = tuple(uid for uid in given if uid not in on_node)

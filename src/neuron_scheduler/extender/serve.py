@@ -10,7 +10,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,19 +19,35 @@ import uvicorn
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
+from neuron_scheduler.extender.consolidating import Limits
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.wiring import Extender, wire
-from neuron_scheduler.kube.client import DISRUPTION_BUDGETS, NODES, PODS, KubeAPI
+from neuron_scheduler.kube.client import (
+    CLAIMS,
+    DISRUPTION_BUDGETS,
+    NODES,
+    POD_GROUPS,
+    PODS,
+    KubeAPI,
+)
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
-from neuron_scheduler.kube.objects import Node, Pod, PodDisruptionBudget
+from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound
+from neuron_scheduler.kube.objects import (
+    Node,
+    Pod,
+    PodDisruptionBudget,
+    PodGroup,
+    UltraServerClaim,
+)
 from neuron_scheduler.kube.watching import Watch
 from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS
 
 log = logging.getLogger("neuron_scheduler.server")
+CRD_RETRY_SECONDS = 60.0
 T = TypeVar("T")
 
 
@@ -58,14 +74,19 @@ class ExtenderOptions:
     # kube-scheduler gets to retry on a cluster event itself before the extender wakes a pod.
     wake_rate: float = DEFAULT_RATE
     wake_grace: float = DEFAULT_GRACE
-    # How long a job's claim on the UltraServer unit it opened outlives its last worker's filter.
+    # How long a Pending UltraServer claim outlives its job's last activity.
     claim_seconds: float = CLAIM_SECONDS
+    # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
+    consolidation: Limits = field(default_factory=Limits)
+    budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
-    """List-then-watch nodes and pods into every view, and disruption budgets; the extender's
-    `synced` is set after the first lists of nodes and pods."""
+    """List-then-watch nodes and pods into every view, UltraServerClaims, PodGroups where the
+    cluster serves them, and disruption budgets; the extender's `synced` is set after the first
+    lists of nodes, pods and claims."""
     views, synced, ledger = extender.views, extender.synced, extender.ledger
+    occupancy = extender.occupancy
 
     def each(call: Callable[[ClusterView, T], None]) -> Callable[[T], None]:
         def fan_out(item: T) -> None:
@@ -95,15 +116,63 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         timer=extender.metrics.watch_seconds.labels("pods").observe,
     )
 
+    claims: Watch[UltraServerClaim] = Watch(
+        api,
+        CLAIMS,
+        UltraServerClaim,
+        on_list=occupancy.replace_claims,
+        on_change=occupancy.apply_claim,
+        on_delete=occupancy.remove_claim,
+    )
+    pod_groups: Watch[PodGroup] = Watch(
+        api,
+        POD_GROUPS,
+        PodGroup,
+        on_list=occupancy.replace_pod_groups,
+        on_change=occupancy.apply_pod_group,
+        on_delete=occupancy.remove_pod_group,
+    )
+
+    claims_known = asyncio.Event()  # listed, or the cluster has no UltraServerClaim CRD
+
+    async def watch_claims() -> None:
+        def absent(why: str) -> None:
+            occupancy.unavailable = (
+                f"UltraServer claims are not available ({why}): no training job is placed on "
+                "UltraServer nodes; install the chart's UltraServerClaim CRD "
+                "(scheduler.ultraserver.installCRD)"
+            )
+            claims_known.set()
+
+        async def listed() -> None:
+            await claims.synced.wait()
+            claims_known.set()
+
+        def served() -> None:
+            if occupancy.unavailable is not None:
+                log.info("UltraServerClaims are served now: UltraServer placement is on")
+                occupancy.unavailable = None
+
+        waiting = asyncio.get_running_loop().create_task(listed())
+        try:
+            # Checked again every minute: the CRD may be installed (or established) later.
+            await run_if_served(
+                api, claims, "UltraServerClaims", absent, served, retry_seconds=CRD_RETRY_SECONDS
+            )
+        finally:
+            waiting.cancel()
+
     async def mark_synced() -> None:
         await nodes.synced.wait()
         await pods.synced.wait()
+        await claims_known.wait()
         # The first list is most of the heap (every cached pod and node) and lives as long as the
         # process: frozen, the collector stops rescanning it, which at tens of thousands of pods
         # was a pause every few hundred requests and the largest part of filter's p99.
         gc.collect()
         gc.freeze()
         synced.set()
+        extender.reservations.ready.set()
         log.info(
             "cache synced: %d Neuron nodes, %d pods holding Neuron resources",
             len(ledger.nodes),
@@ -131,6 +200,9 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         loop.create_task(pods_after_nodes()),
         # Disruption budgets only order preemption victims: not waited for.
         loop.create_task(budgets.run()),
+        loop.create_task(watch_claims()),
+        # The Workload API is alpha in 1.36 and off by default: without it, no PodGroups.
+        loop.create_task(run_if_served(api, pod_groups, "scheduling.k8s.io/v1alpha2 PodGroups")),
         loop.create_task(mark_synced()),
     ]
 
@@ -145,6 +217,47 @@ async def sample_loop_lag(observe: Callable[[float], None], interval: float = LA
         start = time.perf_counter()
         await asyncio.sleep(interval)
         observe(max(0.0, time.perf_counter() - start - interval))
+
+
+async def run_if_served(
+    api: KubeAPI,
+    watch: Watch[Any],
+    what: str,
+    absent: Callable[[str], None] | None = None,
+    served: Callable[[], None] | None = None,
+    retry_seconds: float | None = None,
+) -> None:
+    """The watch, unless the API server does not serve the resource (or we may not read it):
+    then one log line and `absent(why)`; with `retry_seconds`, it looks again that often and
+    runs the watch once the resource is there (`served()`)."""
+    said = False
+    while True:
+        try:
+            await api.request("GET", watch.path, params={"limit": "1"})
+            break
+        except (NotFound, Forbidden) as error:
+            why = "not served" if isinstance(error, NotFound) else "no permission to list them"
+            if not said:
+                said = True
+                if absent is None:
+                    log.info("%s are not read (%s)", what, why)
+                else:
+                    log.warning("%s are not read (%s)", what, why)
+                    absent(why)
+            if retry_seconds is None:
+                return
+            await asyncio.sleep(retry_seconds)
+        except READ_ERRORS:
+            break  # the watch itself retries
+    if served is not None:
+        served()
+    await watch.run()
+
+
+async def _after_sync(extender: Extender) -> None:
+    """Consolidation plans only on a cache that has every node and pod."""
+    await extender.synced.wait()
+    await extender.consolidator.run()
 
 
 class _Server(uvicorn.Server):
@@ -248,10 +361,14 @@ async def serve(options: ExtenderOptions) -> None:
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
             claim_seconds=options.claim_seconds,
+            consolidation=options.consolidation,
+            budget_lease=options.budget_lease,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
             extender.waker.is_leader = lambda: elector.is_leader
+            extender.reservations.is_leader = lambda: elector.is_leader
+            extender.consolidator.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:
@@ -288,6 +405,8 @@ async def serve(options: ExtenderOptions) -> None:
         lag = sample_loop_lag(extender.metrics.loop_lag.observe)
         tasks.append(asyncio.get_running_loop().create_task(lag))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
+        tasks.append(asyncio.get_running_loop().create_task(extender.reservations.run()))
+        tasks.append(asyncio.get_running_loop().create_task(_after_sync(extender)))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))
             tasks += election

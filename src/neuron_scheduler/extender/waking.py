@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import itertools
 import logging
 import time
@@ -52,7 +53,7 @@ from neuron_scheduler.extender.ledger import (
 )
 from neuron_scheduler.extender.plugins import HoldKeeper, NodeFilter
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
-from neuron_scheduler.kube.nodefit import why_not
+from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
 
@@ -69,10 +70,12 @@ CLUSTER_EVENTS = frozenset({POD_DELETED, POD_FINISHED, POD_CHANGED, NODE_CHANGED
 
 DEFAULT_RATE = 20.0  # wake writes per second
 DEFAULT_GRACE = 0.5  # seconds kube-scheduler gets to retry on a cluster event itself
-MAX_WAITING = 100_000  # refused pods remembered; beyond it the oldest are left to the flush
+MAX_WAITING = 20_000  # refused pods remembered; beyond it the oldest are left to the flush
 MAX_IN_FLIGHT = 8  # wake writes at once
+QUIET_WAIT = 1.0  # seconds a bind waits at most for a wake already on its way
 MAX_FITS_PER_NODE = 64  # pods woken for one node's freed room, at most
 MIN_STEP = 0.01  # seconds between steps at least: a deadline that will not pass is no busy loop
+MAX_STEP = 5.0  # and at most (keepers say when a new deadline starts; this is the safety net)
 
 
 class AnnotationWriter(Protocol):
@@ -98,6 +101,11 @@ class Waiting:
     claimant: Claimant
     refused: int  # when, in the waker's sequence of refusals and changes
     order: int  # arrival order, kube-scheduler's tie-break after priority
+    kind: bytes  # what decides where it may run (pods of one kind are judged alike)
+
+
+def _queue_order(waiting: Waiting) -> tuple[int, int]:
+    return (-waiting.claimant.priority, waiting.order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +193,10 @@ class Waker:
         self._bucket = TokenBucket(rate, clock) if rate > 0 else None
         self._signal = asyncio.Event()
         self._seeded = False
+        # Pending pods kube-scheduler marked unschedulable (from the watch): what a replica
+        # that becomes leader seeds, as the previous leader's refusals died with it.
+        self._unschedulable: dict[str, Pod] = {}
+        self._leading = False
 
     # --- what filter and bind tell it --------------------------------------------------------
 
@@ -212,8 +224,10 @@ class Waker:
         try:
             writing = self._writing.get(uid)
             if writing is not None:
+                # Briefly: kube-scheduler's bind call has a timeout of its own. A wake that lands
+                # later makes bind's writes fail their resourceVersion check, not go wrong.
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(writing)
+                    await asyncio.wait_for(asyncio.shield(writing), QUIET_WAIT)
             yield
         finally:
             left = self._quiet[uid] - 1
@@ -234,7 +248,14 @@ class Waker:
             order = self._arrivals
         else:
             order = known.order
-        self.waiting[uid] = Waiting(pod, request, Claimant.of(pod), next(self._sequence), order)
+        self.waiting[uid] = Waiting(
+            pod,
+            request,
+            Claimant.of(pod, request),
+            next(self._sequence),
+            order,
+            placement_kind(pod),
+        )
 
     # --- what the watches and hold keepers tell it -------------------------------------------
 
@@ -247,6 +268,10 @@ class Waker:
             self.changes[node] = Change(
                 min(due_at, earlier.due_at) if earlier else due_at, seq, cause
             )
+        self._signal.set()
+
+    def deadline_changed(self) -> None:
+        """A keeper holds something new until a deadline: the next step comes by then."""
         self._signal.set()
 
     def replace_nodes(self, nodes: Iterable[object]) -> None:
@@ -281,24 +306,41 @@ class Waker:
             self._remember(pod, request)
 
     def apply_pod(self, pod: Pod) -> None:
+        uid = pod.metadata.uid
         if pod.spec.nodeName or pod.finished or pod.metadata.deletionTimestamp is not None:
-            self.placed(pod.metadata.uid)
+            self.placed(uid)
+            self._unschedulable.pop(uid, None)
+        elif _unschedulable(pod) and pod.spec.schedulerName in self.scheduler_names:
+            if uid in self._unschedulable or len(self._unschedulable) < MAX_WAITING:
+                self._unschedulable[uid] = pod
+        else:
+            self._unschedulable.pop(uid, None)
 
     def remove_pod(self, uid: str) -> None:
         self.placed(uid)
+        self._unschedulable.pop(uid, None)
 
     # --- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         while True:
-            delay = self.step()
+            try:
+                delay = self.step()
+            except Exception:  # a bug must not end the loop: holds would never end
+                log.exception("waker step failed; trying again in %.0fs", MAX_STEP)
+                delay = MAX_STEP
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._signal.wait(), delay)
             self._signal.clear()
 
     def step(self) -> float:
         """Ends the holds that are due, finds the pods to wake, writes what the rate allows;
-        seconds until there is more to do (at most a minute)."""
+        seconds until there is more to do (at most MAX_STEP)."""
+        leading = self.is_leader()
+        if leading and not self._leading:  # just became leader (or started as one)
+            for pod in list(self._unschedulable.values()):
+                self._seed(pod)
+        self._leading = leading
         for keeper in self.keepers:
             wait = keeper.seconds_to_next_expiry()
             if wait is not None and wait <= 0:
@@ -315,7 +357,7 @@ class Waker:
         return self.grace if cause in CLUSTER_EVENTS else 0.0
 
     def _next_step(self, now: float) -> float:
-        deadlines = [60.0]
+        deadlines = [MAX_STEP]
         for keeper in self.keepers:
             wait = keeper.seconds_to_next_expiry()
             if wait is not None:
@@ -331,13 +373,18 @@ class Waker:
     def _examine(self, changes: dict[str, Change]) -> dict[str, Wake]:
         """The waiting pods to wake for these nodes' changes: on each node, greedily, those
         refused before the change that fit now, highest priority first (kube-scheduler's queue
-        order), each taking its placement from the room the next ones see."""
+        order), each taking its placement from the room the next ones see. Waiting pods are
+        grouped by what decides where they may run (`placement_kind`): a node excluded by a
+        group's spec is passed over once for the whole group, and a node stops being looked at
+        once no shape fits there any more."""
         if not self.waiting or not self.is_leader():
             return {}
-        candidates = sorted(
-            (w for uid, w in self.waiting.items() if uid not in self.due),
-            key=lambda w: (-w.claimant.priority, w.order),
-        )
+        groups: dict[bytes, list[Waiting]] = {}
+        for uid, waiting in self.waiting.items():
+            if uid not in self.due:
+                groups.setdefault(waiting.kind, []).append(waiting)
+        for members in groups.values():
+            members.sort(key=_queue_order)
         found: dict[str, Wake] = {}
         now = self.clock()
         for node, change in changes.items():
@@ -345,21 +392,24 @@ class Waker:
             if entry is None:
                 continue
             facts = self.ledger.facts.get(node)
+            eligible = [
+                members
+                for members in groups.values()
+                if facts is None or why_not(members[0].pod, facts) is None
+            ]
+            shapes = {(m[0].request.unit, m[0].request.count) for m in eligible}
             taken = 0  # cores given to the pods woken for this node so far
             full: set[tuple[object, int]] = set()  # shapes that no longer fit, for anyone
-            nominated = any(n.node == node for n in self.ledger.nominations.values())
+            nominated = self.ledger.holds_on(node)
             woken = 0
-            for waiting in candidates:
+            for waiting in heapq.merge(*eligible, key=_queue_order):
                 uid = waiting.pod.metadata.uid
                 shape = (waiting.request.unit, waiting.request.count)
-                if (
-                    uid in found
-                    or uid in self._quiet
-                    or waiting.refused > change.seq
-                    or shape in full
-                ):
+                if uid in found or uid in self._quiet or waiting.refused > change.seq:
                     continue
-                if facts is not None and why_not(waiting.pod, facts) is not None:
+                if shape in full:
+                    if len(full) == len(shapes):
+                        break  # nothing more fits here
                     continue
                 seen = self.ledger.state_for(waiting.claimant, node)
                 state = NodeState(seen.used_cores | taken, seen.unattributed_cores)

@@ -1,10 +1,11 @@
 """The extender's parts wired together: the one place that decides which views, node filters and
-reservers the judge and binder get (today the ledger and the UltraServer unit rule), and what the
-waker hears from."""
+reservers the judge and binder get (today the ledger and the UltraServer unit rule), what the
+waker hears from, and what consolidation reads."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,12 +13,17 @@ from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.budgets import DisruptionBudgets
+from neuron_scheduler.extender.consolidating import DEFAULT_LIMITS, Consolidator, Limits
+from neuron_scheduler.extender.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.judging import Judge
 from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.movers import Movability
 from neuron_scheduler.extender.pending import PendingPods
+from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.extender.plugins import ClusterView
 from neuron_scheduler.extender.preempting import Preemptor
+from neuron_scheduler.extender.reserving import Reservations, member_unusable
 from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
@@ -40,6 +46,9 @@ class Extender:
     binder: Binder
     preemptor: Preemptor
     waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
+    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
+    consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     pending: PendingPods  # what bind reads a pod from, when the watch has it
 
 
@@ -51,26 +60,64 @@ def wire(
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
     claim_seconds: float = CLAIM_SECONDS,
+    consolidation: Limits = DEFAULT_LIMITS,
+    budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
 ) -> Extender:
+    """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
+    on."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
-    units = UnitPlacement(occupancy, claim_seconds)
+    units = UnitPlacement(occupancy, lambda pod, node: member_unusable(ledger, pod, policy, node))
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
+    movability = Movability()
+    plans = Plans(ledger, movability)
+    budget = EvictionBudget(
+        api,
+        *budget_lease,
+        consolidation.evictions_per_hour,
+        consolidation.node_cooldown,
+        consolidation.max_plans,
+        time.time,
+    )
+    consolidator = Consolidator(
+        ledger,
+        movability,
+        plans,
+        budgets,
+        api,
+        budget,
+        scheduler_names,
+        metrics.registry,
+        limits=consolidation,
+        report=events.record,
+        policy=policy,
+    )
     waker = Waker(
         ledger,
         api,
         scheduler_names,
         filters=[units],
-        keepers=[ledger, units],
+        keepers=[ledger, plans],
         policy=policy,
         rate=wake_rate,
         grace=wake_grace,
         on_wake=lambda cause, result: metrics.wakes.labels(cause, result).inc(),
     )
-    ledger.on_freed = units.on_freed = waker.node_changed
+    reservations = Reservations(
+        api,
+        occupancy,
+        units,
+        ledger,
+        scheduler_names,
+        claim_seconds,
+        policy=policy,
+    )
+    ledger.on_freed = occupancy.on_freed = waker.node_changed
+    ledger.on_deadline = waker.deadline_changed
+    occupancy.on_change = reservations.changed
     pending = PendingPods(scheduler_names)
     metrics.waiting.set_function(lambda: len(waker.waiting))
     return Extender(
@@ -78,7 +125,8 @@ def wire(
         metrics,
         synced,
         events,
-        (ledger, occupancy, waker, pending),
+        # Plans read what movability has of a pod: after it.
+        (ledger, occupancy, waker, movability, plans, consolidator, pending),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
@@ -93,7 +141,10 @@ def wire(
             quiet=waker.quiet,
             pending=pending.get,
         ),
-        Preemptor(ledger, budgets, metrics, policy),
+        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned),
         waker,
+        occupancy,
+        reservations,
+        consolidator,
         pending,
     )

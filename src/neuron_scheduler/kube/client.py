@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import TooLarge, api_error
-from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList
+from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList, UltraServerClaim
 
 
 def pod_path(namespace: str, name: str) -> str:
@@ -33,8 +33,11 @@ def resource_claim_path(namespace: str, name: str) -> str:
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
+POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
+CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+LEASES = "/apis/coordination.k8s.io/v1/leases"
 
 T = TypeVar("T")
 
@@ -222,6 +225,32 @@ class KubeAPI:
             raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
         return version
 
+    async def patch_nominated_node(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Sets (or, with "", clears) the pod's status.nominatedNodeName: kube-scheduler tries
+        that node first and holds the pod's resources there by count (KEP-5278). A merge patch
+        of the status subresource, the uid as precondition."""
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"nominatedNodeName": node or None}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """An Eviction (policy/v1): the API server deletes the pod gracefully only if its
+        PodDisruptionBudgets allow it (else 429, TooManyRequests), and only the pod with this
+        uid (a pod recreated under the name is left alone: 409)."""
+        await self.request(
+            "POST",
+            pod_path(namespace, name) + "/eviction",
+            body={
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}},
+            },
+        )
+
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, resource_version: str
     ) -> None:
@@ -269,6 +298,13 @@ class KubeAPI:
             },
         )
 
+    async def list_leases(self, label_selector: str) -> list[Lease]:
+        """Leases of every namespace with this label (read by `kubectl neuron status`)."""
+        payload = await self.request(
+            "GET", LEASES, params={"labelSelector": label_selector, "limit": "50"}
+        )
+        return msgspec.json.decode(payload, type=ItemList[Lease]).items
+
     async def get_lease(self, namespace: str, name: str) -> Lease:
         path = f"{leases_path(namespace)}/{name}"
         return msgspec.json.decode(await self.request("GET", path), type=Lease)
@@ -283,6 +319,31 @@ class KubeAPI:
         path = f"{leases_path(lease.metadata.namespace)}/{lease.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
         return msgspec.json.decode(answer, type=Lease)
+
+    # --- neuron-scheduler.io/v1alpha1 UltraServerClaims (cluster-scoped, one per node) --------
+
+    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        answer = await self.request("POST", CLAIMS, body=msgspec.to_builtins(claim))
+        return msgspec.json.decode(answer, type=UltraServerClaim)
+
+    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+        """PUT with the resourceVersion the claim carries: a Conflict if it changed since."""
+        path = f"{CLAIMS}/{claim.metadata.name}"
+        answer = await self.request("PUT", path, body=msgspec.to_builtins(claim))
+        return msgspec.json.decode(answer, type=UltraServerClaim)
+
+    async def delete_claim(self, name: str, uid: str, resource_version: str) -> None:
+        """Only the claim of this uid, as it was at this resourceVersion (a Conflict if it
+        changed since, NotFound if it is gone)."""
+        await self.request(
+            "DELETE",
+            f"{CLAIMS}/{name}",
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"uid": uid, "resourceVersion": resource_version},
+            },
+        )
 
     # --- resource.k8s.io/v1 (the DRA driver): wire types are the caller's -----------------------
 

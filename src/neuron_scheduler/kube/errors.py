@@ -43,6 +43,11 @@ class Conflict(ApiError):
     """409: a precondition (uid, resourceVersion) failed or the object already exists."""
 
 
+class TooManyRequests(ApiError):
+    """429: for an eviction, a PodDisruptionBudget that allows no disruption now (or the API
+    server's own rate limit)."""
+
+
 class Gone(ApiError):
     """410: the resourceVersion a watch or list asked for has been compacted away."""
 
@@ -55,7 +60,13 @@ class TooLarge(ApiError):
         super().__init__(method, path, 0, f"answer larger than {limit} bytes".encode())
 
 
-_BY_STATUS: dict[int, type[ApiError]] = {403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    429: TooManyRequests,
+}
 
 
 def api_error(method: str, path: str, status: int, body: bytes) -> ApiError:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from neuron_scheduler.kube.objects import (
     Node,
     NodeSelectorRequirement,
@@ -94,3 +96,20 @@ def _requirement(requirement: NodeSelectorRequirement, values: dict[str, str]) -
             return False
         return have > bound if operator == "Gt" else have < bound
     return False  # an operator the API server would not have admitted
+
+
+def placement_kind(pod: Pod) -> bytes:
+    """What decides where a pod may run besides the node itself: its requests, what its spec
+    says of nodes (the rules above) and its priority (which held devices it sees). Pods of one
+    kind are judged alike on a node: callers group them to judge a node once per kind."""
+    spec = pod.spec
+    return msgspec.json.encode(
+        [
+            [c.resources for c in spec.containers],
+            [c.resources for c in spec.initContainers],
+            spec.nodeSelector,
+            spec.affinity,
+            spec.tolerations,
+            spec.priority,
+        ]
+    )

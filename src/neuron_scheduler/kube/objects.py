@@ -12,6 +12,13 @@ import msgspec
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
 
 
+class OwnerReference(msgspec.Struct, omit_defaults=True):
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None  # the owner that manages (and recreates) the object
+
+
 class ObjectMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
@@ -21,6 +28,15 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     annotations: dict[str, str] = {}
     creationTimestamp: str | None = None
     deletionTimestamp: str | None = None
+    ownerReferences: list[OwnerReference] = []
+
+    @property
+    def controller(self) -> OwnerReference | None:
+        """The owner that manages the object (a ReplicaSet for a Deployment's pod), if any."""
+        for owner in self.ownerReferences:
+            if owner.controller:
+                return owner
+        return None
 
 
 class ResourceRequirements(msgspec.Struct):
@@ -28,9 +44,16 @@ class ResourceRequirements(msgspec.Struct):
     requests: dict[str, str | int] = {}
 
 
+class EnvVar(msgspec.Struct):
+    name: str = ""
+    value: str = ""  # (valueFrom is not read)
+
+
 class Container(msgspec.Struct):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    # Read for the size of a training job whose framework says it only there (PET_NNODES).
+    env: list[EnvVar] = []
 
 
 class Toleration(msgspec.Struct):
@@ -63,6 +86,13 @@ class Affinity(msgspec.Struct):
     nodeAffinity: NodeAffinity | None = None
 
 
+class PodSchedulingGroup(msgspec.Struct):
+    """Kubernetes 1.36's Workload API: the PodGroup (scheduling.k8s.io/v1alpha2, in the pod's
+    namespace) the pod belongs to."""
+
+    podGroupName: str | None = None
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
@@ -73,6 +103,7 @@ class PodSpec(msgspec.Struct):
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
     priority: int | None = None
+    schedulingGroup: PodSchedulingGroup | None = None
 
 
 class PodCondition(msgspec.Struct):
@@ -155,6 +186,8 @@ class LeaseMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
     resourceVersion: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
 
 
 class Lease(msgspec.Struct):
@@ -214,3 +247,51 @@ class PodDisruptionBudget(msgspec.Struct):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: DisruptionBudgetSpec = msgspec.field(default_factory=DisruptionBudgetSpec)
     status: DisruptionBudgetStatus = msgspec.field(default_factory=DisruptionBudgetStatus)
+
+
+class GangPolicy(msgspec.Struct):
+    minCount: int = 0
+
+
+class PodGroupPolicy(msgspec.Struct):
+    gang: GangPolicy | None = None  # (basic: no gang)
+
+
+class PodGroupSpec(msgspec.Struct):
+    schedulingPolicy: PodGroupPolicy = msgspec.field(default_factory=PodGroupPolicy)
+
+
+class PodGroup(msgspec.Struct):
+    """scheduling.k8s.io/v1alpha2 (Kubernetes 1.36, alpha): a gang's size is its minCount."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)
+
+
+class ClaimSpec(msgspec.Struct, omit_defaults=True):
+    node: str = ""
+    namespace: str = ""  # the job's
+    job: str = ""
+    config: int = 0
+    size: int = 0
+    phase: str = ""
+    scheduler: str = ""
+    renewTime: str = ""  # RFC 3339
+    seconds: int = 0
+
+
+class ClaimMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] = {}
+
+
+class UltraServerClaim(msgspec.Struct):
+    """neuron-scheduler.io/v1alpha1, cluster-scoped, one per node (the chart installs the CRD):
+    written whole, so its apiVersion and kind too."""
+
+    apiVersion: str = "neuron-scheduler.io/v1alpha1"
+    kind: str = "UltraServerClaim"
+    metadata: ClaimMeta = msgspec.field(default_factory=ClaimMeta)
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)

@@ -3,6 +3,8 @@ capacity, and our annotations on a bound pod. Pure."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from neuron_scheduler.core.catalog import CapacityError, Catalog, Resolved
 from neuron_scheduler.core.handoff import Assignment
 from neuron_scheduler.core.handoff import decode as decode_annotations
@@ -36,6 +38,15 @@ def neuron_request(pod: Pod) -> NeuronRequest | None:
         [_neuron_counts(c) for c in pod.spec.containers],
         [_neuron_counts(c) for c in pod.spec.initContainers],
     )
+
+
+def servable_request(pod: Pod) -> NeuronRequest | None:
+    """The pod's Neuron request, or None when it has none or asks for one no node can serve
+    (`neuron_request` raises RequestError then; views that only weigh pods skip those)."""
+    try:
+        return neuron_request(pod)
+    except RequestError:
+        return None
 
 
 def node_capacity(node: Node, source: str = "capacity") -> tuple[int | None, int | None]:
@@ -93,3 +104,14 @@ def assignment(pod: Pod, cores_per_device: int | None) -> Assignment | None:
         # No NEURON_NODE: written by the upstream extension, which only annotates at bind.
         return None
     return found
+
+
+def epoch(timestamp: str) -> float:
+    """An API timestamp (RFC 3339) in seconds since the epoch; 0 (the oldest) when missing or
+    unreadable."""
+    if not timestamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

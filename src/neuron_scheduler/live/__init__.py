@@ -9,8 +9,9 @@ same eviction choice as the preempt verb.
   about.
 - `fleet`: per node, who holds which ids and what is free; per request size, how many nodes could
   take one now. Pure.
-- `diagnosis`: for a pending pod, each Neuron node's answer and what would have to be freed.
-  Pure.
+- `diagnosis`: for a pending pod, each Neuron node's answer and what would have to be freed,
+  and whether it is stranded by fragmentation (what consolidation does for it). Pure.
+- `consolidation`: plans in flight and the eviction budget left, for `status`. Pure.
 - `devicemap`: a node's devices as text (a ring as a ring, a torus as its grid), one colour per
   pod. Pure.
 - `terminal`: what a person reads (rich); `pictures`: `--report` through the simulator's

@@ -1,7 +1,8 @@
 """The `status` and `why` commands. `register(app)` adds them to a typer app: the project CLI, and
 the `kubectl-neuron` plugin (cli.py), so `kubectl neuron status` works too.
 
-Both only read (nodes and pods: get, list). The cluster is found as kubectl finds it
+Both only read (nodes and pods: get, list; `status` also lists Leases for consolidation's
+eviction budget, and says so when it may not). The cluster is found as kubectl finds it
 (`--kubeconfig`, $KUBECONFIG, ~/.kube/config, the pod's service account); `why` takes its
 namespace from `-n`, else the kubeconfig context's, else `default`. The kube client, the ledger
 and matplotlib are imported inside the commands, so `--help` stays fast.
@@ -17,6 +18,7 @@ import binascii
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -104,25 +106,36 @@ def status(
     ] = None,
     topology_file: TopologyFile = None,
 ) -> None:
-    """Which Neuron devices are free where: each node's pods and ids, from the live cluster."""
+    """Which Neuron devices are free where: each node's pods and ids, and the UltraServers with
+    the training jobs' claims, from the live cluster."""
+
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
     from neuron_scheduler.kube.errors import READ_ERRORS
+    from neuron_scheduler.live.consolidation import consolidation_json, consolidation_view
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
-    from neuron_scheduler.live.snapshot import read_cluster
-    from neuron_scheduler.live.terminal import shown, status_view
+    from neuron_scheduler.live.snapshot import Budget, read_budget, read_cluster
+    from neuron_scheduler.live.terminal import (
+        consolidation_block,
+        shown,
+        status_view,
+        ultraserver_tables,
+    )
+    from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 
     config, catalog = _setup(kubeconfig, topology_file)
     unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
 
-    async def read() -> Snapshot:
+    async def read() -> tuple[Snapshot, Budget]:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog)
+            return await read_cluster(api, catalog), await read_budget(api)
 
     try:
-        snapshot = asyncio.run(read())
+        snapshot, budget = asyncio.run(read())
     except unreadable as error:
         _read_failed(error, config)
+    plans = consolidation_view(snapshot.plans, budget, time.time())
     ledger = snapshot.ledger
+    ultraservers = ultraserver_view(snapshot.occupancy, ledger, time.time(), snapshot.claims_unread)
     names = None
     if node is not None:
         if node not in ledger.nodes and node not in ledger.unusable:
@@ -131,10 +144,17 @@ def status(
         names = [node]
     fleet = fleet_view(ledger, names, snapshot.other_nodes if node is None else 0)
     if as_json:
-        print(json.dumps(fleet_json(fleet), indent=2))
+        document = fleet_json(fleet) | {"consolidation": consolidation_json(plans)}
+        if node is None:
+            document["ultraservers"] = ultraserver_json(ultraservers)
+        print(json.dumps(document, indent=2))
     else:
         for part in status_view(fleet):
             out.print(part)
+        if node is None and not ultraservers.empty:
+            for part in ultraserver_tables(ultraservers):
+                out.print(part)
+        out.print(consolidation_block(plans))
     if report is not None:
         try:
             from neuron_scheduler.live.pictures import write_pictures
@@ -213,7 +233,14 @@ def why(
     except unreadable as error:
         _read_failed(error, config)
     snapshot.apply_pod(found)  # as read just now (the list may be older)
-    diagnosis = diagnose(snapshot.ledger, found, snapshot.other_nodes, occupancy=snapshot.occupancy)
+    diagnosis = diagnose(
+        snapshot.ledger,
+        found,
+        snapshot.other_nodes,
+        occupancy=snapshot.occupancy,
+        plans=snapshot.plans,
+        movability=snapshot.movability,
+    )
     if as_json:
         print(json.dumps(diagnosis_json(diagnosis), indent=2))
         return

@@ -6,16 +6,22 @@ cannot be right is unusable; the pod's own nodeSelector, required node affinity 
 keep it off others (kube-scheduler filters those before asking the extender); then the allocator
 decides on the node as the pod sees it (blocks held for pods nominated by preemption count
 against it unless their priority is lower); on the nodes it fits, the extender's node filter
-(the UltraServer unit rule for MPI job workers) has the last word. Where the refusal can be
-resolved, it says what would have to be freed: the pods holding the cheapest allowed block,
-whatever their priority (what blocks it), and what the preempt verb would evict for this pod's
-priority (core/eviction, with the same view of the node as the verb; disruption budgets are not
-read here).
+(the UltraServer rule: a training job's members go where its claim is) has the last word.
+Where the refusal can be resolved, it says what would have to be freed: the pods holding the
+cheapest allowed block, whatever their priority (what blocks it), and what the preempt verb
+would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
+disruption budgets are not read here).
+
+A pod that no node fits while some have its count free is stranded by fragmentation: the case
+kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
+says what consolidation does for it: the plan in flight (its pod's annotation), or what a plan
+would move now (extender/movers, disruption budgets not read), or why nothing may move.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -24,16 +30,29 @@ from enum import StrEnum
 from typing import Any
 
 from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.consolidation import fits_by_count
 from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
 from neuron_scheduler.core.topology import Topology, TopologyKind
+from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.movers import Movability, gang_of, plan_for
+from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.extender.reserving import member_unusable
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.live.fleet import JSON_VERSION
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
+from neuron_scheduler.ultraserver.labels import NodeConfigError
+from neuron_scheduler.ultraserver.placement import (
+    Occupancy,
+    Shortfall,
+    UnitPlacement,
+    plan,
+    pod_node_config,
+)
 
 # Above every PriorityClass value (int32): every pod on the node counts as evictable.
 ANY_PRIORITY = 2**31
@@ -76,6 +95,7 @@ class NodeDiagnosis:
     placement: Placement | None = None  # FITS: what it would get
     blocking: Freeing | None = None  # BLOCKED: the cheapest pods to free, any priority
     preemption: Freeing | None = None  # BLOCKED: what the preempt verb would evict for it
+    by_count: bool = False  # BLOCKED: its count is free here, in no allowed block
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +108,18 @@ class Diagnosis:
     nominated_node: str
     nodes: tuple[NodeDiagnosis, ...]  # the closest to fitting first
     other_nodes: int  # nodes with no Neuron resources (never candidates)
+    consolidation: str = ""  # when stranded by fragmentation: its plan, or what one would do
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
+
+    @property
+    def stranded(self) -> tuple[str, ...]:
+        """The nodes with its count free in no allowed block, when none fits it: it waits only
+        for fragmentation (the case for consolidation)."""
+        if self.count(Verdict.FITS) or self.count(Verdict.UNIT_RULE):
+            return ()
+        return tuple(n.node for n in self.nodes if n.by_count)
 
 
 def pending_request(pod: Pod) -> NeuronRequest | None:
@@ -119,9 +148,11 @@ def diagnose(
     other_nodes: int = 0,
     policy: Policy = Policy.BEST_FIT,
     occupancy: Occupancy | None = None,
+    plans: Plans | None = None,
+    movability: Movability | None = None,
 ) -> Diagnosis:
     """Every Neuron node's answer for the pod (the ledger and the occupancy hold the cluster,
-    this pod too)."""
+    this pod too; with `plans` and `movability`, what consolidation does for it)."""
     request = pending_request(pod)
     error = None
     if request is None:
@@ -131,13 +162,13 @@ def diagnose(
             error = str(problem)
     nodes: list[NodeDiagnosis] = []
     if request is not None:
-        claimant = Claimant.of(pod)
+        claimant = Claimant.of(pod, request)
         for name in sorted({*ledger.nodes, *ledger.unusable}):
             nodes.append(_node(ledger, pod, claimant, request, name, policy))
     if occupancy is not None:
-        nodes = _unit_rule(occupancy, pod, nodes)
+        nodes = _unit_rule(ledger, occupancy, pod, nodes, policy)
     nodes.sort(key=_closeness)
-    return Diagnosis(
+    diagnosis = Diagnosis(
         pod=pod.key,
         request=request,
         request_error=error,
@@ -147,14 +178,62 @@ def diagnose(
         nodes=tuple(nodes),
         other_nodes=other_nodes,
     )
+    if request is None or plans is None or movability is None:
+        return diagnosis
+    active = plans.plans.get(pod.metadata.uid)
+    if active is not None and not active.ended:  # (its own plan's places count against it)
+        text = f"a plan is in flight: evicting {active.record.summary}"
+    elif diagnosis.stranded:
+        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy)
+    else:
+        return diagnosis
+    return dataclasses.replace(diagnosis, consolidation=text)
 
 
-def _unit_rule(occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis]) -> list[NodeDiagnosis]:
-    """The extender's node filter on the nodes the allocator lets the pod have. The extender
-    also holds, in memory, the unit a job's first worker opened for the next ones (for two
-    minutes); a viewer cannot see those claims."""
+def _consolidation(
+    ledger: Ledger,
+    pod: Pod,
+    request: NeuronRequest,
+    stranded: tuple[str, ...],
+    movability: Movability,
+    policy: Policy,
+) -> str:
+    if gang_of(pod):
+        return "none: it is a gang job's worker (a job moves whole, not done yet)"
+    planned = plan_for(ledger, movability, DisruptionBudgets(), pod, request, stranded, policy)
+    if planned.move is not None:
+        names = ", ".join(movability.pods[uid].key for uid in planned.move.victims)
+        devices = format_ids(list(planned.move.block.devices))
+        return (
+            f"a plan would evict {names} from node {planned.move.node} to free devices "
+            f"{devices} (disruption budgets not read here)"
+        )
+    reasons = "; ".join(f"{r.node}: {r.reason}" for r in planned.refusals[:3])
+    return f"no pods may be moved: {reasons}"
+
+
+def _unit_rule(
+    ledger: Ledger, occupancy: Occupancy, pod: Pod, nodes: list[NodeDiagnosis], policy: Policy
+) -> list[NodeDiagnosis]:
+    """The extender's node filter on the nodes the allocator lets the pod have: a training
+    job's member goes only where its job's claim is (read from the UltraServerClaims); without one,
+    why the reservation loop cannot make one now."""
     fits = [n.node for n in nodes if n.verdict is Verdict.FITS]
-    # A fresh rule each time: the claim it may make stays in this viewer's copy.
+    try:
+        member = member_of(pod)
+        config = pod_node_config(pod)
+    except (MembershipError, NodeConfigError):
+        member = None
+    if member is not None and not occupancy.complete(member.job):
+        size = max(occupancy.size(member, member.job), 1)  # this pod, at least
+        usable = functools.partial(member_unusable, ledger, pod, policy)
+        planned = plan(occupancy, member.job, config, size, usable)
+        occupancy.shortfalls[member.job] = (
+            planned.reason
+            if isinstance(planned, Shortfall)
+            else f"job {member.text} fits now (on {len(planned)} nodes): the extender reserves "
+            "them for all its members at once, then they are retried"
+        )
     _, refused = UnitPlacement(occupancy).filter(pod, fits, now=0.0)
     return [
         dataclasses.replace(n, verdict=Verdict.UNIT_RULE, reason=refused[n.node], placement=None)
@@ -215,6 +294,7 @@ def _node(
         held or decision.reason,
         blocking=_freeing(ledger, topology, occupants, blocking),
         preemption=_freeing(ledger, topology, occupants, preemption),
+        by_count=fits_by_count(topology, ledger.state_for(claimant, name), request),
     )
 
 
@@ -294,6 +374,8 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "summary": {v.value: diagnosis.count(v) for v in Verdict}
         | {"nodes_without_neuron": diagnosis.other_nodes},
         "nodes": [_node_json(n) for n in diagnosis.nodes],
+        "stranded_by_fragmentation": list(diagnosis.stranded),
+        "consolidation": diagnosis.consolidation or None,
     }
 
 
@@ -323,4 +405,5 @@ def _node_json(node: NodeDiagnosis) -> dict[str, Any]:
         ),
         "blocking": freeing(node.blocking),
         "preemption": freeing(node.preemption),
+        "free_by_count": node.by_count,
     }

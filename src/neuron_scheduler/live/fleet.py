@@ -23,7 +23,7 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.ids import devices_of_cores, mask_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.extender.ledger import Ledger, Unusable
+from neuron_scheduler.extender.ledger import Ledger, Nomination, Unusable
 
 # The request sizes the fleet summary asks about: every device count a torus allows (and 2, which
 # rings and chains allow), and the usual core counts.
@@ -76,6 +76,7 @@ class NodeView:
     # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight.
     held_cores: int
     nominated: tuple[str, ...]  # pods preemption nominated to this node, waiting for it
+    planned: tuple[str, ...]  # what consolidation plans hold here: a pod's block, or a place
     warning: str | None  # e.g. an instance type the catalog does not know
 
     @property
@@ -138,7 +139,10 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
         else:
             unknown.append(PodCount(key, holding.unknown_unit, holding.unknown_count))
     nominated = sorted(
-        ledger.pod_key(uid) for uid, n in ledger.nominations.items() if n.node == name
+        ledger.pod_key(key) for key, n in ledger.holds() if n.node == name and not n.reason
+    )
+    planned = sorted(
+        held_for(ledger, key, n) for key, n in ledger.holds() if n.node == name and n.reason
     )
     return NodeView(
         name=name,
@@ -150,8 +154,18 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
         unknown=tuple(sorted(unknown, key=lambda p: p.pod)),
         held_cores=state.used_cores & ~attributed,
         nominated=tuple(nominated),
+        planned=tuple(planned),
         warning=entry.warning,
     )
+
+
+def held_for(ledger: Ledger, key: str, held: Nomination) -> str:
+    """Whom a consolidation plan's hold is for: its pod (namespace/name), or `replacement of
+    namespace/name` for a moved pod's place."""
+    if held.owner:
+        moved = held.reason.removeprefix("held for the replacement of ").split(" ", 1)[0]
+        return f"replacement of {moved}"
+    return ledger.pod_key(key)
 
 
 def fleet_view(
@@ -241,6 +255,7 @@ def _node_json(node: NodeView) -> dict[str, Any]:
             "cores": held,
             "devices": list(devices_of_cores(held, topology.cores_per_device)),
             "nominated_pods": list(node.nominated),
+            "consolidation": list(node.planned),
         },
         "warning": node.warning,
     }

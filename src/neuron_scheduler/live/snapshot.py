@@ -8,12 +8,24 @@ and checks what it reads (capacities, annotations, ids against the node's topolo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.planrecord import (
+    BUDGET_ANNOTATION,
+    BUDGET_LABEL,
+    BUDGET_LABEL_VALUE,
+    BudgetRecord,
+    PlanError,
+    decode_budget,
+)
 from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.kube.client import NODES, PODS, KubeAPI
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.extender.movers import Movability
+from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.kube.client import CLAIMS, NODES, POD_GROUPS, PODS, KubeAPI
+from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
+from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
 from neuron_scheduler.ultraserver.placement import Occupancy
 
 PAGE = 500
@@ -28,8 +40,11 @@ UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     ledger: Ledger
-    occupancy: Occupancy  # UltraServer units and MPI job workers: the extender's node filter
+    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
     node_names: frozenset[str]  # every node listed, with Neuron resources or not
+    movability: Movability  # what consolidation knows of each Neuron pod
+    plans: Plans  # consolidation plans in flight, holding in `ledger` as in the extender's
+    claims_unread: str | None = None  # why the UltraServer claims were not read
 
     @property
     def other_nodes(self) -> int:
@@ -41,10 +56,22 @@ class Snapshot:
         """A pod read after the list (the list may be older)."""
         self.ledger.apply_pod(pod)
         self.occupancy.apply_pod(pod)
+        self.movability.apply_pod(pod)
+        self.plans.apply_pod(pod)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Consolidation's eviction budget as its Lease says, or why it could not be read."""
+
+    record: BudgetRecord | None
+    lease: str  # namespace/name, "" when none was found
+    problem: str  # "" when read
 
 
 async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
-    """Nodes first, then pods (a pod's ids are checked against its node's topology)."""
+    """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
+    UltraServer claims and PodGroups, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -52,7 +79,38 @@ async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
     # No report: the extender turns the ledger's findings into events; a viewer stays silent.
     ledger = Ledger(catalog)
     occupancy = Occupancy()
-    for view in (ledger, occupancy):  # the extender's views, fed as its watches feed them
+    movability = Movability()
+    plans = Plans(ledger, movability)
+    # The extender's views, fed as its watches feed them (plans after movability).
+    for view in (ledger, occupancy, movability, plans):
         view.replace_nodes(nodes)
         view.replace_pods(pods)
-    return Snapshot(ledger, occupancy, frozenset(n.metadata.name for n in nodes))
+    unread = None
+    try:
+        claims = await api.list_all(CLAIMS, UltraServerClaim, page=PAGE, most=MOST_NODES)
+        occupancy.replace_claims(claims)
+    except (Forbidden, NotFound) as error:
+        unread = f"cannot list UltraServerClaims: {error_text(error)}"
+    with contextlib.suppress(Forbidden, NotFound):  # the Workload API: alpha, often absent
+        groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
+        occupancy.replace_pod_groups(groups)
+    names = frozenset(n.metadata.name for n in nodes)
+    return Snapshot(ledger, occupancy, names, movability, plans, unread)
+
+
+async def read_budget(api: KubeAPI) -> Budget:
+    """The eviction budget's Lease, found by its label in any namespace (the extender's). Not
+    being allowed to list Leases is no failure of `status`: it says so."""
+    try:
+        leases = await api.list_leases(f"{BUDGET_LABEL}={BUDGET_LABEL_VALUE}")
+    except READ_ERRORS as error:
+        return Budget(None, "", f"cannot list Leases: {error_text(error)}")
+    if not leases:
+        return Budget(None, "", "")
+    lease = leases[0]
+    where = f"{lease.metadata.namespace}/{lease.metadata.name}"
+    try:
+        record = decode_budget(lease.metadata.annotations.get(BUDGET_ANNOTATION, "{}"))
+    except PlanError as error:
+        return Budget(None, where, str(error))
+    return Budget(record, where, "")

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from neuron_scheduler.core.ids import format_ids, mask_ids
 from neuron_scheduler.core.resources import NeuronRequest, Unit
+from neuron_scheduler.live.consolidation import ConsolidationView
 from neuron_scheduler.live.devicemap import (
     HELD,
     HELD_COLOUR,
@@ -33,6 +34,7 @@ from neuron_scheduler.live.diagnosis import (
     freeing_text,
 )
 from neuron_scheduler.live.fleet import Fleet, NodeView
+from neuron_scheduler.live.ultraservers import UltraServers
 
 NAME_LIMIT = 120
 REASON_LIMIT = 400
@@ -115,11 +117,15 @@ def node_block(node: NodeView) -> RenderableType:
     if node.held_cores:
         held = mask_ids(node.held_cores)
         line = Text.assemble("  ", (HELD, HELD_COLOUR), f" cores {format_ids(held)} held")
-        if node.nominated:
-            names = ", ".join(shown(n) for n in node.nominated[:5])
-            more = f" and {len(node.nominated) - 5} more" if len(node.nominated) > 5 else ""
-            line.append(f" for {names}{more} (nominated here by preemption)")
-        else:
+        for holders, why in (
+            (node.nominated, "nominated here by preemption"),
+            (node.planned, "by consolidation"),
+        ):
+            if holders:
+                names = ", ".join(shown(n) for n in holders[:5])
+                more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+                line.append(f" for {names}{more} ({why})")
+        if not node.nominated and not node.planned:
             line.append(" for a bind in flight")
         parts.append(line)
     if node.warning:
@@ -158,6 +164,32 @@ def fleet_summary(fleet: Fleet) -> RenderableType:
     return Group(*parts)
 
 
+def consolidation_block(view: ConsolidationView) -> RenderableType:
+    """Plans in flight and the eviction budget (docs/consolidation.md)."""
+    head = Text.assemble(("Consolidation: ", "bold"), f"{len(view.plans)} plans in flight")
+    if view.left is not None:
+        head.append(f"; {view.left} of {view.per_hour} evictions left this hour")
+    elif view.budget.problem:
+        head.append(f"; eviction budget unknown: {shown(view.budget.problem, REASON_LIMIT)}")
+    else:
+        head.append("; no eviction spent yet (no budget Lease)")
+    if view.budget.lease:
+        head.append(f" (Lease {shown(view.budget.lease)})")
+    parts: list[RenderableType] = [head]
+    for plan in view.plans:
+        moved = ", ".join(shown(m) for m in plan.moved[:5])
+        more = f" and {len(plan.moved) - 5} more" if len(plan.moved) > 5 else ""
+        parts.append(
+            Text(
+                f"  {shown(plan.pod)}: {shown(plan.node)} devices "
+                f"{format_ids(list(plan.devices))} freed by moving {moved}{more}; "
+                f"{plan.places_held} replacement places held; "
+                f"{plan.seconds_left:.0f}s left"
+            )
+        )
+    return Group(*parts)
+
+
 def status_view(fleet: Fleet) -> Iterator[RenderableType]:
     for node in fleet.nodes[:MAX_MAPS]:
         yield node_block(node)
@@ -178,6 +210,41 @@ def status_view(fleet: Fleet) -> Iterator[RenderableType]:
             )
         yield rest
     yield fleet_summary(fleet)
+
+
+def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
+    """UltraServers, node by node (who claims it, whose members run there), and the claims."""
+    if view.unread:
+        yield Text(f"UltraServer claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
+    if view.units:
+        units = Table(title="UltraServers")
+        for column in ("UltraServer", "node", "claimed for", "members of"):
+            units.add_column(column)
+        for unit in view.units:
+            for row in unit.nodes:
+                units.add_row(
+                    Text(shown(unit.server)),
+                    Text(shown(row.node)),
+                    Text(shown(row.claimed_by) or "-"),
+                    Text(", ".join(shown(j) for j in row.members) or "-"),
+                )
+        yield units
+    if view.claims:
+        claims = Table(title="Claims (kubectl get ultraserverclaims)")
+        for column in ("job", "phase", "members bound", "units of", "nodes", "ends in"):
+            claims.add_column(column, justify="right" if column == "ends in" else "left")
+        for claim in view.claims:
+            claims.add_row(
+                Text(shown(claim.job)),
+                Text(claim.phase),
+                Text(f"{claim.bound} of {claim.size}"),
+                Text(str(claim.config)),
+                Text(shown(", ".join(claim.nodes), REASON_LIMIT)),
+                Text("-" if claim.ends_in is None else f"{claim.ends_in:.0f}s"),
+            )
+        yield claims
+    for job, reason in view.waiting:
+        yield Text(f"job {shown(job)} waits: {shown(reason, REASON_LIMIT)}")
 
 
 # --- why -------------------------------------------------------------------------------------
@@ -257,6 +324,16 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
     if not diagnosis.nodes:
         yield Text("no node advertises Neuron resources")
         return
+    if diagnosis.stranded:
+        count = len(diagnosis.stranded)
+        yield Text.assemble(
+            ("Stranded by fragmentation: ", "yellow"),
+            f"{count} node{'s' if count != 1 else ''} have its count free but no allowed block "
+            "(kube-scheduler's preemption does not act on such nodes; consolidation may: "
+            "docs/consolidation.md)",
+        )
+    if diagnosis.consolidation:
+        yield Text(f"  consolidation: {shown(diagnosis.consolidation, REASON_LIMIT)}")
     for node in diagnosis.nodes[:MAX_NODES_EXPLAINED]:
         yield node_diagnosis(node, diagnosis.priority)
     rest = diagnosis.nodes[MAX_NODES_EXPLAINED:]

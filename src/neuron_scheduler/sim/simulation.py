@@ -84,6 +84,7 @@ class PodEvent:
     request: NeuronRequest | None  # None: the pod leaves (or, still pending, gives up)
     priority: int = 0  # PriorityClass value: may preempt pods of lower priority
     duration: float | None = None  # how long it runs once placed; None: until told to leave
+    owned: bool = False  # a controller recreates it when evicted (consolidation may move it)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,9 @@ class SimResult:
     preempted: int = 0  # pods placed by evicting others
     evictions: int = 0  # pods evicted
     evictions_for_nothing: int = 0  # evicted, and the preemptor still did not fit there
+    unblocked: int = 0  # pods placed by consolidation (sim/consolidation.py)
+    moved: int = 0  # pods consolidation evicted (and placed again where it could)
+    moved_for_nothing: int = 0  # moved, and the pod they were moved for still did not fit
     large_waits: list[float] = field(default_factory=list)  # placed large pods' waits
     large_pending_waits: list[float] = field(default_factory=list)  # still waiting at the end
     # Devices in use when a pod was first refused although some node had that many free.

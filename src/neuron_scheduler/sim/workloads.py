@@ -53,14 +53,22 @@ DEFAULT_MIX = (
 )
 
 
+def is_service(request: NeuronRequest) -> bool:
+    """A small pod: one device, or up to two cores (what long-lived inference replicas ask)."""
+    return request.count <= (1 if request.unit is Unit.DEVICE else 2)
+
+
 def generate_workload(
     pods: int = 600,
     seed: int = 7,
     mean_interarrival: float = 1.0,
     mean_lifetime: float = 90.0,
     mix: tuple[PodMix, ...] = DEFAULT_MIX,
+    services: float = 0.0,
 ) -> list[PodEvent]:
-    """A seeded stream of pod arrivals, each with how long it runs once placed."""
+    """A seeded stream of pod arrivals, each with how long it runs once placed. `services`:
+    small pods (`is_service`) are owned by a controller and live that many times longer (0: as
+    long as the others, and bare)."""
     rng = random.Random(seed)
     weights = [m.weight for m in mix]
     events: list[PodEvent] = []
@@ -70,7 +78,10 @@ def generate_workload(
         kind = rng.choices(mix, weights)[0]
         request = NeuronRequest(kind.resource, rng.choice(kind.sizes))
         duration = rng.expovariate(1.0 / mean_lifetime)
-        events.append(PodEvent(now, f"pod-{i:05d}", request, kind.priority, duration))
+        owned = bool(services) and is_service(request)
+        if owned:
+            duration *= services
+        events.append(PodEvent(now, f"pod-{i:05d}", request, kind.priority, duration, owned))
     return events
 
 
@@ -85,14 +96,20 @@ class Workload:
     pods: int
     mean_interarrival: float
     mean_lifetime: float
+    services: float = 0.0  # small pods live this many times longer, owned (generate_workload)
 
     def nodes(self) -> list[NodeSpec]:
         return fleet_of(list(self.fleet))
 
     def events(self, seed: int) -> list[PodEvent]:
         return generate_workload(
-            self.pods, seed, self.mean_interarrival, self.mean_lifetime, self.mix
+            self.pods, seed, self.mean_interarrival, self.mean_lifetime, self.mix, self.services
         )
+
+    def with_services(self, factor: float) -> Workload:
+        """The same workload whose small pods are long-lived replicas of controllers (the pods
+        that leave scattered one-device holes), `factor` times the others' lifetime."""
+        return replace(self, name=f"{self.name} + services", services=factor)
 
     def offered_load(self, catalog: Catalog) -> float:
         """Devices the stream asks for over time, as a share of the fleet's devices: arrival
@@ -105,13 +122,14 @@ class Workload:
             cores += topology.total_cores
         cores_per_device = cores / devices
         total_weight = sum(m.weight for m in self.mix)
-        mean_devices = 0.0
+        mean_devices = 0.0  # device-lifetimes per pod, in units of the mean lifetime
         for m in self.mix:
-            unit = NeuronRequest(m.resource, 1).unit
-            size = sum(m.sizes) / len(m.sizes)
-            if unit is Unit.CORE:
-                size /= cores_per_device
-            mean_devices += m.weight / total_weight * size
+            for count in m.sizes:
+                request = NeuronRequest(m.resource, count)
+                size = count / cores_per_device if request.unit is Unit.CORE else float(count)
+                if self.services and is_service(request):
+                    size *= self.services
+                mean_devices += m.weight / total_weight * size / len(m.sizes)
         return mean_devices * self.mean_lifetime / self.mean_interarrival / devices
 
     def at_load(self, load: float, catalog: Catalog) -> Workload:

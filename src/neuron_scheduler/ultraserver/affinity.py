@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from neuron_scheduler.ultraserver.jobs import GANG_SIZE_ANNOTATION
 from neuron_scheduler.ultraserver.labels import (
     ENV_NODE_CONFIG,
     INSTANCE_TYPE,
@@ -102,6 +103,13 @@ done <<< "$(/etc/mpi/discover_hosts.sh)"
 """
 
 
+def worker_annotations(workers: int, node_config: int) -> dict[str, str]:
+    """The Worker template's annotations the extender reads: the node config, and the job's
+    size (MPIJob says it nowhere on its pods), so the extender reserves units for all workers
+    at once."""
+    return {NODE_CONFIG_KEY: str(node_config), GANG_SIZE_ANNOTATION: str(workers)}
+
+
 def mpijob(
     job_name: str,
     workers: int,
@@ -112,8 +120,8 @@ def mpijob(
     init_image: str = DEFAULT_INIT_IMAGE,
 ) -> dict[str, Any]:
     """A whole MPIJob: the launcher waits for every worker, then runs `neuron-scheduler
-    ultraserver-init`; workers carry the placement above and the node-config annotation the
-    extender reads."""
+    ultraserver-init`; workers carry the placement above and the annotations the extender
+    reads (`worker_annotations`)."""
     placement = worker_placement(job_name, workers, node_config)
     mounts = [
         {"mountPath": "/etc/mpi", "name": "mpi-job-config"},
@@ -153,7 +161,7 @@ def mpijob(
     worker = {
         "replicas": workers,
         "template": {
-            "metadata": {"annotations": {NODE_CONFIG_KEY: str(node_config)}},
+            "metadata": {"annotations": worker_annotations(workers, node_config)},
             "spec": {
                 **placement,
                 "containers": [

@@ -96,16 +96,24 @@ def ultraserver_affinity(
         "default"
     ),
 ) -> None:
-    """Print the Worker template's nodeSelector and affinity for an UltraServer MPIJob."""
-    from neuron_scheduler.ultraserver.affinity import mpijob, worker_placement
+    """Print the Worker template's nodeSelector and affinity for an UltraServer MPIJob (and, as
+    a comment, the template metadata's annotations the extender reads)."""
+    from neuron_scheduler.ultraserver.affinity import mpijob, worker_annotations, worker_placement
 
     with user_errors(NodeConfigError):
         config = parse_node_config(node_config, "--node-config")
-        document = (
-            mpijob(job_name, workers, config, namespace=namespace)
-            if full_example
-            else worker_placement(job_name, workers, config)
-        )
+        if full_example:
+            document = mpijob(job_name, workers, config, namespace=namespace)
+        else:
+            document = worker_placement(job_name, workers, config)
+            metadata = {"metadata": {"annotations": worker_annotations(workers, config)}}
+            shown = yaml.dump(metadata, Dumper=_PlainDumper, sort_keys=False, width=100)
+            sys.stdout.write(
+                "# The Worker template's metadata (the extender reserves UltraServer units for\n"
+                "# all the job's workers at once):\n"
+                + "".join(f"#   {line}\n" for line in shown.splitlines())
+                + "# and its spec:\n"
+            )
     sys.stdout.write(yaml.dump(document, Dumper=_PlainDumper, sort_keys=False, width=100))
 
 

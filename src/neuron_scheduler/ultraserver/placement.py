@@ -1,63 +1,67 @@
-"""UltraServer-aware placement of MPI job workers, for the extender's filter. No I/O (filter's
-caller passes the time).
+"""UltraServer placement of training jobs, all or nothing: what the extender's filter admits, and
+which units a job's reservation takes. No I/O (the extender's reservation loop writes the claims
+this reads: extender/reserving.py).
 
-A worker pod is one labelled `training.kubeflow.org/job-name` and `training.kubeflow.org/job-role:
-worker`; its node config (4, 2 or 1 nodes per unit) is the pod annotation
-`neuron.amazonaws.com/ultraserver-node-config`, else a label of that name, else 4. A unit is the
-set of nodes sharing `neuron.amazonaws.com/ultraserver-server-id-<config>` (config 1: one node).
-On UltraServer nodes (those with `neuron.amazonaws.com/ultraserver-mode`) the rule is:
+A member is a pod of a training job (`ultraserver.jobs`: MPIJob, PyTorchJob, JobSet, Kubeflow
+Trainer, LeaderWorkerSet, the Workload API's PodGroup, or our annotation), one per node. Its node
+config (4, 2 or 1 nodes per unit) is the pod annotation `neuron.amazonaws.com/ultraserver-node-
+config`, else a label of that name, else 4. A unit is the set of nodes sharing
+`neuron.amazonaws.com/ultraserver-server-id-<config>` (config 1: one node). On UltraServer nodes
+(those with `neuron.amazonaws.com/ultraserver-mode`):
 
-- a unit that holds (or is being filled by) workers of another job is closed to this job, in
-  either job's config, so a 2-node job and a 4-node job never share an UltraServer;
-- one worker of a job per node;
-- a job fills the unit it started before it opens another (config 2 and 4), so a job of at most
-  `config` workers lands in one unit and a larger one in whole units;
-- a job that opens a unit gets one chosen for it (complete units first, then by server id) and
-  holds a claim on it until its workers show up bound, because kube-scheduler asks about the next
-  worker before the previous one's binding is visible.
+- a job's members go only to nodes its claim holds (`claims`, persisted: one UltraServerClaim per
+  node), one member per node;
+- a job gets its claim when units for all its members are free together (`plan`): complete
+  units, none holding or claimed for another job (in either job's config, so a 2-node job and a
+  4-node job never share an UltraServer), every node able to take a member; then all at once.
+  Until then nothing is reserved and its members are refused with the reason
+  ("needs 2 free UltraServers of 4 nodes, 1 free");
+- a member that comes back (its pod deleted, its node drained) returns to a node of its job's
+  claim; if none can take it, it waits and the rest of the job keeps its nodes.
 
-Nodes without UltraServer labels are left alone: the Worker's nodeSelector picks the type.
+Nodes without UltraServer labels are left alone: the pod's nodeSelector picks the type.
 """
 
 from __future__ import annotations
 
-import time
+import functools
+import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from neuron_scheduler.core.allocation import Placement
-from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.core.logtext import loggable
+from neuron_scheduler.core.resources import RequestError
+from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
+from neuron_scheduler.kube.reading import neuron_request
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
+from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
+from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey, Member, MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_CONFIG,
     DEFAULT_SERVER_ID,
-    JOB_NAME_LABEL,
-    JOB_ROLE_LABEL,
     MODE_LABEL,
     NODE_CONFIG_KEY,
-    WORKER_ROLE,
     NodeConfigError,
     parse_node_config,
     server_id_label,
 )
 
-JobKey = tuple[str, str]  # (namespace, job name)
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
+log = logging.getLogger(__name__)
 CLAIM_SECONDS = 120.0
 
-
-def worker_job(pod: Pod) -> JobKey | None:
-    labels = pod.metadata.labels
-    name = labels.get(JOB_NAME_LABEL)
-    if not name or labels.get(JOB_ROLE_LABEL) != WORKER_ROLE:
-        return None
-    return (pod.metadata.namespace, name)
+# Why the waker hears of nodes (extender.waking): a claim was made (its job's members may go
+# there now) or ended (other jobs may plan for the nodes).
+CLAIM_MADE = "claim_made"
+CLAIM_ENDED = "claim_ended"
 
 
 def pod_node_config(pod: Pod) -> int:
-    """The worker's node config; NodeConfigError names the annotation or label when it is bad."""
+    """The member's node config; NodeConfigError names the annotation or label when it is bad."""
     annotations, labels = pod.metadata.annotations, pod.metadata.labels
     if NODE_CONFIG_KEY in annotations:
         return parse_node_config(annotations[NODE_CONFIG_KEY], f"annotation {NODE_CONFIG_KEY}")
@@ -72,32 +76,50 @@ def job_text(job: JobKey) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Worker:
+    """A member bound (or being bound) to a node."""
+
     node: str
     job: JobKey
     config: int
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
-    unit: UnitKey
-    until: float
+class Pending:
+    """A member not bound yet: what the planner reserves for."""
+
+    pod: Pod
+    member: Member
+    config: int
 
 
 @dataclass
 class Occupancy:
-    """UltraServer nodes by unit and job workers by node: a view the extender's watches feed, and
-    a reserver bind tells about a worker it is placing (kube-scheduler asks about the job's next
-    worker before this binding is visible in the watch)."""
+    """UltraServer nodes by unit, members by node and job, claims by node: a view the
+    extender's watches feed (nodes, pods, UltraServerClaims, PodGroups), and a reserver bind tells
+    about a member it is placing (kube-scheduler asks about the next member before this
+    binding is visible in the watch)."""
 
     servers: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> config -> id
     members: dict[UnitKey, set[str]] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)  # pod uid -> worker
     on_node: dict[str, dict[str, Worker]] = field(default_factory=dict)
-    claims: dict[tuple[JobKey, int], Claim] = field(default_factory=dict)
-    # Workers counted from a bind's reservation that the watch has not shown bound yet.
+    pending: dict[str, Pending] = field(default_factory=dict)  # pod uid -> unbound member
+    claims: dict[str, NodeClaim] = field(default_factory=dict)  # node -> its job's claim
+    by_job: dict[JobKey, set[str]] = field(default_factory=dict)  # job -> its claimed nodes
+    pod_groups: dict[JobKey, int] = field(default_factory=dict)  # PodGroup -> gang minCount
+    # Why a job has no claim yet (the planner's last word), for its members' refusals.
+    shortfalls: dict[JobKey, str] = field(default_factory=dict)
+    # Members counted from a bind's reservation that the watch has not shown bound yet.
     reserved: set[str] = field(default_factory=set)
+    # Told which nodes' claims were made or ended (the waker); set by the wiring.
+    on_freed: Callable[[Iterable[str], str], None] | None = None
+    # Told when a job has pending members or lost its claim's nodes (the reservation loop).
+    on_change: Callable[[], None] | None = None
+    rejected: dict[str, str] = field(default_factory=dict)  # claim name -> why it is ignored
+    # Why claims cannot be kept at all (the cluster has no UltraServerClaim CRD), or None.
+    unavailable: str | None = None
 
-    # --- feeding -----------------------------------------------------------------------------
+    # --- feeding: nodes ----------------------------------------------------------------------
 
     def apply_node(self, node: Node) -> None:
         name = node.metadata.name
@@ -116,6 +138,7 @@ class Occupancy:
             self.servers[name] = ids
             for config, server in ids.items():
                 self.members.setdefault((config, server), set()).add(name)
+        self._changed()
 
     def remove_node(self, name: str) -> None:
         for config, server in self.servers.pop(name, {}).items():
@@ -125,47 +148,156 @@ class Occupancy:
                 if not unit:
                     del self.members[(config, server)]
 
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        replace_all(nodes, node_name, self.apply_node, self.servers, self.remove_node)
+
+    # --- feeding: pods -----------------------------------------------------------------------
+
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
         if uid in self.reserved and not pod.spec.nodeName and not pod.finished:
             return  # the watch has not caught up with the bind in flight (it shows our patch)
         self.reserved.discard(uid)  # bound or gone: from now on the watch speaks for it
-        job = worker_job(pod)
-        node = pod.spec.nodeName
-        if job is None or not node or pod.finished:
+        try:
+            member = member_of(pod) if neuron_request(pod) is not None else None
+        except (MembershipError, RequestError):
+            member = None
+        if member is None or pod.finished or pod.metadata.deletionTimestamp is not None:
             self.remove_pod(uid)
             return
         try:
             config = pod_node_config(pod)
         except NodeConfigError:
             config = DEFAULT_NODE_CONFIG
-        worker = Worker(node, job, config)
+        node = pod.spec.nodeName
+        if not node:
+            self._drop_worker(uid)
+            known = self.pending.get(uid)
+            self.pending[uid] = Pending(pod, member, config)
+            if known is None:
+                self._changed()
+            return
+        self.pending.pop(uid, None)
+        worker = Worker(node, member.job, config)
         if self.workers.get(uid) == worker:
             return
-        self.remove_pod(uid)
+        self._drop_worker(uid)
         self.workers[uid] = worker
         self.on_node.setdefault(node, {})[uid] = worker
+        self._changed()
 
     def remove_pod(self, uid: str) -> None:
         self.reserved.discard(uid)
+        gone = self.pending.pop(uid, None) is not None
+        if self._drop_worker(uid) or gone:
+            self._changed()
+
+    def _drop_worker(self, uid: str) -> bool:
         worker = self.workers.pop(uid, None)
         if worker is None:
-            return
+            return False
         here = self.on_node.get(worker.node, {})
         here.pop(uid, None)
         if not here:
             self.on_node.pop(worker.node, None)
-
-    def replace_nodes(self, nodes: Iterable[Node]) -> None:
-        replace_all(nodes, node_name, self.apply_node, self.servers, self.remove_node)
+        return True
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
-        replace_all(pods, pod_uid, self.apply_pod, self.workers, self.remove_pod)
+        known = {**dict.fromkeys(self.workers), **dict.fromkeys(self.pending)}
+        replace_all(pods, pod_uid, self.apply_pod, known, self.remove_pod)
+
+    # --- feeding: claims and PodGroups -------------------------------------------------------
+
+    def apply_claim(self, found: UltraServerClaim) -> None:
+        try:
+            claim = from_object(found)
+        except ClaimError as error:
+            # Its node stays taken: someone claimed it, even if not as we would have.
+            if found.metadata.name not in self.rejected:
+                log.warning("%s; its node is kept out of every plan", loggable(error))
+            self.rejected[found.metadata.name] = str(error)
+            return
+        self.rejected.pop(found.metadata.name, None)
+        self.hold(claim)
+
+    def remove_claim(self, found: UltraServerClaim) -> None:
+        self.rejected.pop(found.metadata.name, None)
+        self.release(found.metadata.name, found.metadata.uid)
+
+    def replace_claims(self, listed: Iterable[UltraServerClaim]) -> None:
+        by_name = {found.metadata.name: found for found in listed}
+        for node in [n for n in self.claims if n not in by_name]:
+            self.release(node)
+        for name in [n for n in self.rejected if n not in by_name]:
+            del self.rejected[name]
+        for found in by_name.values():
+            self.apply_claim(found)
+
+    def hold(self, claim: NodeClaim) -> None:
+        """A claim written (or seen). The waker hears of the job's nodes once its claim is
+        complete (before, it admits nobody), and of each node added to a complete claim."""
+        known = self.claims.get(claim.node)
+        if known == claim:
+            return
+        if known is not None and known.job != claim.job:
+            self._unindex(known)
+        was_complete = self.complete(claim.job)
+        self.claims[claim.node] = claim
+        self.by_job.setdefault(claim.job, set()).add(claim.node)
+        self.shortfalls.pop(claim.job, None)
+        if self.on_freed is None or not self.complete(claim.job):
+            return
+        if not was_complete:
+            self.on_freed(sorted(self.claimed(claim.job)), CLAIM_MADE)
+        elif known is None or known.job != claim.job:
+            self.on_freed((claim.node,), CLAIM_MADE)
+
+    def _unindex(self, claim: NodeClaim) -> None:
+        nodes = self.by_job.get(claim.job)
+        if nodes is not None:
+            nodes.discard(claim.node)
+            if not nodes:
+                del self.by_job[claim.job]
+
+    def release(self, node: str, uid: str = "") -> None:
+        """The claim on `node` ended (`uid`: only if it is still that object's: a delete the
+        watch shows late must not end the claim written since)."""
+        known = self.claims.get(node)
+        if known is None or (uid and known.uid and known.uid != uid):
+            return
+        del self.claims[node]
+        self._unindex(known)
+        if self.on_freed is not None:
+            self.on_freed((node,), CLAIM_ENDED)
+        self._changed()
+
+    def apply_pod_group(self, group: PodGroup) -> None:
+        meta = group.metadata
+        gang = group.spec.schedulingPolicy.gang
+        key = (meta.namespace, meta.name)
+        if gang is not None and 1 <= gang.minCount <= MAX_GANG:
+            if self.pod_groups.get(key) != gang.minCount:
+                self.pod_groups[key] = gang.minCount
+                self._changed()
+        else:
+            self.pod_groups.pop(key, None)
+
+    def remove_pod_group(self, group: PodGroup) -> None:
+        self.pod_groups.pop((group.metadata.namespace, group.metadata.name), None)
+
+    def replace_pod_groups(self, groups: Iterable[PodGroup]) -> None:
+        self.pod_groups.clear()
+        for group in groups:
+            self.apply_pod_group(group)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     # --- binds in flight ---------------------------------------------------------------------
 
     def reserve(self, pod: Pod, node: str, placement: Placement) -> None:
-        """The worker counts on `node` from now on, as if the watch had shown it bound there."""
+        """The member counts on `node` from now on, as if the watch had shown it bound there."""
         self.apply_pod(
             msgspec.structs.replace(pod, spec=msgspec.structs.replace(pod.spec, nodeName=node))
         )
@@ -173,12 +305,14 @@ class Occupancy:
             self.reserved.add(pod.metadata.uid)
 
     def unreserve(self, pod: Pod, node: str) -> None:
-        """The bind to `node` did not happen: the pod is not a worker there (unless the watch
+        """The bind to `node` did not happen: the pod is not a member there (unless the watch
         has shown it bound meanwhile: then the watch speaks for it)."""
         uid = pod.metadata.uid
         worker = self.workers.get(uid)
         if uid in self.reserved and worker is not None and worker.node == node:
-            self.remove_pod(uid)
+            self._drop_worker(uid)
+            self.reserved.discard(uid)
+            self.apply_pod(pod)  # pending again
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -189,187 +323,282 @@ class Occupancy:
     def nodes_of(self, unit: UnitKey) -> set[str]:
         return self.members.get(unit, set())
 
-    def footprint(self, worker: Worker) -> set[str]:
-        unit = self.unit(worker.node, worker.config)
-        return self.nodes_of(unit) if unit else {worker.node}
+    def footprint(self, node: str, config: int) -> set[str]:
+        unit = self.unit(node, config)
+        return self.nodes_of(unit) if unit else {node}
+
+    def claimed(self, job: JobKey) -> set[str]:
+        return set(self.by_job.get(job, ()))
+
+    def held_units(self, job: JobKey) -> set[UnitKey]:
+        """The units whose every node the job's claim holds."""
+        claimed = self.claimed(job)
+        units = set()
+        for node in claimed:
+            unit = self.unit(node, self.claims[node].config)
+            if unit is not None and self.nodes_of(unit) <= claimed:
+                units.add(unit)
+        return units
+
+    def claimed_size(self, job: JobKey) -> int:
+        """The members the job's claim was written for (the largest, while it grows)."""
+        return max((self.claims[n].size for n in self.by_job.get(job, ())), default=0)
+
+    def complete(self, job: JobKey) -> bool:
+        """Whether the job's claim holds nodes for all the members it was written for (a claim
+        being written, or one a crash left half written, admits nobody: all or nothing)."""
+        nodes = self.by_job.get(job)
+        if not nodes:
+            return False
+        config = self.claims[next(iter(nodes))].config
+        return len(self.held_units(job)) >= math.ceil(self.claimed_size(job) / config)
+
+    def jobs(self) -> dict[JobKey, list[Pending]]:
+        """Jobs with members waiting, each job's members oldest first."""
+        found: dict[JobKey, list[Pending]] = {}
+        for waiting in self.pending.values():
+            found.setdefault(waiting.member.job, []).append(waiting)
+        for members in found.values():
+            members.sort(key=lambda p: (p.pod.metadata.creationTimestamp or "", p.pod.key))
+        return found
+
+    def job_workers(self, job: JobKey) -> list[Worker]:
+        return [w for w in self.workers.values() if w.job == job]
+
+    def size(self, member: Member, job: JobKey) -> int:
+        """How many members the job has: its PodGroup's minCount, else what its pods say, else
+        the members seen (bound and waiting)."""
+        if member.pod_group is not None and job in self.pod_groups:
+            return self.pod_groups[job]
+        if member.size is not None:
+            return member.size
+        seen = sum(1 for w in self.workers.values() if w.job == job)
+        return seen + sum(1 for p in self.pending.values() if p.member.job == job)
+
+    def blocker(self, job: JobKey, area: set[str]) -> str | None:
+        """Why another job keeps `job` out of these nodes (its members or its claim are on the
+        same UltraServer in a way that overlaps), or None."""
+        near: set[str] = set()
+        for name in area:
+            for config in (1, 2, 4):
+                near |= self.footprint(name, config)
+        for name in sorted(near):
+            for worker in self.on_node.get(name, {}).values():
+                if worker.job != job and self.footprint(worker.node, worker.config) & area:
+                    return f"holds members of job {job_text(worker.job)}"
+            claim = self.claims.get(name)
+            if claim is not None and claim.job != job and self.footprint(name, claim.config) & area:
+                return f"is reserved for job {claim.job_text}"
+            if name in self.rejected and name in area:
+                return "has an UltraServerClaim this extender cannot read"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a job's units cannot be reserved now."""
+
+    reason: str
+
+
+def unit_words(config: int, count: int) -> str:
+    if config == 4:
+        return f"{count} free UltraServer{'s' if count != 1 else ''} of 4 nodes"
+    if config == 2:
+        return f"{count} free UltraServer pair{'s' if count != 1 else ''} (2 nodes)"
+    return f"{count} free UltraServer node{'s' if count != 1 else ''}"
+
+
+def plan(
+    occupancy: Occupancy,
+    job: JobKey,
+    config: int,
+    size: int,
+    usable: Callable[[str], str | None],
+) -> list[str] | Shortfall:
+    """The nodes to claim for `job` so all `size` of its members have one (whole units, added
+    to what it holds already), or why not. `usable(node)`: why a member cannot run there, or
+    None. Units holding the job's own bound members come first, then the lowest server ids."""
+    held_units = occupancy.held_units(job)
+    needed = math.ceil(size / config) - len(held_units)
+    if needed <= 0:
+        return []
+    own = {w.node for w in occupancy.job_workers(job)}
+    free: list[tuple[int, str, UnitKey]] = []
+    for unit, nodes in occupancy.members.items():
+        if unit[0] != config or unit in held_units or len(nodes) != config:
+            continue
+        if occupancy.blocker(job, set(nodes)) is not None:
+            continue
+        if any(n not in own and usable(n) is not None for n in nodes):
+            continue
+        free.append((0 if nodes & own else 1, unit[1], unit))
+    if len(free) < needed:
+        return shortfall(job, config, size, needed, len(free), bool(held_units))
+    chosen = [unit for _, _, unit in sorted(free)[:needed]]
+    return sorted(n for unit in chosen for n in occupancy.nodes_of(unit))
+
+
+def shortfall(job: JobKey, config: int, size: int, needed: int, free: int, more: bool) -> Shortfall:
+    return Shortfall(
+        f"job {job_text(job)} needs {unit_words(config, needed)}{' more' if more else ''} for "
+        f"its {size} members, {free} free; nothing is reserved until all of them fit"
+    )
+
+
+NOBODY: JobKey = ("", "")  # a job of no members and no claim: what every new job is
+
+
+def openings(
+    occupancy: Occupancy, config: int, usable: Callable[[str], str | None]
+) -> list[UnitKey]:
+    """The units a job with no member and no claim yet could get now, lowest server id first:
+    what `plan` would find for it, computed once for all such jobs alike."""
+    found = []
+    for unit, nodes in sorted(occupancy.members.items(), key=lambda item: item[0][1]):
+        if unit[0] != config or len(nodes) != config:
+            continue
+        if occupancy.blocker(NOBODY, set(nodes)) is None and all(usable(n) is None for n in nodes):
+            found.append(unit)
+    return found
+
+
+def unreadable(occupancy: Occupancy, node: str) -> str:
+    return (
+        f"UltraServer node with an UltraServerClaim this extender cannot read "
+        f"({occupancy.rejected[node]})"
+    )
 
 
 @dataclass
 class UnitChoice:
-    """Which candidate nodes a worker may take, and the unit its job opens (if any)."""
+    """Which candidate nodes a member may take."""
 
     passed: list[str]
     failed: dict[str, str]
-    claim: UnitKey | None = None
 
 
-def _label(unit: UnitKey) -> str:
-    config, server = unit
-    return f"node {server}" if config == 1 else f"{server_id_label(config)}={server}"
-
-
-def decide(
-    occupancy: Occupancy, job: JobKey, config: int, candidates: list[str], now: float
-) -> UnitChoice:
-    """Which candidate nodes a worker of `job` may take; claim: the unit the job opens."""
-    claims = {k: c for k, c in occupancy.claims.items() if c.until > now}
-    own_claim = claims.get((job, config))
-    other_claims = [(k[0], c.unit) for k, c in claims.items() if k[0] != job]
-    counts: dict[UnitKey, int] = {}
-    own_nodes: set[str] = set()
-    for worker in occupancy.workers.values():
-        if worker.job == job:
-            own_nodes.add(worker.node)
-            unit = occupancy.unit(worker.node, config)
-            if unit is not None:
-                counts[unit] = counts.get(unit, 0) + 1
-    if own_claim is not None:
-        counts.setdefault(own_claim.unit, 0)
-    open_units = {u for u, n in counts.items() if n < config} if config > 1 else set()
-
+def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[str]) -> UnitChoice:
+    """Which candidate nodes a member of `member.job` may take: the free nodes of its job's
+    claim; every other UltraServer node is refused with why."""
+    job = member.job
+    claimed = occupancy.claimed(job) if occupancy.complete(job) else set()
+    own = {w.node for w in occupancy.job_workers(job)}
     decision = UnitChoice([], {})
-    eligible: dict[str, UnitKey] = {}
+    shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:
         if name not in occupancy.servers:
             decision.passed.append(name)  # not an UltraServer node: not ours to judge
             continue
-        unit = occupancy.unit(name, config)
-        if unit is None:
+        claim = occupancy.claims.get(name)
+        others = [w.job for w in occupancy.on_node.get(name, {}).values() if w.job != job]
+        if name in occupancy.rejected:
+            decision.failed[name] = unreadable(occupancy, name)
+        elif not claimed:
+            # One reason for the job on every node, so kube-scheduler's event says it once.
             decision.failed[name] = (
-                f"UltraServer node without a unit for config {config} "
-                f"({server_id_label(config)} missing or all zeros)"
-            )
-            continue
-        area = occupancy.nodes_of(unit)
-        blocker = _blocker(occupancy, job, area | {name}, other_claims)
-        if blocker is not None:
-            decision.failed[name] = f"UltraServer {_label(unit)} {blocker}"
-            continue
-        if name in own_nodes:
-            decision.failed[name] = f"already runs a worker of job {job_text(job)}"
-            continue
-        if open_units:
-            if unit not in open_units:
-                first = min(open_units, key=lambda u: (-counts[u], u))
-                decision.failed[name] = (
-                    f"job {job_text(job)} fills UltraServer {_label(first)} first "
-                    f"({counts[first]} of {config} workers there)"
+                occupancy.unavailable
+                or occupancy.shortfalls.get(job)
+                or (
+                    f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
+                    "for all its members at once"
                 )
-                continue
+            )
+        elif claim is not None and claim.job != job:
+            decision.failed[name] = f"UltraServer node reserved for job {claim.job_text}"
+        elif others:
+            decision.failed[name] = f"runs a member of job {job_text(others[0])}"
+        elif name in own:
+            decision.failed[name] = f"already runs a member of job {job_text(job)}"
+        elif name in claimed:
             decision.passed.append(name)
-            continue
-        if config > 1 and counts.get(unit, 0) >= config:
+        else:
             decision.failed[name] = (
-                f"UltraServer {_label(unit)} already holds {config} workers of job {job_text(job)}"
+                f"job {job_text(job)}'s members go to the UltraServer nodes reserved for it "
+                f"({shown})"
             )
-            continue
-        eligible[name] = unit
-    if config == 1:
-        decision.passed += list(eligible)
-    elif eligible:
-        chosen = min(
-            set(eligible.values()),
-            key=lambda u: (-min(len(occupancy.nodes_of(u)), config), u[1]),
-        )
-        for name, unit in eligible.items():
-            if unit == chosen:
-                decision.passed.append(name)
-            else:
-                decision.failed[name] = (
-                    f"job {job_text(job)} starts on UltraServer {_label(chosen)} "
-                    "(complete free units first, then by server id)"
-                )
-        decision.claim = chosen
-    elif own_claim is not None and own_claim.unit in open_units:
-        decision.claim = own_claim.unit  # keep holding it while its nodes are busy
-    passed = set(decision.passed)
-    decision.passed = [name for name in candidates if name in passed]
     return decision
 
 
-def _blocker(
-    occupancy: Occupancy,
-    job: JobKey,
-    area: set[str],
-    other_claims: list[tuple[JobKey, UnitKey]],
-) -> str | None:
-    """Why another job keeps `job` out of these nodes, or None."""
-    near: set[str] = set()
-    for name in area:
-        for config in (1, 2, 4):
-            unit = occupancy.unit(name, config)
-            near |= occupancy.nodes_of(unit) if unit else {name}
-    for name in sorted(near):
-        for worker in occupancy.on_node.get(name, {}).values():
-            if worker.job != job and occupancy.footprint(worker) & area:
-                return f"holds workers of job {job_text(worker.job)}"
-    for other, unit in other_claims:
-        if occupancy.nodes_of(unit) & area:
-            return f"is being filled by job {job_text(other)}"
-    return None
-
-
-# Why the waker hears of a unit's nodes (extender.waking): a claim ended, its room is free again.
-CLAIM_ENDED = "claim_ended"
-
-
 class UnitPlacement:
-    """The extender's node filter: the rule plus the claims it makes. Also a hold keeper: a claim
-    that ends frees its unit for other jobs without any cluster event, so the waker asks when
-    the next one ends (`seconds_to_next_expiry`) and ends it then (`expire`), and `on_freed`
-    hears of the unit's nodes."""
+    """The extender's node filter: members go where their job's claim is."""
 
     outcome = "ultraserver_unit"  # the filter-outcome metric label for the nodes it fails
 
     def __init__(
         self,
         occupancy: Occupancy,
-        claim_seconds: float = CLAIM_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
+        unusable: Callable[[Pod, str], str | None] | None = None,
     ) -> None:
-        """`clock`: the one filter's `now` is read from."""
+        """`unusable(pod, node)`: why the member cannot run on the node (the ledger's view), so
+        the first refusal of a job without a claim says why it has none (the reservation loop
+        says it after, and kube-scheduler retries a refused pod only on an event)."""
         self.occupancy = occupancy
-        self.claim_seconds = claim_seconds
-        self.clock = clock
-        self.on_freed: Callable[[Iterable[str], str], None] | None = None
+        self.unusable = unusable
+        # Jobs whose members kube-scheduler asked about (the reservation loop renews their
+        # claims and plans for them first), by the time of the last ask (filter's clock).
+        self.asked: dict[JobKey, float] = {}
 
     def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
         """Narrow the nodes that passed the device check; returns (passed, newly failed)."""
-        job = worker_job(pod)
-        if job is None or not any(n in self.occupancy.servers for n in passed):
+        servers = self.occupancy.servers
+        if not any(n in servers for n in passed):
             return passed, {}
         try:
+            member = member_of(pod)
+            if member is None:
+                return self._outsider(passed)
             config = pod_node_config(pod)
-        except NodeConfigError as error:
-            return [n for n in passed if n not in self.occupancy.servers], {
-                n: str(error) for n in passed if n in self.occupancy.servers
+        except (NodeConfigError, MembershipError) as error:
+            return [n for n in passed if n not in servers], {
+                n: str(error) for n in passed if n in servers
             }
-        decision = decide(self.occupancy, job, config, passed, now)
-        if decision.claim is not None:
-            self.occupancy.claims[(job, config)] = Claim(decision.claim, now + self.claim_seconds)
-        self._expire(now)
+        self.asked[member.job] = now
+        if len(self.asked) > 10_000:
+            del self.asked[next(iter(self.asked))]
+        occupancy = self.occupancy
+        if not occupancy.complete(member.job):
+            if member.job not in occupancy.shortfalls and self.unusable is not None:
+                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config)
+            if occupancy.on_change is not None:
+                occupancy.on_change()  # the reservation loop plans for it
+        decision = decide(occupancy, member, config, passed)
         return decision.passed, decision.failed
 
+    def _why_no_claim(self, pod: Pod, member: Member, config: int) -> str:
+        assert self.unusable is not None
+        size = max(self.occupancy.size(member, member.job), 1)
+        planned = plan(
+            self.occupancy, member.job, config, size, functools.partial(self.unusable, pod)
+        )
+        if isinstance(planned, Shortfall):
+            return planned.reason
+        return (
+            f"job {member.text} fits on {len(planned)} UltraServer nodes now: they are being "
+            "reserved for all its members at once"
+        )
+
+    def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
+        """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
+        claims, rejected = self.occupancy.claims, self.occupancy.rejected
+        failed = {
+            n: f"UltraServer node reserved for job {claims[n].job_text}"
+            if n in claims
+            else unreadable(self.occupancy, n)
+            for n in passed
+            if n in claims or n in rejected
+        }
+        return ([n for n in passed if n not in failed], failed) if failed else (passed, {})
+
     def admits(self, pod: Pod, node: str, now: float) -> bool:
-        """Whether `filter` could pass the pod on this node now (claims untouched)."""
-        job = worker_job(pod)
-        if job is None or node not in self.occupancy.servers:
+        """Whether `filter` would pass the pod on this node now."""
+        if node not in self.occupancy.servers:
             return True
         try:
+            member = member_of(pod)
+            if member is None:
+                return node not in self.occupancy.claims and node not in self.occupancy.rejected
             config = pod_node_config(pod)
-        except NodeConfigError:
+        except (NodeConfigError, MembershipError):
             return False
-        return node in decide(self.occupancy, job, config, [node], now).passed
-
-    def seconds_to_next_expiry(self) -> float | None:
-        claims = self.occupancy.claims
-        return min(c.until for c in claims.values()) - self.clock() if claims else None
-
-    def expire(self) -> None:
-        self._expire(self.clock())
-
-    def _expire(self, now: float) -> None:
-        for key in [k for k, c in self.occupancy.claims.items() if c.until <= now]:
-            claim = self.occupancy.claims.pop(key)
-            if self.on_freed is not None:
-                self.on_freed(sorted(self.occupancy.nodes_of(claim.unit)), CLAIM_ENDED)
+        return node in decide(self.occupancy, member, config, [node]).passed

@@ -1,0 +1,551 @@
+"""Consolidation: pods that fit by count but find no free block get one, by moving pods that can
+go elsewhere (docs/consolidation.md).
+
+When it acts: a pending pod of a scheduler we serve that kube-scheduler found unschedulable, for
+longer than `pending_seconds`, only because of fragmentation (extender/movers.stranded), and not
+nominated by kube-scheduler's own preemption. Pods of gang jobs are left to their job.
+
+What it moves, and where: extender/movers.plan_for (core/consolidation's rules).
+
+How, in this order, so that a crash at any point leaves nothing held for ever and nothing
+evicted twice:
+1. the eviction budget is spent on its Lease (extender/evictionbudget);
+2. the plan is written on the pending pod (`PLAN_ANNOTATION`, core/planrecord): the node, the
+   block freed for it, the moved pods and the place held for each one's replacement, until when.
+   From here the ledger holds them (`Ledger.hold`): the block as a nominated pod's block (and
+   its NeuronBlockHeld event), each place for the pods of the moved pod's controller with the
+   same request. Every replica, and a restarted one, rebuilds them from the pod watch;
+3. the pod's status.nominatedNodeName is set to the node, so kube-scheduler tries it first and
+   holds the pod's resources there by count. kube-scheduler v1.36 clears a nomination it did not
+   make after any failed attempt whose preemption finds no victims (the plan's hold stands);
+4. the pods are evicted one by one through the Eviction API, so disruption budgets are honoured.
+   A refusal (429) cancels the plan: its holds go and the waiting pods are woken.
+
+A plan ends when its pod is bound and each moved pod's replacement is (`done`), when its time
+is up (`expired`), when it is cancelled, or when its pod goes. Its holds go at once on every
+replica; the leader then removes the annotation (and a nomination it set). A restarted leader
+evicts what a plan had not evicted yet (pods already evicted are gone or terminating, so none is
+evicted twice), within the plan's time.
+
+Bounded: at most `max_plans` in flight, one per node, a node waits `node_cooldown` between plans,
+at most `evictions_per_hour` evictions; only the leader writes. `mode`: off (nothing), dry-run (an
+event on the pending pod, "would evict a/b, c/d from node X to free devices 4-7", and a log line;
+nothing written or held), on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from neuron_scheduler.core.allocation import Policy
+from neuron_scheduler.core.consolidation import DEFAULT_MAX_VICTIMS, Move
+from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
+from neuron_scheduler.core.planrecord import (
+    PLAN_ANNOTATION,
+    PlanRecord,
+    Replacement,
+    encode,
+)
+from neuron_scheduler.core.resources import NeuronRequest
+from neuron_scheduler.extender.budgets import DisruptionBudgets
+from neuron_scheduler.extender.evictionbudget import BudgetUnavailable, EvictionBudget
+from neuron_scheduler.extender.ledger import (
+    Ledger,
+)
+from neuron_scheduler.extender.movers import Movability, gang_of, plan_for, stranded
+from neuron_scheduler.extender.plans import Active, Plans
+from neuron_scheduler.extender.plugins import PodsOnly
+from neuron_scheduler.extender.waking import AnnotationWriter
+from neuron_scheduler.kube.errors import (
+    READ_ERRORS,
+    Conflict,
+    Forbidden,
+    NotFound,
+    TooManyRequests,
+    error_text,
+)
+from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.objects import ObjectRef, Pod
+from neuron_scheduler.kube.reading import epoch, servable_request
+from neuron_scheduler.kube.views import pod_uid, replace_all
+
+log = logging.getLogger("neuron_scheduler.extender.consolidating")
+
+STEP_SECONDS = 5.0  # between looks for stranded pods (sooner when a plan changes)
+CANDIDATES_PER_STEP = 8  # pending pods planned for per step, highest priority and oldest first
+# A pod planned for without a plan started (none found, dry-run, no budget) is planned for again
+# after this long: what it waits for changes with pods coming and going, not every step.
+RETRY_SECONDS = 30.0
+
+
+class Mode(StrEnum):
+    OFF = "off"
+    DRY_RUN = "dry-run"
+    ON = "on"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds (chart: scheduler.consolidation; values.yaml says why these defaults)."""
+
+    mode: Mode = Mode.DRY_RUN
+    pending_seconds: float = 30.0
+    max_plans: int = 2
+    node_cooldown: float = 120.0
+    evictions_per_hour: int = 30
+    plan_seconds: float = 300.0
+    max_victims: int = DEFAULT_MAX_VICTIMS
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class ConsolidationAPI(AnnotationWriter, Protocol):
+    """What consolidation needs of KubeAPI beyond the waker's annotation patch."""
+
+    async def patch_nominated_node(
+        self, namespace: str, name: str, uid: str, node: str
+    ) -> None: ...
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None: ...
+
+
+class ConsolidationMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.plans = Counter(
+            "neuron_scheduler_consolidation_plans",
+            "Consolidation plans by outcome: started, would (dry-run), done (the pod bound on "
+            "the freed block, replacements bound), bound_elsewhere, expired, cancelled (an "
+            "eviction refused), gone (the pod deleted)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "neuron_scheduler_consolidation_evictions",
+            "Evictions by result: evicted, refused (429: a disruption budget), gone, failed",
+            ["result"],
+            registry=registry,
+        )
+        self.in_vain = Counter(
+            "neuron_scheduler_consolidation_evicted_in_vain",
+            "Pods evicted for plans that ended without their pod bound on the freed block",
+            registry=registry,
+        )
+        self.blocked = Counter(
+            "neuron_scheduler_consolidation_blocked",
+            "Stranded pods consolidation did not act for, by why: no_move (no set of pods may "
+            "move), plans_in_flight, evictions_per_hour, budget_unavailable",
+            ["reason"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "neuron_scheduler_consolidation_plans_in_flight",
+            "Consolidation plans whose holds stand",
+            registry=registry,
+        )
+        self.left = Gauge(
+            "neuron_scheduler_consolidation_evictions_left",
+            "Evictions consolidation may still make in the current hour",
+            registry=registry,
+        )
+
+
+class Consolidator(PodsOnly):
+    def __init__(
+        self,
+        ledger: Ledger,
+        movability: Movability,
+        plans: Plans,
+        budgets: DisruptionBudgets,
+        api: ConsolidationAPI,
+        budget: EvictionBudget,
+        scheduler_names: Collection[str],
+        registry: CollectorRegistry,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        report: Report | None = None,
+        policy: Policy = Policy.BEST_FIT,
+        is_leader: Callable[[], bool] = lambda: True,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.movability = movability
+        self.plans = plans
+        plans.on_end = self._ended
+        self.budgets = budgets
+        self.api = api
+        self.budget = budget
+        self.scheduler_names = frozenset(scheduler_names)
+        self.limits = limits
+        self.report = report
+        self.policy = policy
+        self.is_leader = is_leader
+        self.wall_clock = wall_clock
+        self.metrics = ConsolidationMetrics(registry)
+        self.metrics.in_flight.set_function(lambda: len(self.in_flight()))
+        self.metrics.left.set_function(lambda: self.budget.left())
+        self.pending: dict[str, Pod] = {}  # pending pods of our schedulers with a Neuron request
+        self._said: dict[str, str] = {}  # pod uid -> the last dry-run or refusal logged
+        self._next_look: dict[str, float] = {}  # pod uid -> when to plan for it again
+        self._signal = asyncio.Event()
+
+    # --- the pod watch: pending pods of our schedulers ----------------------------------------
+
+    def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
+        replace_all(pods, pod_uid, self.apply_pod, dict(self.pending), self.remove_pod)
+
+    def apply_pod(self, pod: Pod) -> None:
+        uid, meta = pod.metadata.uid, pod.metadata
+        gone = pod.finished or meta.deletionTimestamp is not None
+        if not pod.spec.nodeName and not gone and pod.spec.schedulerName in self.scheduler_names:
+            request = servable_request(pod)
+            if request is not None:
+                self.pending[uid] = pod
+                return
+        self.pending.pop(uid, None)
+
+    def remove_pod(self, uid: str) -> None:
+        self.pending.pop(uid, None)
+        self._said.pop(uid, None)
+        self._next_look.pop(uid, None)
+
+    def _ended(self, active: Active, outcome: str) -> None:
+        self.metrics.plans.labels(outcome).inc()
+        if active.evicted and active.bound != active.record.node:
+            self.metrics.in_vain.inc(active.evicted)
+        log.info(
+            "consolidation plan for %s on %s ended: %s",
+            loggable(active.key, NAME_LIMIT),
+            loggable(active.record.node, NAME_LIMIT),
+            outcome.replace("_", " "),
+        )
+        self._signal.set()  # the leader tidies up
+
+    def in_flight(self) -> list[Active]:
+        return self.plans.in_flight()
+
+    # --- the loop (leader only) ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception as error:  # a bug: logged, and the next step tries again
+                log.exception("consolidation step failed: %s", loggable(error))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._signal.wait(), STEP_SECONDS)
+            self._signal.clear()
+
+    async def step(self) -> None:
+        self.plans.expire()
+        if not self.is_leader():
+            self.budget.loaded = False  # read afresh on becoming leader
+            return
+        await self._tidy()
+        if self.limits.mode is Mode.OFF:
+            return
+        if self.limits.mode is Mode.ON:
+            if not self.budget.loaded:
+                try:
+                    await self.budget.load()
+                except BudgetUnavailable:
+                    return
+            for active in self.in_flight():
+                if not active.busy and self._to_evict(active):
+                    await self._evict(active)
+        await self._find()
+
+    async def _tidy(self) -> None:
+        """Removes the annotation of each plan that ended (and the nomination it set)."""
+        for active in [a for a in self.plans.plans.values() if a.ended]:
+            pending = self.pending.get(active.uid)
+            try:
+                await self.api.patch_annotations(
+                    active.namespace, active.name, active.uid, {PLAN_ANNOTATION: None}
+                )
+                if pending is not None and pending.status.nominatedNodeName == active.record.node:
+                    await self.api.patch_nominated_node(
+                        active.namespace, active.name, active.uid, ""
+                    )
+            except (NotFound, Conflict):
+                self.plans.plans.pop(active.uid, None)  # gone, or another pod now
+            except READ_ERRORS as error:
+                log.warning(
+                    "cannot remove the ended consolidation plan from pod %s: %s; it holds "
+                    "nothing, and is removed on the next try",
+                    loggable(active.key, NAME_LIMIT),
+                    loggable(error_text(error)),
+                )
+                return
+
+    # --- finding stranded pods -----------------------------------------------------------------
+
+    def _candidates(self) -> list[tuple[Pod, NeuronRequest]]:
+        now = self.wall_clock()
+        found = []
+        for uid, pod in self.pending.items():
+            if uid in self.plans.plans or uid in self.plans.unreadable:
+                continue
+            if self._next_look.get(uid, 0.0) > now:
+                continue
+            if pod.status.nominatedNodeName:  # kube-scheduler's own preemption is under way
+                continue
+            if gang_of(pod):
+                continue  # a gang's worker: the job moves whole or not at all
+            if not _unschedulable(pod):
+                continue
+            if now - epoch(pod.metadata.creationTimestamp or "") < self.limits.pending_seconds:
+                continue
+            request = servable_request(pod)
+            if request is not None:
+                found.append((pod, request))
+        found.sort(key=lambda p: (-(p[0].spec.priority or 0), p[0].metadata.creationTimestamp))
+        return found[:CANDIDATES_PER_STEP]
+
+    async def _find(self) -> None:
+        mode = self.limits.mode
+        for pod, request in self._candidates():
+            in_flight = self.in_flight()
+            if mode is Mode.ON and len(in_flight) >= self.limits.max_plans:
+                self.metrics.blocked.labels("plans_in_flight").inc()
+                return
+            where = stranded(self.ledger, pod, request, self.policy)
+            if where is None:
+                continue
+            taken = {a.record.node for a in in_flight}
+            nodes = [
+                n
+                for n in where.nodes
+                if n not in taken and (mode is not Mode.ON or not self.budget.cooling(n))
+            ]
+            if not nodes:
+                continue
+            busy = {v.uid for a in in_flight for v in a.record.victims}
+            self._next_look[pod.metadata.uid] = self.wall_clock() + RETRY_SECONDS
+            planned = plan_for(
+                self.ledger,
+                self.movability,
+                self.budgets,
+                pod,
+                request,
+                nodes,
+                self.policy,
+                self.limits.max_victims,
+                busy,
+            )
+            if planned.move is None:
+                self.metrics.blocked.labels("no_move").inc()
+                reasons = "; ".join(f"{r.node}: {r.reason}" for r in planned.refusals[:3])
+                self._say(
+                    pod,
+                    "NeuronConsolidationBlocked",
+                    f"no pods may be moved to free a block for it: {reasons}",
+                )
+                continue
+            record = self._record(pod, planned.move)
+            if mode is Mode.DRY_RUN:
+                if self._say(pod, "NeuronConsolidation", f"would evict {record.summary}"):
+                    self.metrics.plans.labels("would").inc()
+                continue
+            if len(record.victims) > self.budget.left():
+                self.metrics.blocked.labels("evictions_per_hour").inc()
+                self._say(
+                    pod,
+                    "NeuronConsolidationBlocked",
+                    f"would evict {record.summary}, but only {self.budget.left()} evictions are "
+                    "left this hour",
+                )
+                continue
+            self._next_look.pop(pod.metadata.uid, None)
+            await self._start(pod, record)
+
+    def _record(self, pod: Pod, move: Move) -> PlanRecord:
+        now = self.wall_clock()
+        destinations = {d.pod: d for d in move.destinations}
+        victims = []
+        for uid in move.victims:
+            facts = self.movability.pods[uid]
+            place = destinations.get(uid)
+            victims.append(
+                Replacement(
+                    uid,
+                    facts.key,
+                    facts.owner,
+                    facts.request,
+                    place.node if place else "",
+                    tuple(place.placement.cores) if place else (),
+                    facts.priority,
+                )
+            )
+        return PlanRecord(
+            move.node,
+            tuple(move.block.devices),
+            tuple(move.block.cores),
+            now,
+            now + self.limits.plan_seconds,
+            tuple(victims),
+        )
+
+    def _say(self, pod: Pod, reason: str, message: str) -> bool:
+        """An event on the pending pod and a log line, once per message (the recorder thins
+        repeats too)."""
+        uid = pod.metadata.uid
+        if self._said.get(uid) == message:
+            return False
+        self._said[uid] = message
+        log.info("consolidation for %s: %s", loggable(pod.key, NAME_LIMIT), loggable(message))
+        if self.report is not None:
+            self.report(ObjectRef.of_pod(pod), reason, message, False)
+        return True
+
+    # --- acting --------------------------------------------------------------------------------
+
+    async def _start(self, pod: Pod, record: PlanRecord) -> None:
+        meta = pod.metadata
+        try:
+            await self.budget.spend(record.node, len(record.victims))
+        except BudgetUnavailable as error:
+            self.metrics.blocked.labels("budget_unavailable").inc()
+            log.info(
+                "consolidation for %s waits: the eviction budget is unavailable (%s)",
+                loggable(pod.key, NAME_LIMIT),
+                loggable(str(error)),
+            )
+            return
+        try:
+            await self.api.patch_annotations(
+                meta.namespace, meta.name, meta.uid, {PLAN_ANNOTATION: encode(record)}
+            )
+        except READ_ERRORS as error:
+            log.warning(
+                "cannot write the consolidation plan on pod %s: %s; nothing evicted",
+                loggable(pod.key, NAME_LIMIT),
+                loggable(error_text(error)),
+            )
+            return
+        # Held from here on, before the watch shows the annotation.
+        active = self.plans.adopt(pod, encode(record))
+        if active is None:
+            return
+        self.metrics.plans.labels("started").inc()
+        log.info(
+            "consolidation for %s: evicting %s (plan until %s)",
+            loggable(pod.key, NAME_LIMIT),
+            loggable(record.summary),
+            datetime.fromtimestamp(record.until).isoformat(timespec="seconds"),
+        )
+        if self.report is not None:
+            self.report(
+                ObjectRef.of_pod(pod),
+                "NeuronConsolidation",
+                f"evicting {record.summary} for this pod; the block is held for it until it is "
+                "bound",
+                False,
+            )
+        with contextlib.suppress(*READ_ERRORS):
+            await self.api.patch_nominated_node(meta.namespace, meta.name, meta.uid, record.node)
+        await self._evict(active)
+
+    def _to_evict(self, active: Active) -> list[Replacement]:
+        """The plan's pods that are still on its node and not leaving."""
+        left = []
+        for victim in active.record.victims:
+            if victim.uid in active.asked:  # the watch may not show it leaving yet
+                continue
+            facts = self.movability.pods.get(victim.uid)
+            holding = self.ledger.holding(victim.uid)
+            if facts is None or facts.bound != active.record.node:
+                continue
+            if holding is not None and holding.terminating:
+                continue
+            left.append(victim)
+        return left
+
+    async def _evict(self, active: Active) -> None:
+        active.busy = True
+        try:
+            for victim in self._to_evict(active):
+                if active.ended:
+                    return
+                if not await self._evict_one(active, victim):
+                    return
+        finally:
+            active.busy = False
+
+    async def _evict_one(self, active: Active, victim: Replacement) -> bool:
+        """False when the plan stops here (cancelled, or an error to retry on the next step)."""
+        namespace, _, name = victim.pod.partition("/")
+        try:
+            await self.api.evict(namespace, name, victim.uid)
+            active.asked.add(victim.uid)
+        except (NotFound, Conflict):
+            self.metrics.evictions.labels("gone").inc()
+            return True
+        except TooManyRequests as error:
+            self.metrics.evictions.labels("refused").inc()
+            message = (
+                f"the eviction of {victim.pod} was refused ({error_text(error)}); the plan is "
+                "cancelled and its holds let go"
+            )
+            log.info("consolidation for %s: %s", loggable(active.key), loggable(message))
+            if self.report is not None:
+                ref = ObjectRef("Pod", active.namespace, active.name, active.uid)
+                self.report(ref, "NeuronConsolidationCancelled", message, True)
+            self.plans.end(active, "cancelled")
+            return False
+        except READ_ERRORS as error:
+            self.metrics.evictions.labels("failed").inc()
+            kind = (
+                "forbidden: the extender's ClusterRole needs create on pods/eviction"
+                if (isinstance(error, Forbidden))
+                else error_text(error)
+            )
+            log.warning(
+                "consolidation for %s: cannot evict %s: %s; tried again on the next step",
+                loggable(active.key),
+                loggable(victim.pod),
+                loggable(kind),
+            )
+            return False
+        active.evicted += 1
+        self.metrics.evictions.labels("evicted").inc()
+        place = (
+            f"; its replacement's place is held on {victim.node} (cores "
+            f"{format_ids(list(victim.cores))})"
+            if victim.node
+            else ""
+        )
+        log.info(
+            "consolidation for %s: evicted %s from %s%s",
+            loggable(active.key),
+            loggable(victim.pod),
+            loggable(active.record.node),
+            place,
+        )
+        if self.report is not None:
+            self.report(
+                ObjectRef("Pod", namespace, name, victim.uid),
+                "NeuronConsolidationEvicted",
+                f"evicted to free devices {format_ids(list(active.record.devices))} of "
+                f"{active.record.node} for {active.key}{place}",
+                False,
+            )
+        return True
+
+
+def _unschedulable(pod: Pod) -> bool:
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in pod.status.conditions
+    )

@@ -1,0 +1,73 @@
+"""What `status` says of consolidation: the plans in flight (from their pods' annotations, as the
+extender holds them) and the eviction budget left this hour (from its Lease). Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.live.snapshot import Budget
+
+
+@dataclass(frozen=True, slots=True)
+class PlanLine:
+    pod: str  # namespace/name
+    node: str
+    devices: tuple[int, ...]
+    moved: tuple[str, ...]  # namespace/name of each moved pod
+    places_held: int  # moved pods' replacements not bound yet
+    seconds_left: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConsolidationView:
+    plans: tuple[PlanLine, ...]
+    budget: Budget
+    left: int | None  # evictions left this hour; None when the budget is not known
+    per_hour: int | None
+
+
+def consolidation_view(plans: Plans, budget: Budget, now: float) -> ConsolidationView:
+    lines = []
+    for active in sorted(plans.in_flight(), key=lambda a: a.record.started):
+        record = active.record
+        waiting = [v for v in record.victims if v.node and v.uid not in active.satisfied]
+        lines.append(
+            PlanLine(
+                active.key,
+                record.node,
+                record.devices,
+                tuple(v.pod for v in record.victims),
+                len(waiting),
+                max(record.until - now, 0.0),
+            )
+        )
+    spent = budget.record
+    left = spent.left(now) if spent is not None else None
+    return ConsolidationView(
+        tuple(lines), budget, left, spent.per_hour if spent is not None else None
+    )
+
+
+def consolidation_json(view: ConsolidationView) -> dict[str, Any]:
+    """`status --json`'s "consolidation" (docs/operations.md)."""
+    return {
+        "plans": [
+            {
+                "pod": p.pod,
+                "node": p.node,
+                "devices": list(p.devices),
+                "moved_pods": list(p.moved),
+                "places_held": p.places_held,
+                "seconds_left": round(p.seconds_left, 1),
+            }
+            for p in view.plans
+        ],
+        "budget": {
+            "lease": view.budget.lease or None,
+            "evictions_left_this_hour": view.left,
+            "evictions_per_hour": view.per_hour,
+            "problem": view.budget.problem or None,
+        },
+    }

@@ -1,0 +1,110 @@
+"""A job's claim on UltraServer nodes, persisted as one UltraServerClaim per node
+(neuron-scheduler.io/v1alpha1, cluster-scoped, named after the node; the chart installs the CRD).
+Pure: to and from the API object.
+
+Why an object of our own, one per node: creating an object whose name exists fails (409), so the
+API server itself lets one job at most hold a node, whichever replica (or restarted replica)
+writes, and a change conditioned on the resourceVersion it read cannot undo another's. A CRD of
+our own keeps the extender's permission to exactly these objects (Leases would have needed write
+access to every Lease of a namespace, kube-system's control-plane Leases among them; RBAC cannot
+narrow it to a label), lets the API server check the fields (schema), and `kubectl get
+ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says more.
+
+A claim is Pending from when the job's units are reserved until all its members are bound, and
+ends if its job does nothing for `seconds` (kube-scheduler asked about none of its members since
+renewTime); Bound while any member runs; gone when the job is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from neuron_scheduler.kube.objects import ClaimMeta, ClaimSpec, UltraServerClaim
+from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "neuron-scheduler"}
+PENDING = "Pending"
+BOUND = "Bound"
+MAX_NAME = 253
+
+
+class ClaimError(ValueError):
+    """An UltraServerClaim that is not one we could have written."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeClaim:
+    node: str
+    job: JobKey
+    config: int  # the job's node config: units of 4, 2 or 1 nodes
+    size: int  # the job's members
+    phase: str  # PENDING or BOUND
+    renewed: float  # wall clock: when the job last did something (renewTime)
+    seconds: int  # a Pending claim ends this long after `renewed`
+    scheduler: str = ""  # the schedulerName of the job's members: whose extender tends it
+    version: str = ""  # the object's resourceVersion ("" until written)
+    uid: str = ""  # the object's (a claim created again for the node has another)
+
+    @property
+    def job_text(self) -> str:
+        return f"{self.job[0]}/{self.job[1]}"
+
+    def expired(self, now: float) -> bool:
+        return self.phase == PENDING and self.renewed + self.seconds <= now
+
+
+def to_object(claim: NodeClaim) -> UltraServerClaim:
+    renewed = datetime.fromtimestamp(claim.renewed, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return UltraServerClaim(
+        metadata=ClaimMeta(
+            name=claim.node, uid=claim.uid, resourceVersion=claim.version, labels=MANAGED_BY
+        ),
+        spec=ClaimSpec(
+            node=claim.node,
+            namespace=claim.job[0],
+            job=claim.job[1],
+            config=claim.config,
+            size=claim.size,
+            phase=claim.phase,
+            scheduler=claim.scheduler,
+            renewTime=renewed,
+            seconds=claim.seconds,
+        ),
+    )
+
+
+def from_object(found: UltraServerClaim) -> NodeClaim:
+    """ClaimError for anything we could not have written (read from the API: untrusted; the
+    CRD's schema checks the same, where the cluster has ours)."""
+    meta, spec = found.metadata, found.spec
+    if not all(0 < len(v) <= MAX_NAME for v in (spec.node, spec.namespace, spec.job)):
+        raise ClaimError(f"claim {meta.name}: node, namespace and job must be names")
+    if spec.node != meta.name:
+        raise ClaimError(f"claim {meta.name} names node {spec.node!r}, not its own")
+    if spec.config not in (1, 2, 4) or not 1 <= spec.size <= MAX_GANG:
+        raise ClaimError(
+            f"claim {meta.name}: config {spec.config!r} or size {spec.size!r} out of range"
+        )
+    if spec.phase not in (PENDING, BOUND):
+        raise ClaimError(f"claim {meta.name}: phase {spec.phase!r} is neither Pending nor Bound")
+    if not 1 <= spec.seconds <= 86400 or len(spec.scheduler) > MAX_NAME:
+        raise ClaimError(f"claim {meta.name}: seconds {spec.seconds!r} or scheduler out of range")
+    try:
+        renewed = datetime.fromisoformat(spec.renewTime.replace("Z", "+00:00"))
+    except ValueError:
+        raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r}") from None
+    if renewed.tzinfo is None:
+        raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r} has no zone")
+    return NodeClaim(
+        spec.node,
+        (spec.namespace, spec.job),
+        spec.config,
+        spec.size,
+        spec.phase,
+        renewed.timestamp(),
+        spec.seconds,
+        spec.scheduler,
+        meta.resourceVersion,
+        meta.uid,
+    )

@@ -1,0 +1,416 @@
+"""Issue 32: training jobs on UltraServers all or nothing, with claims that survive an extender
+restart and a leader change, on the real kube-scheduler.
+
+A control plane of its own with Kubernetes 1.36's Workload API on (kube-apiserver and
+kube-scheduler: GenericWorkload, and GangScheduling for kube-scheduler's PodGroup cycle), two
+UltraServers of four trn2u nodes (a, b), the extender as the chart runs it (with the chart's
+UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 devices).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.builders import node_json
+from tests.e2e.chart import EXTENDER, apply, find, render
+from tests.e2e.harness import ROOT, dump, wait_for
+from tests.testbed import (
+    ControlPlane,
+    ExtenderProcess,
+    KubeError,
+    Scheduler,
+    Stack,
+    scheduler_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+PREFIX = "neuron.amazonaws.com/ultraserver-"
+S4 = PREFIX + "server-id-4"
+GATES = "GenericWorkload=true"
+EXAMPLES = ROOT / "docs" / "examples" / "ultraserver"
+CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
+SETTLE = 8.0  # seconds a refused job is watched to stay unplaced (a check, never a speed bound)
+ELECTION = ["--lease-duration=3", "--renew-deadline=2", "--retry-period=0.25"]
+
+
+class Gangs:
+    """The module's cluster: eight UltraServer nodes, an extender and my-scheduler."""
+
+    def __init__(self, cp: ControlPlane, stack: Stack) -> None:
+        self.cp, self.stack = cp, stack
+        self.units: dict[str, str] = {}  # node -> its UltraServer (a or b)
+        for unit in ("a", "b"):
+            for i in range(4):
+                name = f"trn2u-{unit}{i}"
+                labels = {
+                    PREFIX + "mode": "1_2_4",
+                    S4: f"{unit}" * 16,
+                    PREFIX + "node-id-4": str(i),
+                }
+                cp.request(
+                    "POST", "/api/v1/nodes", node_json(name, "trn2u.48xlarge", labels=labels)
+                )
+                self.units[name] = unit
+        self.namespace = ""
+
+    def fresh(self) -> str:
+        self.namespace = f"g-{uuid.uuid4().hex[:8]}"
+        self.cp.client.ensure_namespace(self.namespace)
+        return self.namespace
+
+    def start_scheduler(self, extender: ExtenderProcess) -> Scheduler:
+        config = scheduler_config(
+            extender_url=extender.url, node_cache_capable=True, pki=self.stack.pki
+        )
+        return self.cp.start_scheduler(
+            config=config, extra_args=("--v=2", f"--feature-gates={GATES},GangScheduling=true")
+        )
+
+    def job(
+        self,
+        job: str,
+        members: int,
+        size: int | None = None,
+        scheduler: str = "my-scheduler",
+        first: int = 0,
+        priority_class: str = "",
+    ) -> list[str]:
+        """An MPIJob's worker pods `first`.. (its launcher asks for no device: not created)."""
+        names = []
+        for i in range(first, first + members):
+            annotations = {"neuron-scheduler.io/gang-size": str(size or members)}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{job}-worker-{i}",
+                    "labels": {
+                        "training.kubeflow.org/job-name": job,
+                        "training.kubeflow.org/job-role": "worker",
+                    },
+                    "annotations": annotations,
+                },
+                "spec": {
+                    **({"priorityClassName": priority_class} if priority_class else {}),
+                    "schedulerName": scheduler,
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {"aws.amazon.com/neuron": "16"}},
+                        }
+                    ],
+                },
+            }
+            self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
+            names.append(f"{job}-worker-{i}")
+        return names
+
+    def priority_class(self, value: int) -> str:
+        """A PriorityClass of this value (cluster-scoped, named for it; made once)."""
+        name = f"gangs-{value}"
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        with contextlib.suppress(KubeError):  # made by an earlier test
+            self.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        return name
+
+    def apply(self, path: Path) -> list[str]:
+        """An example manifest's objects in this test's namespace; the pods' names."""
+        pods = []
+        for doc in yaml.safe_load_all(path.read_text()):
+            doc["metadata"]["namespace"] = self.namespace
+            if doc["kind"] == "Pod":
+                self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", doc)
+                pods.append(doc["metadata"]["name"])
+            else:
+                group, version = doc["apiVersion"].split("/")
+                path_ = f"/apis/{group}/{version}/namespaces/{self.namespace}/podgroups"
+                self.cp.request("POST", path_, doc)
+        return pods
+
+    def nodes(self, pods: list[str]) -> dict[str, str]:
+        """pod -> node, for the bound ones."""
+        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        return {
+            p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in listed
+            if p["metadata"]["name"] in pods and p["spec"].get("nodeName")
+        }
+
+    def placed(self, pods: list[str], seconds: float = 60) -> dict[str, str]:
+        def all_bound() -> dict[str, str] | None:
+            found = self.nodes(pods)
+            return found if len(found) == len(pods) else None
+
+        try:
+            return wait_for(all_bound, f"{len(pods)} pods bound", seconds)
+        except AssertionError:
+            raise AssertionError(f"not all bound ({self.nodes(pods)}): {self.messages()}") from None
+
+    def one_unit_each(self, placed: dict[str, str], units: int = 1) -> set[str]:
+        nodes = list(placed.values())
+        assert len(set(nodes)) == len(nodes), f"two members on one node: {placed}"
+        found = {self.units[n] for n in nodes}
+        assert len(found) == units, f"members split over {found}: {placed}"
+        return found
+
+    def stays_unplaced(self, pods: list[str]) -> None:
+        deadline = time.monotonic() + SETTLE
+        while time.monotonic() < deadline:
+            assert not self.nodes(pods), f"a member bound: {self.nodes(pods)}"
+            time.sleep(0.25)
+
+    def messages(self, contains: str = "") -> list[str]:
+        events = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
+        return [e.get("message", "") for e in events if contains in e.get("message", "")]
+
+    def status(self) -> dict[str, Any]:
+        """`neuron-scheduler status --json` as an operator runs it (the UltraServers part)."""
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "neuron_scheduler",
+                "status",
+                "--json",
+                "--kubeconfig",
+                str(self.cp.kubeconfig_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found: dict[str, Any] = json.loads(result.stdout)["ultraservers"]
+        return found
+
+    def claims(self) -> dict[str, str]:
+        """node -> the job its claim holds it for (namespace/name)."""
+        listed = self.cp.request("GET", CLAIMS)
+        return {
+            i["metadata"]["name"]: f"{i['spec']['namespace']}/{i['spec']['job']}"
+            for i in listed["items"]
+        }
+
+    def delete(self, pods: list[str]) -> None:
+        for pod in pods:
+            self.cp.request(
+                "DELETE",
+                f"/api/v1/namespaces/{self.namespace}/pods/{pod}?gracePeriodSeconds=0",
+            )
+
+    def clear(self) -> None:
+        """This test's pods gone, and with them every claim (the loop ends a gone job's)."""
+        if self.namespace:
+            listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+            self.delete([p["metadata"]["name"] for p in listed["items"]])
+        wait_for(lambda: not self.claims(), "every claim to end once its job is gone", 60)
+
+
+@pytest.fixture(scope="module")
+def gangs(kubebin: Path) -> Iterator[Gangs]:
+    apiserver = [f"--feature-gates={GATES}", "--runtime-config=scheduling.k8s.io/v1alpha2=true"]
+    with ControlPlane(kubebin, extra_apiserver_args=apiserver) as cp:
+        stack = Stack(cp, extender_args=["--ultraserver-claim-seconds=60"])
+        world = Gangs(cp, stack)
+        stack.scheduler = world.start_scheduler(stack.extender)
+        yield world
+        stack.scheduler.stop()
+        stack.stop()
+
+
+@pytest.fixture
+def cluster(gangs: Gangs) -> Iterator[Gangs]:
+    gangs.fresh()
+    if not gangs.stack.extender.process.alive():
+        gangs.stack.extender.start()
+    assert gangs.stack.scheduler is not None
+    if not gangs.stack.scheduler.alive():
+        gangs.stack.scheduler.start()
+    yield gangs
+    gangs.clear()
+
+
+def election_rbac(cp: ControlPlane) -> None:
+    """The chart's leader-election Role (one Lease, by name), bound to the testbed's extender
+    account, as the chart binds it to its own."""
+    docs = render({"scheduler": {"replicas": 2}, "devicePlugin": {"enabled": False}})
+    role = find(docs, "Role", f"{EXTENDER}-leader-election")
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{EXTENDER}-leader-election", "namespace": "kube-system"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "neuron-scheduler", "namespace": "kube-system"}
+        ],
+    }
+    apply(cp, [role, binding])
+
+
+def busy_unit_a(world: Gangs) -> list[str]:
+    """A 4-member job bound to UltraServer a (the first by server id)."""
+    busy = world.job("busy", 4)
+    assert world.one_unit_each(world.placed(busy)) == {"a"}
+    return busy
+
+
+def test_two_jobs_racing_for_one_free_unit_one_gets_it_all_the_other_none(
+    cluster: Gangs,
+) -> None:
+    busy_unit_a(cluster)
+    first: list[str] = []
+    second: list[str] = []
+    for i in range(4):  # created interleaved, as two controllers would
+        first += cluster.job("x", 1, size=4, first=i)
+        second += cluster.job("y", 1, size=4, first=i)
+    placed = wait_for(
+        lambda: next(
+            (found for found in (cluster.nodes(first), cluster.nodes(second)) if len(found) == 4),
+            None,
+        ),
+        "one of the two jobs bound",
+        60,
+    )
+    loser = second if set(placed) == set(first) else first
+    assert cluster.one_unit_each(placed) == {"b"}
+    cluster.stays_unplaced(loser)
+    # Every node is full by count now, so kube-scheduler refuses the loser itself; status says
+    # what the extender would need for it.
+    job = f"{cluster.namespace}/{loser[0].rsplit('-worker-', 1)[0]}"
+    waits = {w["job"]: w["reason"] for w in cluster.status()["waiting"]}
+    assert "needs 1 free UltraServer of 4 nodes for its 4 members, 0 free" in waits[job], waits
+
+
+def test_an_eight_member_job_waits_for_two_free_units_then_binds_whole(cluster: Gangs) -> None:
+    busy = busy_unit_a(cluster)
+    big = cluster.job("big", 8)
+    cluster.stays_unplaced(big)
+    assert cluster.messages("needs 2 free UltraServers of 4 nodes for its 8 members, 1 free")
+    status = cluster.status()
+    waits = {w["job"]: w["reason"] for w in status["waiting"]}
+    assert "needs 2 free UltraServers of 4 nodes" in waits[f"{cluster.namespace}/big"]
+    # Nothing reserved for it while it cannot all fit.
+    assert f"{cluster.namespace}/big" not in cluster.claims().values()
+    cluster.delete(busy)
+    cluster.one_unit_each(cluster.placed(big), units=2)
+    claims = wait_for(
+        lambda: [c for c in cluster.status()["claims"] if c["phase"] == "Bound"],
+        "big's claim to be Bound",
+        30,
+    )
+    assert [(c["job"], c["bound"], c["size"], len(c["nodes"])) for c in claims] == [
+        (f"{cluster.namespace}/big", 8, 8, 8)
+    ]
+
+
+def test_a_claim_whose_job_is_deleted_before_any_bind_is_released(cluster: Gangs) -> None:
+    busy_unit_a(cluster)
+    # No kube-scheduler serves "nobody": the extender reserves b for this job, which never binds.
+    ghost = cluster.job("ghost", 4, scheduler="nobody")
+    wait_for(
+        lambda: list(cluster.claims().values()).count(f"{cluster.namespace}/ghost") == 4,
+        "the ghost job's claim",
+        30,
+    )
+    nxt = cluster.job("next", 4)
+    cluster.stays_unplaced(nxt)
+    cluster.delete(ghost)
+    assert cluster.one_unit_each(cluster.placed(nxt)) == {"b"}
+
+
+def test_a_claim_survives_an_extender_restart_and_the_job_completes(cluster: Gangs) -> None:
+    busy_unit_a(cluster)
+    scheduler = cluster.stack.scheduler
+    assert scheduler is not None
+    scheduler.stop()  # nothing binds while the claim is made and the extender is killed
+    first = cluster.job("first", 4)
+    wait_for(lambda: len(cluster.claims()) == 8, "first's claim on b (and busy's on a)", 30)
+    cluster.stack.extender.kill()
+    # Higher priority than first: only first's persisted claim keeps it off b.
+    second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
+    cluster.stack.extender.start()
+    scheduler.start()
+    assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
+    cluster.stays_unplaced(second)
+
+
+def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) -> None:
+    busy_unit_a(cluster)
+    stack = cluster.stack
+    assert stack.scheduler is not None
+    stack.scheduler.stop()
+    stack.extender.process.stop()
+    election_rbac(cluster.cp)
+    replicas = {
+        name: ExtenderProcess(
+            cluster.cp,
+            stack.extender_kubeconfig,
+            name=f"extender-gangs-{name}",
+            pki=stack.pki,
+            extra_args=[
+                "--leader-elect",
+                f"--lease-name={EXTENDER}",
+                "--lease-namespace=kube-system",
+                f"--lease-identity={name}",
+                "--ultraserver-claim-seconds=60",
+                *ELECTION,
+            ],
+        )
+        for name in ("one", "two")
+    }
+    scheduler = None
+    try:
+        replicas["one"].start()  # ready once it leads
+        replicas["two"].process.start()  # a standby: never ready while one leads
+        first = cluster.job("first", 4)
+        wait_for(lambda: len(cluster.claims()) == 8, "first's claim on b, by the leader", 30)
+        replicas["one"].kill()
+        wait_for(lambda: replicas["two"]._ready(), "the standby to lead", 60)
+        # Higher priority than first: only first's persisted claim keeps it off b.
+        second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
+        scheduler = cluster.start_scheduler(replicas["two"])
+        assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
+        cluster.stays_unplaced(second)
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        for replica in replicas.values():
+            replica.process.stop()
+        stack.extender.start()
+        stack.scheduler.start()
+
+
+@pytest.mark.parametrize(
+    "example",
+    ["mpijob", "pytorchjob", "jobset", "trainjob", "leaderworkerset", "podgroup", "annotation"],
+)
+def test_a_job_of_any_framework_is_placed_the_same_way(cluster: Gangs, example: str) -> None:
+    pods = cluster.apply(EXAMPLES / f"{example}.yaml")
+    assert len(pods) == 4, pods
+    placed = cluster.placed(pods)
+    assert cluster.one_unit_each(placed) == {"a"}, dump(placed)
+    holders = set(cluster.claims().values())
+    assert holders == {
+        f"{cluster.namespace}/{'demo-0' if example == 'leaderworkerset' else 'demo'}"
+    }

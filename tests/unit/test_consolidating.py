@@ -1,0 +1,426 @@
+"""Consolidation's controller (extender/consolidating) on a ledger fed as the watches feed it and a
+fake API: when it acts, what it writes and in which order, its holds, its bounds, and what a
+restart leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry
+
+from neuron_scheduler.core import planrecord
+from neuron_scheduler.core.allocation import Policy
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import comma_ids, cores_of_devices
+from neuron_scheduler.core.resources import NEURON, NeuronRequest
+from neuron_scheduler.extender.budgets import DisruptionBudgets
+from neuron_scheduler.extender.consolidating import Consolidator, Limits, Mode
+from neuron_scheduler.extender.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.movers import Movability
+from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
+from tests.builders import node, pod_json
+
+CATALOG = Catalog.builtin()
+TRN1 = CATALOG.resolve("trn1.32xlarge").topology
+NOW = 1_800_000_000.0
+CREATED = "2027-01-15T08:00:00Z"  # NOW is 2027-01-15T08:00:00Z
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW + 60
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeAPI:
+    """Records the writes consolidation makes; `refuse` names pods whose eviction gets 429."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.refuse: set[str] = set()
+        self.leases: dict[str, Lease] = {}
+        self.versions = 0
+
+    async def patch_annotations(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        values: dict[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> str:
+        await asyncio.sleep(0)
+        for key, value in values.items():
+            self.calls.append(("annotate", name, key, "remove" if value is None else "set"))
+        return "1"
+
+    async def patch_nominated_node(self, namespace: str, name: str, uid: str, node: str) -> None:
+        await asyncio.sleep(0)
+        self.calls.append(("nominate", name, node))
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        await asyncio.sleep(0)
+        if name in self.refuse:
+            raise api_error(
+                "POST",
+                name,
+                429,
+                b'{"message": "Cannot evict pod as it would violate a disruption budget."}',
+            )
+        self.calls.append(("evict", name))
+
+    async def get_lease(self, namespace: str, name: str) -> Lease:
+        await asyncio.sleep(0)
+        if name not in self.leases:
+            raise api_error("GET", name, 404, b"{}")
+        return msgspec.convert(msgspec.to_builtins(self.leases[name]), Lease)
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        return await self.replace_lease(lease)
+
+    async def replace_lease(self, lease: Lease) -> Lease:
+        await asyncio.sleep(0)
+        self.versions += 1
+        lease.metadata.resourceVersion = str(self.versions)
+        self.leases[lease.metadata.name] = lease
+        self.calls.append(("lease", lease.metadata.name))
+        return lease
+
+
+def owned(name: str, **kwargs: Any) -> dict[str, Any]:
+    body = pod_json(name, {NEURON: kwargs.pop("devices", 1)}, uid=name, **kwargs)
+    body["metadata"]["ownerReferences"] = [
+        {"kind": "ReplicaSet", "name": "web", "uid": "rs-web", "controller": True}
+    ]
+    body["metadata"]["creationTimestamp"] = CREATED
+    return body
+
+
+def on_device(body: dict[str, Any], node_name: str, device: int) -> Pod:
+    cores = cores_of_devices([device], TRN1.cores_per_device)
+    body["spec"]["nodeName"] = node_name
+    body["metadata"]["annotations"].update(
+        {
+            "AWS_NEURON_IDS": str(device),
+            "NEURON_RESOURCE_TYPE": NEURON,
+            "NEURON_CORES": comma_ids(cores),
+            "NEURON_DEVS": str(device),
+            "NEURON_NODE": node_name,
+        }
+    )
+    body["status"] = {"phase": "Running", "startTime": CREATED}
+    return msgspec.convert(body, Pod)
+
+
+def stuck(name: str = "big", devices: int = 4, priority: int = 0) -> Pod:
+    body = pod_json(name, {NEURON: devices}, uid=name)
+    body["metadata"]["creationTimestamp"] = CREATED
+    body["spec"]["priority"] = priority
+    body["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    return msgspec.convert(body, Pod)
+
+
+class World:
+    """Two trn1.32xlarge: `a` with one free device per row (3, 7, 11, 15), taken by pods of a
+    ReplicaSet; `b` with devices 13-15 free, 0-12 taken by bare pods. A 4-device pod of equal
+    priority has waited a minute."""
+
+    def __init__(self, mode: Mode = Mode.ON, **limits: Any) -> None:
+        self.clock = Clock()
+        self.api = FakeAPI()
+        self.events: list[tuple[str, str, str]] = []
+        self.ledger = Ledger(CATALOG, report=self._report, wall_clock=self.clock)
+        self.movability = Movability()
+        self.budgets = DisruptionBudgets()
+        self.limits = Limits(mode, **limits)
+        self.consolidator = self._consolidator()
+        self.ledger.replace_nodes([node("a", "trn1.32xlarge"), node("b", "trn1.32xlarge")])
+        self.pods: dict[str, Pod] = {}
+        for device in range(16):
+            if device % 4 != 3:
+                self.pods[f"w{device}"] = on_device(owned(f"w{device}"), "a", device)
+        for device in range(13):
+            bare = pod_json(f"x{device}", {NEURON: 1}, uid=f"x{device}")
+            self.pods[f"x{device}"] = on_device(bare, "b", device)
+        self.pods["big"] = stuck()
+        self.feed()
+
+    def _consolidator(self) -> Consolidator:
+        budget = EvictionBudget(
+            self.api,
+            "kube-system",
+            "budget",
+            self.limits.evictions_per_hour,
+            self.limits.node_cooldown,
+            self.limits.max_plans,
+            self.clock,
+        )
+        self.plans = Plans(self.ledger, self.movability, self.clock)
+        return Consolidator(
+            self.ledger,
+            self.movability,
+            self.plans,
+            self.budgets,
+            self.api,  # type: ignore[arg-type]
+            budget,
+            ["my-scheduler"],
+            CollectorRegistry(),
+            limits=self.limits,
+            report=self._report,
+            wall_clock=self.clock,
+        )
+
+    def _report(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+        self.events.append((ref.name, reason, message))
+
+    def views(self) -> tuple[Any, ...]:
+        return (self.ledger, self.movability, self.plans, self.consolidator)
+
+    def feed(self) -> None:
+        for view in self.views():
+            view.replace_pods(list(self.pods.values()))
+
+    def apply(self, pod: Pod) -> None:
+        self.pods[pod.metadata.name] = pod
+        for view in self.views():
+            view.apply_pod(pod)
+
+    def remove(self, name: str) -> None:
+        pod = self.pods.pop(name)
+        for view in self.views():
+            view.remove_pod(pod.metadata.uid)
+
+    def step(self) -> None:
+        asyncio.run(self.consolidator.step())
+
+    def annotated(self, name: str = "big") -> Pod:
+        """The pod as the watch shows it after consolidation's patch."""
+        pod = self.pods[name]
+        record = self.plans.plans[pod.metadata.uid].record
+        body = msgspec.to_builtins(pod)
+        body["metadata"].setdefault("annotations", {})[planrecord.PLAN_ANNOTATION] = (
+            planrecord.encode(record)
+        )
+        return msgspec.convert(body, Pod)
+
+    def evicted(self) -> list[str]:
+        return [c[1] for c in self.api.calls if c[0] == "evict"]
+
+    def small_fits_on_a(self, device_count: int = 1) -> bool:
+        request = NeuronRequest(NEURON, device_count)
+        claimant = Claimant.of(stuck("small", device_count), request)
+        return "a" in self.ledger.fill_verdicts(["a"], request, Policy.BEST_FIT, claimant).fits
+
+
+def test_dry_run_says_what_it_would_evict_and_does_nothing() -> None:
+    world = World(Mode.DRY_RUN)
+    world.step()
+    assert world.api.calls == []
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidation"]
+    assert event[0] == "big"
+    assert event[2].startswith("would evict default/w")
+    assert event[2].endswith(" from node a to free devices " + event[2].rsplit(" ", 1)[1])
+    assert world.ledger.plan_holds == {}
+    world.step()  # said once
+    assert len([e for e in world.events if e[1] == "NeuronConsolidation"]) == 1
+
+
+def test_too_young_or_fitting_pods_are_left_alone() -> None:
+    world = World(pending_seconds=120)
+    world.step()
+    assert world.api.calls == []
+    world = World()
+    world.remove("w0")  # row 0 now has two free devices; still no row free
+    world.remove("w1")
+    world.remove("w2")  # row 0 free: it fits
+    world.step()
+    assert world.api.calls == []
+
+
+def test_on_writes_the_plan_first_then_nominates_then_evicts_one_row() -> None:
+    world = World()
+    world.step()
+    kinds = [c[0] for c in world.api.calls]
+    assert kinds[:3] == ["lease", "annotate", "nominate"], world.api.calls
+    evicted = world.evicted()
+    assert len(evicted) == 3
+    rows = {int(name[1:]) // 4 for name in evicted}
+    assert len(rows) == 1
+    active = world.plans.plans["big"]
+    assert active.record.node == "a"
+    # Each replacement's place is held on b (13-15 free) or a's free devices outside the row.
+    assert all(v.node for v in active.record.victims)
+    assert [e[1] for e in world.events].count("NeuronConsolidationEvicted") == 3
+    # The block is held against a pod of equal priority even once the pods are gone.
+    for name in evicted:
+        world.remove(name)
+    assert not world.small_fits_on_a(4)
+    assert any(e[1] == "NeuronBlockHeld" and e[0] == "big" for e in world.events)
+
+
+def test_replacements_take_their_places_and_the_plan_ends_when_all_are_bound() -> None:
+    world = World()
+    world.step()
+    active = world.plans.plans["big"]
+    world.apply(world.annotated())
+    for name in world.evicted():
+        world.remove(name)
+    assert len(world.ledger.plan_holds) == 1 + 3
+    # The pod is bound on the freed block.
+    devices = active.record.devices
+    big = msgspec.to_builtins(world.annotated())
+    big["spec"]["nodeName"] = "a"
+    world.apply(msgspec.convert(big, Pod))
+    assert "big" not in world.ledger.plan_holds
+    for i, victim in enumerate(active.record.victims):
+        body = owned(f"new-{i}")
+        body["metadata"]["creationTimestamp"] = "2027-01-15T08:01:00Z"
+        assert victim.node and victim.cores
+        device = victim.cores[0] // TRN1.cores_per_device
+        world.apply(on_device(body, victim.node, device))
+    assert world.ledger.plan_holds == {}
+    assert active.ended == "done"
+    world.step()
+    assert ("annotate", "big", planrecord.PLAN_ANNOTATION, "remove") in world.api.calls
+    del devices
+
+
+def test_a_refused_eviction_cancels_the_plan_and_lets_go_of_its_holds() -> None:
+    world = World()
+    world.api.refuse = {f"w{d}" for d in range(16)}
+    world.step()
+    active = world.plans.plans["big"]
+    assert active.ended == "cancelled"
+    assert world.ledger.plan_holds == {}
+    assert any(e[1] == "NeuronConsolidationCancelled" for e in world.events)
+    world.step()
+    assert ("annotate", "big", planrecord.PLAN_ANNOTATION, "remove") in world.api.calls
+
+
+def test_a_budget_that_allows_no_disruption_stops_it_and_says_why() -> None:
+    world = World()
+    budget = msgspec.convert(
+        {
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {}}},
+            "status": {"disruptionsAllowed": 0},
+        },
+        PodDisruptionBudget,
+    )
+    world.budgets.replace([budget])
+    world.step()
+    assert world.api.calls == []
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidationBlocked"]
+    assert "PodDisruptionBudget" in event[2] and "allows no disruption" in event[2]
+
+
+def test_bare_pods_are_never_moved() -> None:
+    world = World()
+    for device in range(16):
+        if device % 4 != 3:
+            body = pod_json(f"w{device}", {NEURON: 1}, uid=f"w{device}")
+            world.apply(on_device(body, "a", device))
+    world.step()
+    assert world.api.calls == []
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidationBlocked"]
+    assert "a bare pod" in event[2]
+
+
+def test_the_hourly_budget_and_the_node_cooldown_bound_plans() -> None:
+    world = World(evictions_per_hour=2)
+    world.step()
+    assert world.evicted() == []
+    assert any("evictions are left" in e[2] for e in world.events)
+    world = World(node_cooldown=600)
+    world.step()
+    first = world.plans.plans["big"]
+    world.remove("big")  # the plan ends with its pod
+    assert first.ended == "gone"
+    world.apply(stuck("big2"))
+    world.step()
+    assert "big2" not in world.plans.plans  # node a cools down
+    world.clock.now += 601
+    world.step()
+    assert "big2" in world.plans.plans
+
+
+def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> None:
+    world = World()
+    world.api.refuse = set()
+    world.step()
+    evicted = world.evicted()
+    annotated = world.annotated()
+    # A restart after the first eviction only: the others are still running.
+    world.pods["big"] = annotated
+    gone, *kept = evicted
+    world.pods.pop(gone)
+    world.api.calls.clear()
+    restarted = World.__new__(World)
+    restarted.clock = world.clock
+    restarted.api = world.api
+    restarted.events = []
+    restarted.ledger = Ledger(CATALOG, report=restarted._report, wall_clock=world.clock)
+    restarted.movability = Movability()
+    restarted.budgets = DisruptionBudgets()
+    restarted.limits = world.limits
+    restarted.consolidator = restarted._consolidator()
+    restarted.ledger.replace_nodes([node("a", "trn1.32xlarge"), node("b", "trn1.32xlarge")])
+    restarted.pods = dict(world.pods)
+    restarted.feed()
+    assert "big" in restarted.ledger.plan_holds
+    restarted.step()
+    assert sorted(restarted.evicted()) == sorted(kept)  # gone is not evicted again
+    assert ("lease", "budget") not in restarted.api.calls  # no new plan, no new spending
+
+
+def test_an_expired_plan_lets_go_of_its_holds() -> None:
+    world = World()
+    world.step()
+    world.apply(world.annotated())
+    assert world.ledger.plan_holds
+    world.clock.now += world.limits.plan_seconds + 1
+    assert world.plans.seconds_to_next_expiry() is not None
+    world.plans.expire()
+    assert world.ledger.plan_holds == {}
+    assert world.plans.plans["big"].ended == "expired"
+
+
+@pytest.mark.parametrize(
+    "label", ["training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name"]
+)
+def test_gang_workers_are_never_moved(label: str) -> None:
+    world = World()
+    for device in range(16):
+        if device % 4 != 3:
+            body = owned(f"w{device}", labels={label: "job"})
+            world.apply(on_device(body, "a", device))
+    world.step()
+    assert world.api.calls == []
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidationBlocked"]
+    assert "gang job moves only whole" in event[2]
+
+
+def test_a_late_event_from_before_the_plan_does_not_end_it() -> None:
+    """The watch may deliver an update of the pod made before the plan was written (say
+    kube-scheduler's condition) after the write: the plan stands until the watch has shown it."""
+    world = World()
+    older = world.pods["big"]
+    world.step()
+    world.apply(older)  # without the annotation, from before
+    assert world.plans.plans["big"].ended == ""
+    assert "big" in world.ledger.plan_holds
+    world.apply(world.annotated())
+    world.apply(older)  # now a removal: by a person
+    assert world.plans.plans.get("big") is None
+    assert "big" not in world.ledger.plan_holds
