@@ -305,9 +305,9 @@ async def test_a_failed_wake_is_logged_once_and_left_to_the_flush(
     assert world.waker.waiting == {}
 
 
-async def test_a_claim_made_for_a_training_job_wakes_its_members() -> None:
-    """A job's members are refused until its UltraServer claim is written (by the reservation
-    loop, no cluster event kube-scheduler acts on): then they are woken at once."""
+async def refused_job() -> tuple[World, list[str]]:
+    """One UltraServer of four trn2u nodes and an MPI job "b" of four members, each refused (no
+    claim yet)."""
     world = World()
     labels = {
         "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
@@ -322,6 +322,13 @@ async def test_a_claim_made_for_a_training_job_wakes_its_members() -> None:
     for pod in members:
         assert world.filter(pod, names) == []
     await world.run(1.0)
+    return world, names
+
+
+async def test_a_claim_made_for_a_training_job_wakes_its_members() -> None:
+    """A job's members are refused until its UltraServer claim is written (by the reservation
+    loop, no cluster event kube-scheduler acts on): then they are woken at once."""
+    world, names = await refused_job()
     assert world.woken() == []
     for name in names:
         world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
@@ -349,20 +356,7 @@ async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> 
 async def test_a_claim_seen_node_by_node_wakes_every_member_once_complete() -> None:
     """The claim watch delivers one node at a time; half a claim admits nobody, so the waker
     hears of all the job's nodes when the last one makes it complete."""
-    world = World()
-    labels = {
-        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
-        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
-    }
-    trn = [node(f"trn-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
-    for view in world.views:
-        view.replace_nodes(trn)
-    names = [n.metadata.name for n in trn]
-    job = {"training.kubeflow.org/job-name": "b", "training.kubeflow.org/job-role": "worker"}
-    members = [world.add(f"b-worker-{i}", 16, labels=job) for i in range(4)]
-    for pod in members:
-        assert world.filter(pod, names) == []
-    await world.run(1.0)
+    world, names = await refused_job()
     for name in names:
         world.occupancy.hold(NodeClaim(name, ("default", "b"), 4, 4, PENDING, world.clock(), 120))
         await world.run(0.0)
