@@ -60,7 +60,6 @@ from tests.testbed.process import ManagedProcess, free_port
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
-# ours-no-events: ours with --no-allocation-events (no NeuronAllocated event per bind).
 # null-h2, ours-h2: serving HTTP/2 too (need zttp: uv run --with zttp; bench/h2serve.py).
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
 # default 50 (its binds go through that limit; an extender's do not).
@@ -73,7 +72,6 @@ CONFIGS = (
     "null-one-write",
     "null-h2",
     "ours-h2",
-    "ours-no-events",
     "baseline",
 )
 DEFAULT_CONFIGS = ("without", "null", "ours")
@@ -540,14 +538,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"null / without-qps = {rates['null'] / rates['without-qps']:.2f}")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
-    for name in (
-        "null-writes",
-        "null-one-write",
-        "null-h2",
-        "ours-h2",
-        "ours-no-events",
-        "baseline",
-    ):
+    for name in ("null-writes", "null-one-write", "null-h2", "ours-h2", "baseline"):
         if rates.get(name) and rates.get("null"):
             print(f"{name} / null = {rates[name] / rates['null']:.2f}")
         if rates.get(name) and rates.get("ours"):
@@ -623,14 +614,6 @@ def main() -> None:
             python, *rest = h2.process.argv
             h2.process.argv = [python, str(ROOT / "bench" / "h2serve.py"), *rest]
             ours["ours-h2"] = h2
-        if "ours-no-events" in configs:
-            ours["ours-no-events"] = ExtenderProcess(
-                cp,
-                stack.extender_kubeconfig,
-                name="extender-no-events",
-                pki=stack.pki,
-                extra_args=("--no-allocation-events",),
-            )
         if args.baseline_src:
             baseline = ExtenderProcess(
                 cp, stack.extender_kubeconfig, name="extender-baseline", pki=stack.pki

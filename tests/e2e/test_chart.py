@@ -980,20 +980,6 @@ def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path
             assert cp.request("GET", path + name)["data"] == data, name
 
 
-def test_allocation_events_can_be_turned_off() -> None:
-    """On by default (no flag); false passes --no-allocation-events, which the CLI parses off."""
-    import typer.main
-
-    from neuron_scheduler.cli import app
-
-    extender = typer.main.get_command(app).commands["extender"]  # type: ignore[attr-defined]
-    for value, flag, parsed in ((True, False, True), (False, True, False)):
-        args = extender_args(render({"scheduler": {"allocationEvents": value}}))
-        assert ("--no-allocation-events" in args) is flag
-        context = extender.make_context("extender", list(args))
-        assert context.params["allocation_events"] is parsed
-
-
 @pytest.mark.parametrize("combo", ["custom-ha", "custom-plain-http", "default"])
 def test_rendered_arguments_parse_with_the_cli(combo: str) -> None:
     """Every flag the chart passes exists on the command it runs (parsed, not executed)."""

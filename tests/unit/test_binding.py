@@ -154,20 +154,3 @@ async def test_a_watch_copy_of_a_pod_bound_since_is_answered_as_bound(
     assert await extender.binder.bind(args("a")) == ""  # from the API's copy: bound already
     assert reads == ["a"]
     assert "only 0 devices free" in await extender.binder.bind(args("b"))  # held once
-
-
-@pytest.mark.parametrize("allocation_events", [True, False])
-async def test_a_bind_records_its_allocation_only_when_asked_and_a_refusal_always(
-    monkeypatch: pytest.MonkeyPatch, allocation_events: bool
-) -> None:
-    api = FakeAPI()
-    extender = extender_with(api, "a", "b")
-    extender.binder.allocation_events = allocation_events
-    recorded: list[str] = []
-    monkeypatch.setattr(
-        extender.events, "record", lambda ref, reason, *_, **__: recorded.append(reason)
-    )
-    assert await extender.binder.bind(args("a")) == ""
-    assert "only 0 devices free" in await extender.binder.bind(args("b"))
-    expected = ["NeuronAllocated"] if allocation_events else []
-    assert recorded == [*expected, "FailedNeuronAllocation"]

@@ -96,7 +96,6 @@ class Binder:
         scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
         quiet: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
         pending: Callable[[str], Pod | None] | None = None,
-        allocation_events: bool = True,
     ) -> None:
         """`synced`: set once the watches have listed every pod and node; `reservers` hold a
         placement while its API calls are in flight (the ledger, and any plugin that counts
@@ -104,8 +103,7 @@ class Binder:
         `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
         the pod while bind's writes are conditioned on its resourceVersion; `pending(uid)`: the
         pod as the watch last showed it, if it is pending (extender/pending.py), read instead of
-        asking the API for it. `allocation_events`: a NeuronAllocated event on each pod bound
-        (a write the API server and etcd pay per pod; refusals are always reported)."""
+        asking the API for it."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
@@ -119,7 +117,6 @@ class Binder:
         self._quiet = quiet or (lambda _: contextlib.nullcontext())
         self._open: dict[str, Attempt] = {}  # pod uid -> its failed attempt that may still land
         self._pending = pending or (lambda _: None)
-        self.allocation_events = allocation_events
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
@@ -291,14 +288,12 @@ class Binder:
             format_ids(placement.cores),
         )
         self.metrics.binds.labels("success").inc()
-        if self.allocation_events:
-            self.events.record(
-                ObjectRef.of_pod(pod),
-                "NeuronAllocated",
-                f"Bound to {node} with {request.resource} ids {ids} "
-                f"(devices {values[handoff.DEVS]})",
-                warning=False,
-            )
+        self.events.record(
+            ObjectRef.of_pod(pod),
+            "NeuronAllocated",
+            f"Bound to {node} with {request.resource} ids {ids} (devices {values[handoff.DEVS]})",
+            warning=False,
+        )
         return ""
 
     async def _undo(

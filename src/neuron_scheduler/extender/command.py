@@ -87,14 +87,6 @@ def extender(
             "event freed its room, before the extender wakes it"
         ),
     ] = 0.5,
-    allocation_events: Annotated[
-        bool,
-        typer.Option(
-            help="record a NeuronAllocated event (node, ids, devices) on each pod bound; off "
-            "saves the API server and etcd one write per pod (the ids stay in the pod's "
-            "annotations, the log and `status`; refusals are always recorded)"
-        ),
-    ] = True,
     ultraserver_claim_seconds: Annotated[
         float,
         typer.Option(
@@ -240,7 +232,6 @@ def extender(
                 claim_seconds=ultraserver_claim_seconds,
                 consolidation=limits,
                 budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
-                allocation_events=allocation_events,
             )
         )
 

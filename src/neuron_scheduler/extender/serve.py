@@ -79,8 +79,6 @@ class ExtenderOptions:
     # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
     consolidation: Limits = field(default_factory=Limits)
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
-    # A NeuronAllocated event on each pod bound (one more API write per pod).
-    allocation_events: bool = True
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -365,7 +363,6 @@ async def serve(options: ExtenderOptions) -> None:
             claim_seconds=options.claim_seconds,
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
-            allocation_events=options.allocation_events,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:

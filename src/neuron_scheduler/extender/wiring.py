@@ -62,10 +62,9 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
-    allocation_events: bool = True,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
-    on; `allocation_events`: bind records a NeuronAllocated event on each pod it binds."""
+    on."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
@@ -141,7 +140,6 @@ def wire(
             scheduler_names=scheduler_names,
             quiet=waker.quiet,
             pending=pending.get,
-            allocation_events=allocation_events,
         ),
         Preemptor(ledger, budgets, metrics, policy, planned=plans.planned),
         waker,
