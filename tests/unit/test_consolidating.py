@@ -131,13 +131,34 @@ def stuck(name: str = "big", devices: int = 4, priority: int = 0) -> Pod:
     return msgspec.convert(body, Pod)
 
 
+class ClaimedNodes:
+    """A node filter as consolidation asks it (the UltraServer rule keeps pods of other jobs off
+    nodes claimed for a training job): these nodes admit no pod but those named in `except_for`."""
+
+    outcome = "ultraserver"
+
+    def __init__(self, *nodes: str, except_for: tuple[str, ...] = ()) -> None:
+        self.nodes = set(nodes)
+        self.except_for = except_for
+
+    def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
+        kept = [n for n in passed if self.admits(pod, n, now)]
+        return kept, {n: "claimed" for n in passed if n not in kept}
+
+    def admits(self, pod: Pod, node: str, now: float) -> bool:
+        return node not in self.nodes or pod.metadata.name in self.except_for
+
+
 class World:
     """Two trn1.32xlarge: `a` with one free device per row (3, 7, 11, 15), taken by pods of a
     ReplicaSet; `b` with devices 13-15 free, 0-12 taken by bare pods. A 4-device pod of equal
     priority has waited a minute."""
 
-    def __init__(self, mode: Mode = Mode.ON, **limits: Any) -> None:
+    def __init__(
+        self, mode: Mode = Mode.ON, claimed: ClaimedNodes | None = None, **limits: Any
+    ) -> None:
         self.clock = Clock()
+        self.claimed = claimed or ClaimedNodes()
         self.api = FakeAPI()
         self.events: list[tuple[str, str, str]] = []
         self.ledger = Ledger(CATALOG, report=self._report, wall_clock=self.clock)
@@ -179,6 +200,7 @@ class World:
             limits=self.limits,
             report=self._report,
             wall_clock=self.clock,
+            filters=[self.claimed],
         )
 
     def _report(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
@@ -374,6 +396,7 @@ def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> 
     restarted.movability = Movability()
     restarted.budgets = DisruptionBudgets()
     restarted.limits = world.limits
+    restarted.claimed = world.claimed
     restarted.consolidator = restarted._consolidator()
     restarted.ledger.replace_nodes([node("a", "trn1.32xlarge"), node("b", "trn1.32xlarge")])
     restarted.pods = dict(world.pods)
@@ -424,3 +447,19 @@ def test_a_late_event_from_before_the_plan_does_not_end_it() -> None:
     world.apply(older)  # now a removal: by a person
     assert world.plans.plans.get("big") is None
     assert "big" not in world.ledger.plan_holds
+
+
+def test_no_plan_frees_a_block_or_places_a_replacement_where_the_node_filter_refuses() -> None:
+    """A node the extender's node filter refuses the pod on (claimed for a training job) is no
+    node it is stranded on: nothing is evicted there. A replacement is placed only where the
+    filter admits it."""
+    world = World(claimed=ClaimedNodes("a"))
+    world.step()
+    assert world.api.calls == []
+    world = World(claimed=ClaimedNodes("a", except_for=("big",)))  # replacements not on a
+    world.step()
+    record = world.plans.plans["big"].record
+    assert record.node == "a" and {v.node for v in record.victims} == {"b"}, record.victims
+    world = World(claimed=ClaimedNodes("a", "b", except_for=("big",)))  # nowhere to go
+    world.step()
+    assert world.evicted() == []

@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -65,7 +65,7 @@ from neuron_scheduler.extender.ledger import (
 )
 from neuron_scheduler.extender.movers import Movability, gang_of, plan_for, stranded
 from neuron_scheduler.extender.plans import Active, Plans
-from neuron_scheduler.extender.plugins import PodsOnly
+from neuron_scheduler.extender.plugins import NodeFilter, PodsOnly
 from neuron_scheduler.extender.waking import AnnotationWriter
 from neuron_scheduler.kube.errors import (
     READ_ERRORS,
@@ -178,7 +178,12 @@ class Consolidator(PodsOnly):
         policy: Policy = Policy.BEST_FIT,
         is_leader: Callable[[], bool] = lambda: True,
         wall_clock: Callable[[], float] = time.time,
+        filters: Sequence[NodeFilter] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`filters`: the node filters filter runs after the device check (the UltraServer
+        rule): a plan neither frees a block where its pod would be refused nor places a
+        replacement there."""
         self.ledger = ledger
         self.movability = movability
         self.plans = plans
@@ -192,6 +197,8 @@ class Consolidator(PodsOnly):
         self.policy = policy
         self.is_leader = is_leader
         self.wall_clock = wall_clock
+        self.filters = tuple(filters)
+        self.clock = clock
         self.metrics = ConsolidationMetrics(registry)
         self.metrics.in_flight.set_function(lambda: len(self.in_flight()))
         self.metrics.left.set_function(lambda: self.budget.left())
@@ -313,6 +320,10 @@ class Consolidator(PodsOnly):
         found.sort(key=lambda p: (-(p[0].spec.priority or 0), p[0].metadata.creationTimestamp))
         return found[:CANDIDATES_PER_STEP]
 
+    def _admits(self, pod: Pod, node: str) -> bool:
+        now = self.clock()
+        return all(f.admits(pod, node, now) for f in self.filters)
+
     async def _find(self) -> None:
         mode = self.limits.mode
         for pod, request in self._candidates():
@@ -320,7 +331,7 @@ class Consolidator(PodsOnly):
             if mode is Mode.ON and len(in_flight) >= self.limits.max_plans:
                 self.metrics.blocked.labels("plans_in_flight").inc()
                 return
-            where = stranded(self.ledger, pod, request, self.policy)
+            where = stranded(self.ledger, pod, request, self.policy, self._admits)
             if where is None:
                 continue
             taken = {a.record.node for a in in_flight}
@@ -343,6 +354,7 @@ class Consolidator(PodsOnly):
                 self.policy,
                 self.limits.max_victims,
                 busy,
+                self._admits,
             )
             if planned.move is None:
                 self.metrics.blocked.labels("no_move").inc()

@@ -4,9 +4,10 @@ acts on the answer, `kubectl neuron why` shows it.
 
 `Movability` is a view fed by the pod watch with what the ledger does not keep: each Neuron pod's
 controller (a bare pod is never moved: nothing recreates it), its opt-out
-(`neuron-scheduler.io/do-not-disrupt: "true"`), whether it is a gang job's worker (MPI, JobSet,
-LeaderWorkerSet: never moved for now, as a job moves only whole), and what its replacement's node
-must admit (nodeSelector, required node affinity, tolerations).
+(`neuron-scheduler.io/do-not-disrupt: "true"`), whether it is a training job's pod (every
+framework the UltraServer rule knows: never moved for now, as a job moves only whole), and what
+its replacement's node must admit (nodeSelector, required node affinity, tolerations; the
+extender's node filters, such as the UltraServer claims, are asked through `admits`).
 
 `stranded` says whether a pod waits only because of fragmentation: no node it may go to has an
 allowed block for it, and some has its count free. `plan_for` then asks core/consolidation on each
@@ -66,6 +67,16 @@ def gang_of(pod: Pod) -> str:
         if label in pod.metadata.labels:
             return what
     return ""
+
+
+# Whether the extender's node filters (the UltraServer rule) let a pod onto a node: consolidation
+# plans neither for a node its pod would be refused on, nor a replacement's place there.
+Admits = Callable[[Pod, str], bool]
+
+
+def anywhere(pod: Pod, node: str) -> bool:
+    """No node filter: every node admits every pod."""
+    return True
 
 
 MAX_NODES_TRIED = 32  # stranded nodes planned on per pending pod, fewest pods in the way first
@@ -161,15 +172,24 @@ class Stranded:
     nodes: tuple[str, ...]
 
 
-def stranded(ledger: Ledger, pod: Pod, request: NeuronRequest, policy: Policy) -> Stranded | None:
+def stranded(
+    ledger: Ledger,
+    pod: Pod,
+    request: NeuronRequest,
+    policy: Policy,
+    admits: Admits = anywhere,
+) -> Stranded | None:
     """None when some node it may go to has a block for it now, or none has its count free
-    (then it waits for room, or for preemption, not for consolidation)."""
+    (then it waits for room, or for preemption, not for consolidation). Nodes `admits` keeps
+    it off (claimed for a training job) count neither way."""
     claimant = Claimant.of(pod, request)
     verdicts = ledger.fill_verdicts(ledger.nodes, request, policy, claimant)
     by_count = []
     for name, decision in verdicts.decisions.items():
         facts = ledger.facts.get(name)
         if facts is not None and why_not(pod, facts) is not None:
+            continue
+        if not admits(pod, name):
             continue
         if isinstance(decision, Placement):
             return None
@@ -199,12 +219,14 @@ def plan_for(
     policy: Policy = Policy.BEST_FIT,
     max_victims: int = DEFAULT_MAX_VICTIMS,
     busy: Collection[str] = (),
+    admits: Admits = anywhere,
 ) -> Planned:
     """The best move on `nodes` (where the pod is stranded), by core/consolidation's order,
-    fewest pods first across nodes; pods in `busy` (another plan's victims) stay."""
+    fewest pods first across nodes; pods in `busy` (another plan's victims) stay; replacements
+    only go where `admits` lets them."""
     claimant = Claimant.of(pod, request)
     priority = pod.spec.priority or 0
-    rooms = _rooms(ledger, movability, policy)
+    rooms = _rooms(ledger, movability, policy, admits)
     best: Move | None = None
     refusals: list[NoMove] = []
     for node in _by_blockers(ledger, claimant, nodes)[:MAX_NODES_TRIED]:
@@ -256,7 +278,7 @@ def _violations(
 
 
 def _rooms(
-    ledger: Ledger, movability: Movability, policy: Policy
+    ledger: Ledger, movability: Movability, policy: Policy, admits: Admits = anywhere
 ) -> Callable[[str, NeuronRequest], Iterable[Room]]:
     """Where a moved pod's replacement may go: nodes its spec admits that fit its request now,
     as a pod of its priority finds them (every hold counted), and the node it leaves."""
@@ -273,6 +295,8 @@ def _rooms(
                 continue
             node_facts = ledger.facts.get(name)
             if node_facts is not None and why_not(facts.placement, node_facts) is not None:
+                continue
+            if not admits(facts.placement, name):  # (a replacement is of no training job)
                 continue
             found.append(Room(name, entry.topology, ledger.state_for(claimant, name)))
         return found

@@ -92,7 +92,8 @@ def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str 
         return str(error)
     if request is None:
         return None
-    decision = allocate(entry.topology, ledger.state_for(Claimant.of(pod), node), request, policy)
+    state = ledger.state_for(Claimant.of(pod, request), node)
+    decision = allocate(entry.topology, state, request, policy)
     return None if isinstance(decision, Placement) else decision.reason
 
 

@@ -67,7 +67,7 @@ def wire(
     on."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
-    occupancy = Occupancy()  # UltraServer units and MPI job workers, by node
+    occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
     units = UnitPlacement(occupancy, lambda pod, node: member_unusable(ledger, pod, policy, node))
     metrics = Metrics(ledger)
     synced = asyncio.Event()
@@ -94,6 +94,7 @@ def wire(
         limits=consolidation,
         report=events.record,
         policy=policy,
+        filters=[units],
     )
     waker = Waker(
         ledger,

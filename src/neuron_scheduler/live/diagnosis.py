@@ -37,7 +37,7 @@ from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, Reque
 from neuron_scheduler.core.topology import Topology, TopologyKind
 from neuron_scheduler.extender.budgets import DisruptionBudgets
 from neuron_scheduler.extender.ledger import Claimant, Ledger
-from neuron_scheduler.extender.movers import Movability, gang_of, plan_for
+from neuron_scheduler.extender.movers import Admits, Movability, anywhere, gang_of, plan_for
 from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.extender.reserving import member_unusable
 from neuron_scheduler.kube.nodefit import why_not
@@ -184,7 +184,8 @@ def diagnose(
     if active is not None and not active.ended:  # (its own plan's places count against it)
         text = f"a plan is in flight: evicting {active.record.summary}"
     elif diagnosis.stranded:
-        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy)
+        admits = anywhere if occupancy is None else _unit_admits(UnitPlacement(occupancy))
+        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy, admits)
     else:
         return diagnosis
     return dataclasses.replace(diagnosis, consolidation=text)
@@ -197,10 +198,21 @@ def _consolidation(
     stranded: tuple[str, ...],
     movability: Movability,
     policy: Policy,
+    admits: Admits,
 ) -> str:
-    if gang_of(pod):
-        return "none: it is a gang job's worker (a job moves whole, not done yet)"
-    planned = plan_for(ledger, movability, DisruptionBudgets(), pod, request, stranded, policy)
+    gang = gang_of(pod)
+    if gang:
+        return f"none: it is {gang} (a job moves whole, not done yet)"
+    planned = plan_for(
+        ledger,
+        movability,
+        DisruptionBudgets(),
+        pod,
+        request,
+        stranded,
+        policy,
+        admits=admits,
+    )
     if planned.move is not None:
         names = ", ".join(movability.pods[uid].key for uid in planned.move.victims)
         devices = format_ids(list(planned.move.block.devices))
@@ -210,6 +222,11 @@ def _consolidation(
         )
     reasons = "; ".join(f"{r.node}: {r.reason}" for r in planned.refusals[:3])
     return f"no pods may be moved: {reasons}"
+
+
+def _unit_admits(units: UnitPlacement) -> Admits:
+    """The UltraServer rule as consolidation's planner asks it (its claims are the snapshot's)."""
+    return lambda pod, node: units.admits(pod, node, 0.0)
 
 
 def _unit_rule(
