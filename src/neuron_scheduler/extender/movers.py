@@ -42,10 +42,10 @@ from neuron_scheduler.kube.views import pod_uid, replace_all
 from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 
 DO_NOT_DISRUPT = "neuron-scheduler.io/do-not-disrupt"
-# Workers of jobs that are placed (and so would have to move) as a whole. MPI workers are the
-# UltraServer rule's (ultraserver/placement.py); JobSet and LeaderWorkerSet gangs alike.
+# Pods of jobs that run (and so would have to move) as a whole beyond the members `member_of`
+# names (ultraserver/jobs.py): a launcher, and any pod of a JobSet or a LeaderWorkerSet.
 GANG_LABELS = {
-    "training.kubeflow.org/job-name": "an MPI job's worker",
+    "training.kubeflow.org/job-name": "a Kubeflow training job's pod",
     "jobset.sigs.k8s.io/jobset-name": "a JobSet's pod",
     "leaderworkerset.sigs.k8s.io/name": "a LeaderWorkerSet's pod",
 }
