@@ -22,8 +22,11 @@ from neuron_scheduler.extender.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.movers import Movability
 from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.extender.plugins import NodeFilter
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
+from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 
 CATALOG = Catalog.builtin()
@@ -155,7 +158,7 @@ class World:
     priority has waited a minute."""
 
     def __init__(
-        self, mode: Mode = Mode.ON, claimed: ClaimedNodes | None = None, **limits: Any
+        self, mode: Mode = Mode.ON, claimed: NodeFilter | None = None, **limits: Any
     ) -> None:
         self.clock = Clock()
         self.claimed = claimed or ClaimedNodes()
@@ -454,6 +457,15 @@ def test_no_plan_frees_a_block_or_places_a_replacement_where_the_node_filter_ref
     node it is stranded on: nothing is evicted there. A replacement is placed only where the
     filter admits it."""
     world = World(claimed=ClaimedNodes("a"))
+    world.step()
+    assert world.api.calls == []
+    # The same with the extender's own rule: `a` is an UltraServer node claimed for a job.
+    occupancy = Occupancy()
+    occupancy.replace_nodes(
+        [node("a", "trn1.32xlarge", labels={"neuron.amazonaws.com/ultraserver-mode": "1_2_4"})]
+    )
+    occupancy.hold(NodeClaim("a", ("default", "job"), 1, 1, PENDING, NOW, 120))
+    world = World(claimed=UnitPlacement(occupancy))
     world.step()
     assert world.api.calls == []
     world = World(claimed=ClaimedNodes("a", except_for=("big",)))  # replacements not on a
