@@ -21,6 +21,7 @@ from neuron_scheduler.extender.consolidating import Consolidator, Limits, Mode
 from neuron_scheduler.extender.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.movers import Movability
+from neuron_scheduler.extender.pending import PendingPods
 from neuron_scheduler.extender.plans import Plans
 from neuron_scheduler.extender.plugins import NodeFilter
 from neuron_scheduler.kube.errors import api_error
@@ -191,6 +192,7 @@ class World:
             self.clock,
         )
         self.plans = Plans(self.ledger, self.movability, self.clock)
+        self.pending = PendingPods(["my-scheduler"])
         return Consolidator(
             self.ledger,
             self.movability,
@@ -198,7 +200,7 @@ class World:
             self.budgets,
             self.api,  # type: ignore[arg-type]
             budget,
-            ["my-scheduler"],
+            self.pending,
             CollectorRegistry(),
             limits=self.limits,
             report=self._report,
@@ -210,7 +212,7 @@ class World:
         self.events.append((ref.name, reason, message))
 
     def views(self) -> tuple[Any, ...]:
-        return (self.ledger, self.movability, self.plans, self.consolidator)
+        return (self.ledger, self.movability, self.plans, self.pending, self.consolidator)
 
     def feed(self) -> None:
         for view in self.views():

@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -64,6 +64,7 @@ from neuron_scheduler.extender.ledger import (
     Ledger,
 )
 from neuron_scheduler.extender.movers import Movability, gang_of, plan_for, stranded
+from neuron_scheduler.extender.pending import PendingPods
 from neuron_scheduler.extender.plans import Active, Plans
 from neuron_scheduler.extender.plugins import NodeFilter, PodsOnly
 from neuron_scheduler.extender.waking import AnnotationWriter
@@ -78,7 +79,6 @@ from neuron_scheduler.kube.errors import (
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.objects import ObjectRef, Pod
 from neuron_scheduler.kube.reading import epoch, servable_request
-from neuron_scheduler.kube.views import pod_uid, replace_all
 
 log = logging.getLogger("neuron_scheduler.extender.consolidating")
 
@@ -170,7 +170,7 @@ class Consolidator(PodsOnly):
         budgets: DisruptionBudgets,
         api: ConsolidationAPI,
         budget: EvictionBudget,
-        scheduler_names: Collection[str],
+        pending: PendingPods,
         registry: CollectorRegistry,
         *,
         limits: Limits = DEFAULT_LIMITS,
@@ -191,7 +191,7 @@ class Consolidator(PodsOnly):
         self.budgets = budgets
         self.api = api
         self.budget = budget
-        self.scheduler_names = frozenset(scheduler_names)
+        self.pending = pending  # pending pods of our schedulers (the view bind reads too)
         self.limits = limits
         self.report = report
         self.policy = policy
@@ -202,28 +202,23 @@ class Consolidator(PodsOnly):
         self.metrics = ConsolidationMetrics(registry)
         self.metrics.in_flight.set_function(lambda: len(self.in_flight()))
         self.metrics.left.set_function(lambda: self.budget.left())
-        self.pending: dict[str, Pod] = {}  # pending pods of our schedulers with a Neuron request
         self._said: dict[str, str] = {}  # pod uid -> the last dry-run or refusal logged
         self._next_look: dict[str, float] = {}  # pod uid -> when to plan for it again
         self._signal = asyncio.Event()
 
-    # --- the pod watch: pending pods of our schedulers ----------------------------------------
+    # --- the pod watch: what it remembers of a pending pod goes with it (fed after `pending`) --
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
-        replace_all(pods, pod_uid, self.apply_pod, dict(self.pending), self.remove_pod)
+        known = {pod.metadata.uid for pod in pods}
+        for uid in [*self._said, *self._next_look]:
+            if uid not in known:
+                self.remove_pod(uid)
 
     def apply_pod(self, pod: Pod) -> None:
-        uid, meta = pod.metadata.uid, pod.metadata
-        gone = pod.finished or meta.deletionTimestamp is not None
-        if not pod.spec.nodeName and not gone and pod.spec.schedulerName in self.scheduler_names:
-            request = servable_request(pod)
-            if request is not None:
-                self.pending[uid] = pod
-                return
-        self.pending.pop(uid, None)
+        if self.pending.get(pod.metadata.uid) is None:  # bound, finished or deleted
+            self.remove_pod(pod.metadata.uid)
 
     def remove_pod(self, uid: str) -> None:
-        self.pending.pop(uid, None)
         self._said.pop(uid, None)
         self._next_look.pop(uid, None)
 

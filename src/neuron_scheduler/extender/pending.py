@@ -30,6 +30,9 @@ class PendingPods:
     def get(self, uid: str) -> Pod | None:
         return self._pods.get(uid)
 
+    def items(self) -> Iterable[tuple[str, Pod]]:
+        return self._pods.items()
+
     def __len__(self) -> int:
         return len(self._pods)
 

@@ -82,6 +82,7 @@ def wire(
         consolidation.max_plans,
         time.time,
     )
+    pending = PendingPods(scheduler_names)  # what bind and consolidation read pods from
     consolidator = Consolidator(
         ledger,
         movability,
@@ -89,7 +90,7 @@ def wire(
         budgets,
         api,
         budget,
-        scheduler_names,
+        pending,
         metrics.registry,
         limits=consolidation,
         report=events.record,
@@ -119,15 +120,14 @@ def wire(
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
-    pending = PendingPods(scheduler_names)
     metrics.waiting.set_function(lambda: len(waker.waiting))
     return Extender(
         ledger,
         metrics,
         synced,
         events,
-        # Plans read what movability has of a pod: after it.
-        (ledger, occupancy, waker, movability, plans, consolidator, pending),
+        # Plans read what movability has of a pod, consolidation what `pending` has: after them.
+        (ledger, occupancy, waker, movability, plans, pending, consolidator),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
