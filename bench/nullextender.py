@@ -46,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, read_body
 from neuron_scheduler.extender.serve import ExtenderOptions, server_config, tls_settings
-from neuron_scheduler.extender.wire import (
+from neuron_scheduler.extender.verbs.wire import (
     ExtenderBindingArgs,
     FilterResult,
     HostPriority,

@@ -49,7 +49,7 @@ from neuron_scheduler.core.allocation import NodeState, Placement, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.resources import NeuronRequest
-from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS
+from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS
 from tests.builders import neuron_capacity, node_json
 from tests.e2e.harness import Scenario, ids, wait_for
 from tests.testbed import ControlPlane, Stack, find_kubebin, scheduler_config

@@ -26,7 +26,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
-from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs
 
 NO_ANSWER = 0  # the status recorded when the connection ended without an HTTP answer
 

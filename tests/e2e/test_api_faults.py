@@ -22,7 +22,7 @@ import pytest
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
-from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS
+from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS
 from tests.builders import neuron_capacity
 from tests.e2e.harness import Scenario, ids, wait_for
 from tests.e2e.test_resilience import assert_no_overlap, unplaced_that_fit

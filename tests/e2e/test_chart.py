@@ -20,9 +20,9 @@ import yaml
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import Unit
-from neuron_scheduler.extender.consolidating import ConsolidationMetrics
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.loops.consolidating import ConsolidationMetrics
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
 from tests.builders import node as node_object
 from tests.builders import node_json

@@ -24,8 +24,8 @@ from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import NodeState, Placement, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
-from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS
-from neuron_scheduler.extender.waking import WAKE_ANNOTATION
+from neuron_scheduler.extender.loops.waking import WAKE_ANNOTATION
+from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS
 from tests.builders import neuron_capacity
 from tests.e2e.harness import Scenario
 from tests.testbed import ExtenderProcess, Stack, scheduler_config

@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
-from neuron_scheduler.extender.wire import ExtenderBindingArgs
+from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.errors import ApiError
 from neuron_scheduler.kube.objects import Node, Pod

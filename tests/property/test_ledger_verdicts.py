@@ -11,7 +11,7 @@ from neuron_scheduler.core.allocation import Decision, Placement, Policy, alloca
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 from tests.builders import node, pod
 
 NODES = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "inf1": "inf1.6xlarge"}

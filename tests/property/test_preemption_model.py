@@ -22,11 +22,11 @@ from neuron_scheduler.core.allocation import NodeState, Placement, allocate, che
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import comma_ids, devices_of_cores
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.preempting import Preemptor
-from neuron_scheduler.extender.wire import ExtenderPreemptionArgs, MetaVictims
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.extender.verbs.wire import ExtenderPreemptionArgs, MetaVictims
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import node, pod
 

@@ -30,10 +30,10 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology, TopologyKind
-from neuron_scheduler.extender.judging import Judge
-from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.wire import ExtenderArgs
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.verbs.judging import Judge
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import SWITCH_DEVICES, node, pod, pod_json
 

@@ -9,8 +9,8 @@ import pytest
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender import binding
-from neuron_scheduler.extender.wire import ExtenderBindingArgs
+from neuron_scheduler.extender.verbs import binding
+from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.errors import Conflict
 from neuron_scheduler.kube.objects import Pod

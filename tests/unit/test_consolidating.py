@@ -1,6 +1,6 @@
-"""Consolidation's controller (extender/consolidating) on a ledger fed as the watches feed it and a
-fake API: when it acts, what it writes and in which order, its holds, its bounds, and what a
-restart leaves."""
+"""Consolidation's controller (extender/loops/consolidating) on a ledger fed as the watches feed it
+and a fake API: when it acts, what it writes and in which order, its holds, its bounds, and what
+a restart leaves."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.consolidating import Consolidator, Limits, Mode
-from neuron_scheduler.extender.evictionbudget import EvictionBudget
-from neuron_scheduler.extender.ledger import Claimant, Ledger
-from neuron_scheduler.extender.movers import Movability
-from neuron_scheduler.extender.pending import PendingPods
-from neuron_scheduler.extender.plans import Plans
-from neuron_scheduler.extender.plugins import NodeFilter
+from neuron_scheduler.extender.loops.consolidating import Consolidator, Limits, Mode
+from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.movability import Movability
+from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.extender.state.plugins import NodeFilter
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
 from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim

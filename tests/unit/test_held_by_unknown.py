@@ -10,10 +10,10 @@ from prometheus_client import generate_latest
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
-from neuron_scheduler.extender.judging import Judge
-from neuron_scheduler.extender.ledger import Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.wire import ExtenderArgs
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.verbs.judging import Judge
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.live.fleet import fleet_view
 from tests.builders import node, pod

@@ -10,8 +10,8 @@ from neuron_scheduler.core.ids import mask_ids
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import NeuronRequest
-from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from tests.builders import node, pod
 
 

@@ -21,7 +21,7 @@ from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.live import commands, snapshot
 from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json
 from neuron_scheduler.live.fleet import fleet_json, fleet_view

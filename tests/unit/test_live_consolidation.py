@@ -11,9 +11,9 @@ from rich.console import Console
 from neuron_scheduler.core import planrecord
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
-from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.extender.movers import Movability
-from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.movability import Movability
+from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.live.consolidation import consolidation_json, consolidation_view
 from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json

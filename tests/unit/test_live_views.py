@@ -13,7 +13,7 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import TopologyKind
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.live.devicemap import FREE, USED, draw, layout, pod_colours
 from neuron_scheduler.live.diagnosis import (

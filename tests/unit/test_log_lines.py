@@ -16,7 +16,7 @@ from neuron_scheduler.commandline import LOG_FORMAT, OneLineFormatter
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.logtext import LINE_LIMIT, TEXT_LIMIT, loggable
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.wire import BadRequest, ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.verbs.wire import BadRequest, ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from tests.builders import node, pod
 from tests.podapi import FakeAPI

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.pending import PendingPods
+from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import pod_json
 

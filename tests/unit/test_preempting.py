@@ -13,11 +13,11 @@ from neuron_scheduler.core.allocation import NodeState, Placement, Policy, alloc
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.preempting import Preemptor
-from neuron_scheduler.extender.wire import (
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.extender.verbs.wire import (
     ExtenderPreemptionArgs,
     MetaPod,
     MetaVictims,
@@ -215,7 +215,7 @@ def test_a_node_that_fits_without_victims_is_not_named() -> None:
 
 @pytest.mark.parametrize("bad", [{"Pod": None}, {"Pod": {}}])
 def test_requests_without_a_pod_or_victims_are_bad(bad: dict[str, Any]) -> None:
-    from neuron_scheduler.extender.wire import BadRequest
+    from neuron_scheduler.extender.verbs.wire import BadRequest
 
     _, preempt = setup("trn1.32xlarge", [])
     args = msgspec.convert(bad, ExtenderPreemptionArgs)

@@ -12,8 +12,8 @@ import msgspec
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.extender.reserving import Reservations
+from neuron_scheduler.extender.loops.reserving import Reservations
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod, UltraServerClaim
 from neuron_scheduler.ultraserver.claims import BOUND, PENDING, NodeClaim, to_object

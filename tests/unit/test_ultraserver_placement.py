@@ -14,8 +14,8 @@ from rich.console import Console
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.extender.wire import ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Node, ObjectMeta, Pod, PodGroup, UltraServerClaim

@@ -10,7 +10,7 @@ from neuron_scheduler.core.handoff import AnnotationError, decode, misfit
 from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_quantity
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.kube.objects import ObjectRef
 from tests.builders import node, pod
 

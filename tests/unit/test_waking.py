@@ -13,11 +13,11 @@ import pytest
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import ALLOC_TIME
 from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.judging import Judge
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.loops.waking import WAKE_ANNOTATION, Waker
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.waking import WAKE_ANNOTATION, Waker
-from neuron_scheduler.extender.wire import ExtenderArgs
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.verbs.judging import Judge
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim

@@ -1,6 +1,6 @@
 """Which pods to move off one node so that a pending pod gets an allowed block, and where each of
-them can go again right now. Pure: shared by the extender's consolidation (extender/consolidating)
-and the simulator (sim/consolidation).
+them can go again right now. Pure: shared by the extender's consolidation
+(extender/loops/consolidating) and the simulator (sim/consolidation).
 
 A pod is stranded by fragmentation when some node has its count free but no node has an allowed
 block for it (`fits_by_count` and the allocator's refusal). The sets examined are those of

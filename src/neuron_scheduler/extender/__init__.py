@@ -1,14 +1,18 @@
-"""The scheduler extender kube-scheduler calls: `filter`, `prioritize`, `bind`.
+"""The scheduler extender kube-scheduler calls: `filter`, `prioritize`, `preempt`, `bind`.
 
-- `wire`: the extender protocol's structs (k8s.io/kube-scheduler/extender/v1).
-- `ledger`: who holds which cores on which node, rebuilt from pods; decisions kept per request
-  shape. No I/O.
-- `plugins`: the extension points (a cluster view, a node filter, a reserver).
-- `judging`: filter and prioritize (`Judge`). No I/O.
-- `binding`: bind (`Binder`): decide again under the node's lock, annotate, bind, roll back.
-- `wiring`: which views, filters and reservers the judge and binder get.
-- consolidation (docs/consolidation.md): `movers` (who is stranded by fragmentation, what may
-  move; no I/O), `plans` (plans read back from pods, and their holds; no I/O), `evictionbudget`
-  (evictions of the last hour on a Lease), `consolidating` (the leader's loop: plan, hold, evict).
-- `metrics`, `http` (the verbs as small ASGI endpoints), `serve` (the process), `command` (CLI).
+The process is here, where a reader looks for the entry point; its three roles are sub-packages:
+
+- `command` (the CLI), `serve` (the process: watches, Lease, HTTP server), `http` (the verbs as
+  small ASGI endpoints, health, metrics), `wiring` (which views, filters, reservers and loops
+  each part gets), `metrics` (the sink every role is handed), `memory` (heap trimming).
+- `verbs/`: what kube-scheduler calls, and its wire types. Answers now, from what the extender
+  knows.
+- `state/`: what the extender knows, rebuilt from the watches, and the extension points. No I/O.
+- `loops/`: what the leader does over time: waking pods, UltraServer claims, consolidation.
+
+Imports run one way (`make lint`, pyproject.toml): the process > `verbs` | `loops` > `metrics` >
+`state`. The verbs and the loops never import each other; what one needs of the other it is
+handed through a Protocol of `state/plugins` (filter is handed the UltraServer rule as a
+`NodeFilter`). A new verb goes in `verbs/`, a new background loop in `loops/`, a new fact about
+the cluster (a view fed by a watch) in `state/`.
 """

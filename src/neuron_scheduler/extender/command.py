@@ -134,9 +134,9 @@ def extender(
     ] = "k8s-neuron-scheduler-consolidation",
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
-    from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
-    from neuron_scheduler.extender.consolidating import Limits, Mode
+    from neuron_scheduler.extender.loops.consolidating import Limits, Mode
     from neuron_scheduler.extender.serve import ExtenderOptions, run
+    from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
     from neuron_scheduler.kube.config import ConfigError, own_namespace
     from neuron_scheduler.kube.election import ElectionConfig, default_identity
 

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.wire import (
+from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
     ExtenderArgs,
     ExtenderBindingArgs,

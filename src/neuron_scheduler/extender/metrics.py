@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from neuron_scheduler.core.allocation import free_devices, largest_free_block
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 
 
 class Metrics:

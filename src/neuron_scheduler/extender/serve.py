@@ -18,12 +18,12 @@ import uvicorn
 
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES
-from neuron_scheduler.extender.consolidating import Limits
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
+from neuron_scheduler.extender.loops.consolidating import Limits
+from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
-from neuron_scheduler.extender.plugins import ClusterView
-from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE
+from neuron_scheduler.extender.state.plugins import ClusterView
+from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import (
     CLAIMS,

@@ -11,20 +11,20 @@ from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.extender.binding import DEFAULT_SCHEDULER_NAMES, Binder
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.consolidating import DEFAULT_LIMITS, Consolidator, Limits
-from neuron_scheduler.extender.evictionbudget import EvictionBudget
-from neuron_scheduler.extender.judging import Judge
-from neuron_scheduler.extender.ledger import Ledger
+from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
+from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.loops.reserving import Reservations, member_unusable
+from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.movers import Movability
-from neuron_scheduler.extender.pending import PendingPods
-from neuron_scheduler.extender.plans import Plans
-from neuron_scheduler.extender.plugins import ClusterView
-from neuron_scheduler.extender.preempting import Preemptor
-from neuron_scheduler.extender.reserving import Reservations, member_unusable
-from neuron_scheduler.extender.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.movability import Movability
+from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.extender.state.plugins import ClusterView
+from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
+from neuron_scheduler.extender.verbs.judging import Judge
+from neuron_scheduler.extender.verbs.preempting import Preemptor
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS, Occupancy, UnitPlacement

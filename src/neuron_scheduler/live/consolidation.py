@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.live.snapshot import Budget
 
 

@@ -15,7 +15,7 @@ disruption budgets are not read here).
 A pod that no node fits while some have its count free is stranded by fragmentation: the case
 kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
 says what consolidation does for it: the plan in flight (its pod's annotation), or what a plan
-would move now (extender/movers, disruption budgets not read), or why nothing may move.
+would move now (extender/loops/movers, disruption budgets not read), or why nothing may move.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
 from neuron_scheduler.core.topology import Topology, TopologyKind
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.ledger import Claimant, Ledger
-from neuron_scheduler.extender.movers import Admits, Movability, anywhere, gang_of, plan_for
-from neuron_scheduler.extender.plans import Plans
-from neuron_scheduler.extender.reserving import member_unusable
+from neuron_scheduler.extender.loops.movers import Admits, anywhere, plan_for
+from neuron_scheduler.extender.loops.reserving import member_unusable
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.movability import Movability, gang_of
+from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request

@@ -23,7 +23,7 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.ids import devices_of_cores, mask_ids
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.extender.ledger import Ledger, Nomination, Unusable
+from neuron_scheduler.extender.state.ledger import Ledger, Nomination, Unusable
 
 # The request sizes the fleet summary asks about: every device count a torus allows (and 2, which
 # rings and chains allow), and the usual core counts.

@@ -20,9 +20,9 @@ from neuron_scheduler.core.planrecord import (
     PlanError,
     decode_budget,
 )
-from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.extender.movers import Movability
-from neuron_scheduler.extender.plans import Plans
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.movability import Movability
+from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.client import CLAIMS, NODES, POD_GROUPS, PODS, KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim

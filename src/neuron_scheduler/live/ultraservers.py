@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_scheduler.core.allocation import Policy
-from neuron_scheduler.extender.ledger import Ledger
-from neuron_scheduler.extender.reserving import member_unusable
+from neuron_scheduler.extender.loops.reserving import member_unusable
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.ultraserver.claims import PENDING
 from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, job_text, plan
 

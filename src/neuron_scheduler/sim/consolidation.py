@@ -1,4 +1,4 @@
-"""Consolidation in the simulator: the extender's (extender/consolidating) on a model of the
+"""Consolidation in the simulator: the extender's (extender/loops/consolidating) on a model of the
 cluster. Pure.
 
 A pod still waiting `pending_seconds` after it arrived, that fits by count on some node but has

@@ -1,6 +1,6 @@
 """UltraServer placement of training jobs, all or nothing: what the extender's filter admits, and
 which units a job's reservation takes. No I/O (the extender's reservation loop writes the claims
-this reads: extender/reserving.py).
+this reads: extender/loops/reserving.py).
 
 A member is a pod of a training job (`ultraserver.jobs`: MPIJob, PyTorchJob, JobSet, Kubeflow
 Trainer, LeaderWorkerSet, the Workload API's PodGroup, or our annotation), one per node. Its node
@@ -54,7 +54,7 @@ UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
 log = logging.getLogger(__name__)
 CLAIM_SECONDS = 120.0
 
-# Why the waker hears of nodes (extender.waking): a claim was made (its job's members may go
+# Why the waker hears of nodes (extender/loops/waking): a claim was made (its job's members may go
 # there now) or ended (other jobs may plan for the nodes).
 CLAIM_MADE = "claim_made"
 CLAIM_ENDED = "claim_ended"

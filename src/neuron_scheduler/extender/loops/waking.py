@@ -42,7 +42,7 @@ from typing import Protocol
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import (
+from neuron_scheduler.extender.state.ledger import (
     NODE_CHANGED,
     NOMINATION_ENDED,
     POD_CHANGED,
@@ -51,7 +51,7 @@ from neuron_scheduler.extender.ledger import (
     Claimant,
     Ledger,
 )
-from neuron_scheduler.extender.plugins import HoldKeeper, NodeFilter
+from neuron_scheduler.extender.state.plugins import HoldKeeper, NodeFilter
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod

@@ -26,10 +26,10 @@ from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.wire import (
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,

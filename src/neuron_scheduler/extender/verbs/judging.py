@@ -18,10 +18,10 @@ from neuron_scheduler.core.catalog import CapacityError
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.plugins import NodeFilter, RefusalListener
-from neuron_scheduler.extender.wire import (
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.plugins import NodeFilter, RefusalListener
+from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
     ExtenderArgs,
     FilterResult,

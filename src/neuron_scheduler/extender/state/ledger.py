@@ -58,7 +58,8 @@ BIND_RELEASED = "bind_released"
 HOLD_EXPIRED = "hold_expired"
 HOLD_RELEASED = "hold_released"
 
-log = logging.getLogger(__name__)
+# Named as before the split into sub-packages: log names are what operators filter on.
+log = logging.getLogger("neuron_scheduler.extender.ledger")
 UNIT_RESOURCE = {Unit.DEVICE: NEURON, Unit.CORE: NEURONCORE}
 
 
@@ -493,7 +494,7 @@ class Ledger:
         for uid in [u for u, announced in self._announced.items() if announced.until <= now]:
             self._announce(uid, None, HOLD_EXPIRED)
 
-    # A HoldKeeper (extender.plugins): the waker ends announced holds when they are due.
+    # A HoldKeeper (extender/state/plugins): the waker ends announced holds when they are due.
 
     def seconds_to_next_expiry(self) -> float | None:
         if not self._announced:

@@ -1,7 +1,7 @@
 """The consolidation plans in the cluster, read back from their pods' annotations
 (core/planrecord), and the holds each makes in the ledger while it is in flight. No I/O: the
-extender (extender/consolidating) writes and ends plans; `kubectl neuron status` and `why` feed
-the same view from a list, so they show what the extender holds.
+leader's consolidation (extender/loops/consolidating) writes and ends plans; `kubectl neuron
+status` and `why` feed the same view from a list, so they show what the extender holds.
 
 A plan's holds (`Ledger.hold`): the block freed for its pod until the pod is bound, and the place
 of each moved pod's replacement until a pod of the moved pod's controller with the same request,
@@ -24,15 +24,15 @@ from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, PlanError, PlanRecord, decode
 from neuron_scheduler.core.resources import NeuronRequest
-from neuron_scheduler.extender.ledger import (
+from neuron_scheduler.extender.state.ledger import (
     HOLD_EXPIRED,
     HOLD_RELEASED,
     POD_DELETED,
     Ledger,
     Nomination,
 )
-from neuron_scheduler.extender.movers import Facts, Movability
-from neuron_scheduler.extender.plugins import PodsOnly
+from neuron_scheduler.extender.state.movability import Facts, Movability
+from neuron_scheduler.extender.state.plugins import PodsOnly
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import epoch, servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
@@ -263,7 +263,7 @@ class Plans(PodsOnly):
         active = self.plans.get(uid)
         return active is not None and not active.ended
 
-    # A HoldKeeper (extender.plugins): the waker ends plans whose time is up.
+    # A HoldKeeper (extender/state/plugins): the waker ends plans whose time is up.
 
     def seconds_to_next_expiry(self) -> float | None:
         live = self.in_flight()

@@ -31,7 +31,7 @@ from typing import Protocol
 from neuron_scheduler.core.allocation import Placement, Policy, allocate
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.resources import RequestError
-from neuron_scheduler.extender.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod, UltraServerClaim

@@ -2,14 +2,14 @@
 go elsewhere (docs/consolidation.md).
 
 When it acts: a pending pod of a scheduler we serve that kube-scheduler found unschedulable, for
-longer than `pending_seconds`, only because of fragmentation (extender/movers.stranded), and not
-nominated by kube-scheduler's own preemption. Pods of gang jobs are left to their job.
+longer than `pending_seconds`, only because of fragmentation (extender/loops/movers.stranded),
+and not nominated by kube-scheduler's own preemption. Pods of gang jobs are left to their job.
 
-What it moves, and where: extender/movers.plan_for (core/consolidation's rules).
+What it moves, and where: extender/loops/movers.plan_for (core/consolidation's rules).
 
 How, in this order, so that a crash at any point leaves nothing held for ever and nothing
 evicted twice:
-1. the eviction budget is spent on its Lease (extender/evictionbudget);
+1. the eviction budget is spent on its Lease (extender/loops/evictionbudget);
 2. the plan is written on the pending pod (`PLAN_ANNOTATION`, core/planrecord): the node, the
    block freed for it, the moved pods and the place held for each one's replacement, until when.
    From here the ledger holds them (`Ledger.hold`): the block as a nominated pod's block (and
@@ -58,16 +58,17 @@ from neuron_scheduler.core.planrecord import (
     encode,
 )
 from neuron_scheduler.core.resources import NeuronRequest
-from neuron_scheduler.extender.budgets import DisruptionBudgets
-from neuron_scheduler.extender.evictionbudget import BudgetUnavailable, EvictionBudget
-from neuron_scheduler.extender.ledger import (
+from neuron_scheduler.extender.loops.evictionbudget import BudgetUnavailable, EvictionBudget
+from neuron_scheduler.extender.loops.movers import plan_for, stranded
+from neuron_scheduler.extender.loops.waking import AnnotationWriter
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.ledger import (
     Ledger,
 )
-from neuron_scheduler.extender.movers import Movability, gang_of, plan_for, stranded
-from neuron_scheduler.extender.pending import PendingPods
-from neuron_scheduler.extender.plans import Active, Plans
-from neuron_scheduler.extender.plugins import NodeFilter, PodsOnly
-from neuron_scheduler.extender.waking import AnnotationWriter
+from neuron_scheduler.extender.state.movability import Movability, gang_of
+from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.plans import Active, Plans
+from neuron_scheduler.extender.state.plugins import NodeFilter, PodsOnly
 from neuron_scheduler.kube.errors import (
     READ_ERRORS,
     Conflict,

@@ -16,7 +16,7 @@ changed since the patch (removing the annotations is such a change). While that 
 (the API keeps failing), the devices stay held, for `ANNOUNCED_SECONDS` at most, and the pod's next
 bind settles it first.
 
-The pod is read from the watch when it shows it pending (extender/pending.py), saving a round
+The pod is read from the watch when it shows it pending (extender/state/pending.py), saving a round
 trip: a copy behind the pod fails the patch's resourceVersion precondition (nothing is written,
 nothing can land later) or gets a refusal it might not get now (its own earlier bind may have
 landed), and bind then starts over from the API's copy.
@@ -39,10 +39,10 @@ from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocat
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
-from neuron_scheduler.extender.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
 from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.plugins import Reserver
-from neuron_scheduler.extender.wire import BadRequest, ExtenderBindingArgs
+from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
+from neuron_scheduler.extender.state.plugins import Reserver
+from neuron_scheduler.extender.verbs.wire import BadRequest, ExtenderBindingArgs
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.events import EventRecorder
@@ -102,8 +102,8 @@ class Binder:
         bound pods itself); `scheduler_names`: the profiles whose binds this extender serves;
         `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
         the pod while bind's writes are conditioned on its resourceVersion; `pending(uid)`: the
-        pod as the watch last showed it, if it is pending (extender/pending.py), read instead of
-        asking the API for it."""
+        pod as the watch last showed it, if it is pending (extender/state/pending.py), read
+        instead of asking the API for it."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
