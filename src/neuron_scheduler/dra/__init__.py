@@ -1,13 +1,15 @@
 """The DRA driver: a second front end of the same catalog and allocator, for nodes that use
 Kubernetes Dynamic Resource Allocation instead of our device plugin.
 
-Every legal set of Neuron devices is published as one device (`shapes`, `slices`) consuming
-counters of its members, so the scheduler's own allocator can only ever pick a legal set, and
-never two that overlap; `devicegroups` adds AWS's EFA alignment attributes. On the node,
-`preparing` re-checks an allocated claim and writes its CDI spec (`cdi`), remembered across
-restarts (`checkpoint`); `service` serves kubelet's registration and DRAPlugin APIs; `publisher`
-keeps the ResourceSlices current; `driver` runs it all; `command` is the CLI entry point.
-`firstfit` models the scheduler's decision over our devices, for benchmarks.
+Every legal set of Neuron devices, and every legal window of NeuronCores up to a configured size,
+is published as one device (`shapes`, `slices`) consuming counters of what it takes, so the
+scheduler's own allocator can only ever pick a legal set, and never two that share a core;
+`devicegroups` adds AWS's EFA alignment attributes. On the node, `preparing` re-checks an
+allocated claim and writes its CDI spec (`cdi`), remembered across restarts (`checkpoint`);
+`service` serves kubelet's registration and DRAPlugin APIs; `publisher` keeps the ResourceSlices
+current; `driver` runs it all; `command` is the CLI entry point. `firstfit` models the scheduler's
+decision over our devices (for benchmarks, and for the extender's node score of pods with our
+claims, `scoring`).
 
 Kept free of imports so that loading the CLI does not load gRPC.
 """
@@ -19,3 +21,6 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_LOGICAL_NC_CONFIG = Path("/opt/aws/neuron/logical_nc_config")
+# Core windows of 1 .. this many cores are published (BENCHMARKS.md "DRA at 500 nodes" weighs
+# slice sizes and the scheduler's time against it).
+DEFAULT_CORE_WINDOWS = 16

@@ -10,6 +10,7 @@ import typer
 from neuron_scheduler import commandline
 from neuron_scheduler.dra import (
     DEFAULT_CDI_ROOT,
+    DEFAULT_CORE_WINDOWS,
     DEFAULT_DRIVER_NAME,
     DEFAULT_LOGICAL_NC_CONFIG,
     DEFAULT_PLUGINS_DIR,
@@ -38,6 +39,13 @@ def dra_driver(
     cdi_root: Annotated[
         Path, typer.Option(help="where CDI specs go (one the container runtime reads)")
     ] = DEFAULT_CDI_ROOT,
+    core_windows: Annotated[
+        int,
+        typer.Option(
+            help="publish windows of 1 .. this many NeuronCores beside the device sets, for "
+            "core claims (0: none; at most 32)"
+        ),
+    ] = DEFAULT_CORE_WINDOWS,
     health_interval: commandline.HealthInterval = 5.0,
     resync_interval: Annotated[
         float, typer.Option(help="seconds between checks that the ResourceSlices are intact")
@@ -45,8 +53,10 @@ def dra_driver(
     log_level: commandline.LogLevel = "info",
 ) -> None:
     """Serve Neuron devices through Dynamic Resource Allocation: publish every legal device set
-    of this node as a ResourceSlice device and prepare the claims kubelet hands over."""
+    of this node, and its NeuronCore windows, as ResourceSlice devices and prepare the claims
+    kubelet hands over."""
     from neuron_scheduler.dra.driver import DriverConfig, driver_name_problem, run
+    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW
     from neuron_scheduler.kube.config import ConfigError
 
     with commandline.user_errors(ConfigError):
@@ -55,6 +65,10 @@ def dra_driver(
         if problem:
             raise commandline.UsageError(f"--driver-name: {problem}")
         commandline.check_positive("--resync-interval", resync_interval)
+        if not 0 <= core_windows <= MAX_CORE_WINDOW:
+            raise commandline.UsageError(
+                f"--core-windows must be 0 .. {MAX_CORE_WINDOW}, got {core_windows}"
+            )
         commandline.setup_logging(level)
         run(
             DriverConfig(
@@ -63,6 +77,7 @@ def dra_driver(
                 plugins_dir=plugins_dir,
                 registry_dir=registry_dir,
                 cdi_root=cdi_root,
+                core_windows=core_windows,
                 resync_interval=resync_interval,
             )
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import signal
@@ -15,6 +16,7 @@ from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra import (
     DEFAULT_CDI_ROOT,
+    DEFAULT_CORE_WINDOWS,
     DEFAULT_DRIVER_NAME,
     DEFAULT_LOGICAL_NC_CONFIG,
     DEFAULT_PLUGINS_DIR,
@@ -66,6 +68,8 @@ class DriverConfig:
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_root: Path = DEFAULT_CDI_ROOT
+    # Core windows of 1 .. this many cores are published beside the device sets (0: none).
+    core_windows: int = DEFAULT_CORE_WINDOWS
     health_interval: float = 5.0
     resync_interval: float = 60.0
     socket_poll_interval: float = 1.0
@@ -182,7 +186,9 @@ class Driver:
             log.warning("%s", warning)
         self.devices = NodeDevices(topology, host.physical_cores, dict(host.problems))
         paired = efa_pairing(topology.instance_type, host, topology.devices)
-        self.inventory = NodeInventory(owner.name, topology, paired, dict(host.problems))
+        self.inventory = NodeInventory(
+            owner.name, topology, paired, dict(host.problems), self.config.core_windows
+        )
         log.info(
             "node %s: %s, %s of %d devices x %d cores, %d unhealthy%s",
             owner.name,
@@ -274,10 +280,7 @@ class Driver:
                 elif d not in problems:
                     log.info("neuron%d is healthy again", d)
             self.devices.unhealthy = problems
-            inventory = self.inventory
-            self.inventory = NodeInventory(
-                inventory.node, inventory.topology, inventory.efa_pairing, dict(problems)
-            )
+            self.inventory = dataclasses.replace(self.inventory, unhealthy=dict(problems))
             self.changed.set()
 
 
