@@ -589,6 +589,39 @@ def _decide_by_demand(
     return Placement(tuple(sorted({core // per_device for core in cores})), cores, score)
 
 
+def placement_score(
+    topology: Topology,
+    state: NodeState,
+    unit: Unit,
+    taken: int,
+    policy: Policy = Policy.BEST_FIT,
+    demand: DemandWeights = (),
+) -> int:
+    """0-10: the node score `allocate` gives a placement, for one chosen elsewhere (the
+    scheduler's DRA allocator picks the device; the extender scores its node). `taken`: the
+    placement's cores (a device request's: all of its devices' cores).
+
+    Without demand, how tightly the request fills the free block it is cut from; with it, how
+    little it wastes, capped for small device requests by the fit (allocate caps by the fit of
+    its own best-fit pick, which may be another placement of the same request)."""
+    used = state.used_cores
+    count = taken.bit_count()
+    if unit is Unit.DEVICE:
+        chosen = devices_touched(taken, topology.cores_per_device, topology.devices)
+        count = chosen.bit_count()
+        fit = fit_score(count, _block_size(topology, busy_devices(topology, used), chosen))
+    else:
+        start = (taken & -taken).bit_length() - 1
+        run_start, run_end = _run_around(used, start, topology.total_cores)
+        fit = fit_score(count, run_end - run_start)
+    if not decides_by_demand(topology, policy, demand):
+        return fit
+    score = demand_score(topology, used, taken, demand)
+    if unit is Unit.DEVICE and count <= SMALL_DEVICE_COUNT:
+        score = min(score, fit)
+    return score
+
+
 def demand_score(topology: Topology, used: int, taken: int, demand: DemandWeights) -> int:
     """The node score by demand alone, without best-fit's ceiling for small device pods (the
     rule before the ceiling; bench/quality_variants.py compares the two)."""

@@ -14,6 +14,7 @@ claims, `scoring`).
 Kept free of imports so that loading the CLI does not load gRPC.
 """
 
+import re
 from pathlib import Path
 
 DEFAULT_DRIVER_NAME = "neuron.neuron-scheduler.io"
@@ -24,3 +25,21 @@ DEFAULT_LOGICAL_NC_CONFIG = Path("/opt/aws/neuron/logical_nc_config")
 # Core windows of 1 .. this many cores are published (BENCHMARKS.md "DRA at 500 nodes" weighs
 # slice sizes and the scheduler's time against it).
 DEFAULT_CORE_WINDOWS = 16
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
+# Not ours to publish under: AWS's driver is neuron.aws.com.
+FOREIGN_DOMAINS = ("aws.com", "amazonaws.com", "amazon.com", "k8s.io", "kubernetes.io")
+
+
+def driver_name_problem(name: str) -> str | None:
+    """Why a driver name cannot be used, or None."""
+    if len(name) > 63 or not _DNS_SUBDOMAIN.fullmatch(name):
+        return (
+            f"{name[:80]!r} is not a domain-qualified DNS subdomain of at most 63 characters "
+            "(e.g. neuron.example.com)"
+        )
+    for domain in FOREIGN_DOMAINS:
+        if name == domain or name.endswith("." + domain):
+            return f"{name} is under {domain}, which is not ours to publish devices for"
+    return None

@@ -55,7 +55,8 @@ def dra_driver(
     """Serve Neuron devices through Dynamic Resource Allocation: publish every legal device set
     of this node, and its NeuronCore windows, as ResourceSlice devices and prepare the claims
     kubelet hands over."""
-    from neuron_scheduler.dra.driver import DriverConfig, driver_name_problem, run
+    from neuron_scheduler.dra import driver_name_problem
+    from neuron_scheduler.dra.driver import DriverConfig, run
     from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW
     from neuron_scheduler.kube.config import ConfigError
 

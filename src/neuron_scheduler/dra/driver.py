@@ -7,13 +7,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_scheduler.core.catalog import CapacityError, Catalog
-from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.dra import (
     DEFAULT_CDI_ROOT,
     DEFAULT_CORE_WINDOWS,
@@ -26,6 +24,7 @@ from neuron_scheduler.dra.checkpoint import Checkpoint
 from neuron_scheduler.dra.claims import ResourceClaim
 from neuron_scheduler.dra.devicegroups import pairing
 from neuron_scheduler.dra.hardware import HostDevices, read_host, read_logical_nc
+from neuron_scheduler.dra.pools import node_topology
 from neuron_scheduler.dra.preparing import NodeDevices, Preparer
 from neuron_scheduler.dra.publisher import Owner, Publisher
 from neuron_scheduler.dra.service import Registration, dra_server, registration_server
@@ -37,23 +36,6 @@ from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, NotFound, error_text
 
 log = logging.getLogger(__name__)
-
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
-# Not ours to publish under: AWS's driver is neuron.aws.com.
-FOREIGN_DOMAINS = ("aws.com", "amazonaws.com", "amazon.com", "k8s.io", "kubernetes.io")
-
-
-def driver_name_problem(name: str) -> str | None:
-    """Why a driver name cannot be used, or None."""
-    if len(name) > 63 or not _DNS_SUBDOMAIN.fullmatch(name):
-        return (
-            f"{name[:80]!r} is not a domain-qualified DNS subdomain of at most 63 characters "
-            "(e.g. neuron.example.com)"
-        )
-    for domain in FOREIGN_DOMAINS:
-        if name == domain or name.endswith("." + domain):
-            return f"{name} is under {domain}, which is not ours to publish devices for"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,22 +67,6 @@ class DriverConfig:
     @property
     def registration_socket(self) -> Path:
         return self.registry_dir / f"{self.driver_name}-reg.sock"
-
-
-def node_topology(
-    catalog: Catalog, instance_type: str, host: HostDevices, cores: int
-) -> tuple[Topology, str | None]:
-    """The node's topology from its label and the devices found; a warning when they disagree
-    (the devices win: they are what kubelet will hand out)."""
-    try:
-        resolved = catalog.resolve(instance_type, host.count, host.count * cores)
-    except CapacityError as error:
-        resolved = catalog.resolve("", host.count, host.count * cores)
-        return resolved.topology, (
-            f"{instance_type or 'no instance type'}: {error}; treating the {host.count} devices "
-            "found as a chain"
-        )
-    return resolved.topology, resolved.warning
 
 
 def efa_pairing(instance_type: str, host: HostDevices, devices: int) -> tuple[str, ...] | None:
@@ -181,7 +147,7 @@ class Driver:
         if owner is None or found is None:
             return
         host, cores = found
-        topology, warning = node_topology(self.catalog, self.instance_type, host, cores)
+        topology, warning = node_topology(self.catalog, self.instance_type, host.count, cores)
         if warning:
             log.warning("%s", warning)
         self.devices = NodeDevices(topology, host.physical_cores, dict(host.problems))
