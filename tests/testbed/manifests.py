@@ -20,6 +20,7 @@ def scheduler_config(
     kubeconfig: str | None = None,
     pki: Pki | None = None,
     profile: Profile = CHART,
+    dra_prioritize: bool = False,
 ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with one profile and, optionally, our extender.
 
@@ -29,6 +30,8 @@ def scheduler_config(
     Without kubeconfig the scheduler uses its in-cluster service account, which
     is what the Helm chart deploys; the testbed passes one. With `pki`, kube-scheduler calls
     the extender over HTTPS with my-scheduler's client certificate, as the chart sets it up.
+    With `dra_prioritize`, a second entry scores nodes for pods with our DRA claims, as the
+    chart adds it with dra.enabled.
     """
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -65,11 +68,22 @@ def scheduler_config(
             del config["extenders"][0]["prioritizeVerb"]
         if preemption:
             config["extenders"][0]["preemptVerb"] = "preempt"
+        if dra_prioritize:
+            config["extenders"].append(
+                {
+                    "urlPrefix": extender_url,
+                    "prioritizeVerb": "prioritize-claims",
+                    "weight": profile.extender_weight,
+                    "nodeCacheCapable": node_cache_capable,
+                    "ignorable": True,
+                }
+            )
         if pki is not None:
-            config["extenders"][0]["enableHTTPS"] = True
-            config["extenders"][0]["tlsConfig"] = {
-                "certFile": str(pki.client_cert),
-                "keyFile": str(pki.client_key),
-                "caFile": str(pki.ca),
-            }
+            for entry in config["extenders"]:
+                entry["enableHTTPS"] = True
+                entry["tlsConfig"] = {
+                    "certFile": str(pki.client_cert),
+                    "keyFile": str(pki.client_key),
+                    "caFile": str(pki.ca),
+                }
     return config

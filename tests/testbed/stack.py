@@ -33,8 +33,10 @@ SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# With consolidation on, the chart adds these (the tests run it on).
+# With consolidation on, the chart adds these (the tests run it on); with the DRA driver on, the
+# DRA scoring rules (the tests run that too).
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
+DRA_SCORING_RULES = RULES.with_name("dra-scoring-rules.yaml")
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -205,7 +207,11 @@ class Stack:
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
         install_claims_crd(cp)
-        rules = yaml.safe_load(RULES.read_text()) + yaml.safe_load(CONSOLIDATION_RULES.read_text())
+        rules = [
+            rule
+            for path in (RULES, CONSOLIDATION_RULES, DRA_SCORING_RULES)
+            for rule in yaml.safe_load(path.read_text())
+        ]
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",
@@ -252,7 +258,7 @@ class Stack:
         self.scheduler: Scheduler | None = None
         self.node_cache_capable = True
         self.preemption = True
-        self._scheduler_setup: tuple[bool, bool, Profile] | None = None
+        self._scheduler_setup: tuple[bool, bool, Profile, bool] | None = None
 
     @staticmethod
     def _budget_role(cp: ControlPlane) -> None:
@@ -294,11 +300,16 @@ class Stack:
         )
 
     def use_scheduler(
-        self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART
+        self,
+        node_cache_capable: bool,
+        preemption: bool = True,
+        profile: Profile = CHART,
+        dra_prioritize: bool = False,
     ) -> Scheduler:
         """(Re)start `my-scheduler` with the extender in the given node mode, with or without
-        the preempt verb, scoring as `profile` says (the chart's by default)."""
-        wanted = (node_cache_capable, preemption, profile)
+        the preempt verb, scoring as `profile` says (the chart's by default), with or without
+        the DRA scoring entry."""
+        wanted = (node_cache_capable, preemption, profile, dra_prioritize)
         if self.scheduler is not None and self._scheduler_setup == wanted:
             return self.scheduler
         if self.scheduler is not None:
@@ -311,6 +322,7 @@ class Stack:
             preemption=preemption,
             pki=self.pki,
             profile=profile,
+            dra_prioritize=dra_prioritize,
         )
         self.scheduler = self.cp.start_scheduler(config=config)
         return self.scheduler

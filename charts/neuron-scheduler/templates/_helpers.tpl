@@ -236,6 +236,28 @@ its kube-scheduler (tests/testbed/manifests.py).
       ignoredByScheduler: false
     - name: aws.amazon.com/neurondevice
       ignoredByScheduler: false
+  {{- include "ns.extenderTLS" . }}
+{{- end -}}
+
+{{/*
+A second extender entry, with the DRA driver on: it scores nodes for pods with claims of the
+chart's DRA classes (docs/dra.md "Node choice"). Prioritize only: such pods request no resource
+the first entry manages, so this one has no managedResources and kube-scheduler asks it about
+every pod (it answers 0 for all but ours); it never filters, binds or fails a pod, and a down
+extender costs only the scores (kube-scheduler ignores prioritize errors).
+*/}}
+{{- define "ns.draExtenderEntry" -}}
+{{- if .Values.dra.enabled -}}
+- urlPrefix: {{ include "ns.urlPrefix" . | quote }}
+  prioritizeVerb: prioritize-claims
+  weight: {{ .Values.scheduler.scoring.extenderWeight }}
+  nodeCacheCapable: {{ .Values.scheduler.nodeCacheCapable }}
+  ignorable: true
+  {{- include "ns.extenderTLS" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "ns.extenderTLS" -}}
   {{- if .Values.scheduler.tls.enabled }}
   enableHTTPS: true
   # kube-scheduler checks the extender's certificate and presents its own client certificate:

@@ -168,6 +168,9 @@ def build_apps(
     async def do_prioritize(args: ExtenderArgs, body: bytes) -> Any:
         return judge.prioritize(args, body)
 
+    async def do_prioritize_claims(args: ExtenderArgs, body: bytes) -> Any:
+        return judge.prioritize_claims(args, body)
+
     async def do_bind(args: ExtenderBindingArgs, _: bytes) -> Any:
         if elector is not None and not elector.is_leader:
             metrics.binds.labels("not_leader").inc()
@@ -198,8 +201,8 @@ def build_apps(
         detail = exc.detail
         if exc.status_code == 404:
             detail = (
-                "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt "
-                "(and /metrics on its metrics port)"
+                "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt, "
+                "/prioritize-claims (and /metrics on its metrics port)"
             )
         return _json_error(detail, exc.status_code)
 
@@ -210,6 +213,10 @@ def build_apps(
     verbs = {
         "/filter": Verb("filter", ExtenderArgs, do_filter, metrics, body_limit),
         "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
+        # Pods with our DRA claims (a prioritize-only extender entry without managedResources).
+        "/prioritize-claims": Verb(
+            "prioritize-claims", ExtenderArgs, do_prioritize_claims, metrics, body_limit
+        ),
         "/bind": Verb("bind", ExtenderBindingArgs, do_bind, metrics, body_limit),
         "/preempt": Verb("preempt", ExtenderPreemptionArgs, do_preempt, metrics, body_limit),
     }

@@ -17,6 +17,7 @@ from neuron_scheduler.extender.loops.reserving import Reservations, member_unusa
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
@@ -50,6 +51,7 @@ class Extender:
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     pending: PendingPods  # what bind reads a pod from, when the watch has it
+    dra: DraNodes | None = None  # our DRA driver's nodes and claims (prioritize-claims)
 
 
 def wire(
@@ -62,9 +64,10 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
+    dra: ClaimClasses | None = None,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
-    on."""
+    on; `dra`: our DRA driver and classes, whose pods prioritize-claims scores (None: none)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
@@ -121,15 +124,25 @@ def wire(
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
+    dra_nodes = DraNodes(catalog, dra) if dra is not None else None
     return Extender(
         ledger,
         metrics,
         synced,
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
-        (ledger, occupancy, waker, movability, plans, pending, consolidator),
+        (
+            ledger,
+            occupancy,
+            waker,
+            movability,
+            plans,
+            pending,
+            consolidator,
+            *([dra_nodes] if dra_nodes is not None else []),
+        ),
         budgets,
-        Judge(ledger, metrics, policy, filters=[units], listener=waker),
+        Judge(ledger, metrics, policy, filters=[units], listener=waker, dra=dra_nodes),
         Binder(
             api,
             ledger,
@@ -148,4 +161,5 @@ def wire(
         reservations,
         consolidator,
         pending,
+        dra_nodes,
     )

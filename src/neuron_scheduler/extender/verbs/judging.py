@@ -18,7 +18,10 @@ from neuron_scheduler.core.catalog import CapacityError
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.dra.scoring import scored_decision
+from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.dranodes import DraNodes
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.extender.state.plugins import NodeFilter, RefusalListener
 from neuron_scheduler.extender.verbs.wire import (
@@ -48,10 +51,13 @@ class Judge:
         filters: Sequence[NodeFilter] = (),
         listener: RefusalListener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dra: DraNodes | None = None,
     ) -> None:
         """`filters` narrow what passed the device check, given `clock()`'s time; `listener`
-        hears which pods got no node."""
+        hears which pods got no node; `dra`: what is known of our DRA driver's nodes (None:
+        pods with DRA claims are not scored)."""
         self.clock = clock
+        self.dra = dra
         self.ledger = ledger
         self.metrics = metrics
         self.policy = policy
@@ -230,5 +236,31 @@ class Judge:
             if score is None:
                 decision, _ = strangers(name)
                 score = decision.score if isinstance(decision, Placement) else 0
+            answer.append(HostPriority(name, score))
+        return answer
+
+    def prioritize_claims(
+        self, args: ExtenderArgs, body: bytes | None = None
+    ) -> list[HostPriority]:
+        """Scores for a pod with a claim of our DRA classes: on each node, the device the
+        scheduler's DRA allocator will pick there (first fit in our order), scored by the same
+        best-fit measure as our own placements (`dra.scoring`). Every other pod, and nodes that
+        are not our DRA nodes or cannot give the claim a device, score 0: kube-scheduler's DRA
+        plugin has already filtered the nodes, and this verb never refuses one."""
+        names = node_names(args, body)
+        dra = self.dra
+        request = dra.request_of(args.Pod) if dra is not None and args.Pod is not None else None
+        if dra is None or request is None:
+            return list(map(HostPriority, names, repeat(0)))
+        weights = dra.demand.weights
+        answer = []
+        for name in names:
+            known = dra.node(name)
+            score = 0
+            if known is not None:
+                topology, state = known
+                decision = scored_decision(topology, state, request, MAX_CORE_WINDOW, weights)
+                if isinstance(decision, Placement):
+                    score = decision.score
             answer.append(HostPriority(name, score))
         return answer
