@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
+from typer.testing import CliRunner
 
 from neuron_scheduler.core.allocation import NodeState, allocate, placement_score
 from neuron_scheduler.core.catalog import Catalog
@@ -15,6 +17,7 @@ from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, U
 from neuron_scheduler.dra.claims import ResourceClaim
 from neuron_scheduler.dra.pools import PoolSlice, pool_size
 from neuron_scheduler.dra.slices import NodeInventory, pool_slices
+from neuron_scheduler.extender.command import register
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
@@ -22,6 +25,7 @@ from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import node
+from tests.unit.commands import app_with
 
 DRIVER = "neuron.example.com"
 CATALOG = Catalog.builtin()
@@ -207,3 +211,25 @@ def test_demand_is_recorded_once_per_claim_of_ours() -> None:
         dra.apply_claim(claim("mine", "neuroncore-2"))  # the same claim, changing
     dra.apply_claim(claim("gpu", "gpu-1"))
     assert dra.demand.weights == ((Unit.CORE, 2, 1024),)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dra-driver", "neuron.aws.com"], "--dra-driver: neuron.aws.com is under aws.com"),
+        (["--dra-driver", "Neuron"], "--dra-driver: 'Neuron' is not a domain-qualified"),
+        (
+            ["--dra-driver", "neuron.example.com", "--dra-core-class-prefix", "Bad_Prefix"],
+            "--dra-core-class-prefix 'Bad_Prefix' is not a DNS label prefix",
+        ),
+        (
+            ["--dra-driver", "neuron.example.com", "--dra-core-class-prefix", "neuron"],
+            "--dra-device-class-prefix and --dra-core-class-prefix differ",
+        ),
+    ],
+)
+def test_the_extender_refuses_bad_dra_options_in_one_line(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app_with(register), ["extender", "--insecure", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
