@@ -9,7 +9,7 @@ type, `--rounds` republishes alternating between our order and the same devices 
 order reversed (what a best-fit reorder does to the class a claim just took from), timed from
 the first write to the last (the window the node is unusable), with the API writes each takes.
 
-Run: uv run python bench/dra_republish.py [--rounds 10] [--core-windows 16]
+Run: uv run python bench/dra_republish.py [--rounds 10] [--core-windows 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import replace
 
-from dra_scale import DRIVER, create_nodes, inventory
+from dra_scale import DRIVER, counts, create_nodes, inventory, label
 from fleet import ROOT
 from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
 from neuron_scheduler.dra import publisher as publishing
@@ -56,9 +56,9 @@ def reordered(driver: str, inv: NodeInventory) -> list[SliceContent]:
     return out
 
 
-async def measure(cp: ControlPlane, rounds: int, core_windows: int) -> None:
+async def measure(cp: ControlPlane, rounds: int, core_windows: tuple[int, ...]) -> None:
     nodes = create_nodes(cp, len(TYPES))
-    print(f"machine: {machine()}\ncore windows of 1-{core_windows} cores, {rounds} rounds\n")
+    print(f"machine: {machine()}\ncore windows of {label(core_windows)} cores, {rounds} rounds\n")
     print("| node | slices | devices | republish, mean (max) | API writes per republish |")
     print("|---|---|---|---|---|")
     async with KubeAPI(load_kubeconfig(cp.kubeconfig_path)) as api:
@@ -89,10 +89,10 @@ async def measure(cp: ControlPlane, rounds: int, core_windows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--core-windows", type=int, default=DEFAULT_CORE_WINDOWS)
+    parser.add_argument("--core-windows", default=",".join(map(str, DEFAULT_CORE_WINDOWS)))
     args = parser.parse_args()
     with ControlPlane(find_kubebin(ROOT)) as cp:
-        asyncio.run(measure(cp, args.rounds, args.core_windows))
+        asyncio.run(measure(cp, args.rounds, counts(args.core_windows)))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The DRA driver's ResourceSlices at 500 nodes: their size, and what they cost kube-scheduler's
 DRA allocator, with core windows of 1 .. W cores published beside the device sets (issue 42).
 
-Per configuration W (0: device sets only, as before core claims), a fresh control plane
-(etcd, kube-apiserver v1.36.3 from tools/kube) and the chart's DRA objects (DeviceClasses
-neuron-1 .. 16 and neuroncore-1 .. 32); `--nodes` fake nodes of the benchmarks' five types
-(bench/fleet.py TYPES: inf2.48xlarge, trn1.32xlarge, trn2.48xlarge, inf1.24xlarge, inf2.24xlarge),
-each with the slices `neuron-scheduler dra-driver --core-windows W` publishes (the driver's own
+Per configuration of core windows (none: device sets only, as before core claims), a fresh
+control plane (etcd, kube-apiserver v1.36.3 from tools/kube) and the chart's DRA objects
+(DeviceClasses neuron-1 .. 16 and neuroncore-1 .. 32); `--nodes` fake nodes of the benchmarks'
+five types (bench/fleet.py TYPES: inf2.48xlarge, trn1.32xlarge, trn2.48xlarge, inf1.24xlarge,
+inf2.24xlarge),
+each with the slices `neuron-scheduler dra-driver --core-windows ...` publishes (the driver's own
 publisher, run here for every node). Then kube-scheduler (the cluster's default profile, as DRA
 pods get it) and:
 - `--pods` pods, each with its own ResourceClaim: 70% a core claim of 1, 2 or 4 cores, 30% one
-  device (with W=0 a core claim asks for the devices that hold its cores, neuron-1 or neuron-2,
-  as DRA users had to); created before the scheduler starts, timed from the first binding to the
+  device (where no window of its count is published, a core claim asks for the devices that hold
+  its cores, neuron-1 or neuron-2, as DRA users had to); created before the scheduler starts,
+  timed from the first binding to the
   last, as a watch on bound pods sees them;
 - `--probes` pods whose claim fits no node (a 1-core or 1-device claim with a selector no device
   matches): every attempt walks every published device of every node, the allocator's worst
@@ -21,7 +23,7 @@ Reported per configuration: devices and slices per node and bytes of slice JSON 
 for the fleet), kube-scheduler's and kube-apiserver's RSS once all is bound, pods bound per
 second, kube-scheduler's CPU per pod and its mean attempt times (scheduled, unschedulable).
 
-Run: uv run python bench/dra_scale.py [--nodes 500 --pods 1000 --configs 0,4,8,16,32]
+Run: uv run python bench/dra_scale.py [--nodes 500 --pods 20 --configs "none;1,2;1,2,4,8,16"]
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from typing import Any
 
 from fleet import ROOT, TYPES, cpu_seconds, rss_mb
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.dra import DEFAULT_DRIVER_NAME
 from neuron_scheduler.dra.devicegroups import pairing
 from neuron_scheduler.dra.publisher import Owner, Publisher
+from neuron_scheduler.dra.shapes import EVERY_CORE_WINDOW, core_window_counts
 from neuron_scheduler.dra.slices import NodeInventory, pool_slices
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import load_kubeconfig
@@ -62,7 +66,7 @@ Json = dict[str, Any]
 
 @dataclass
 class Outcome:
-    core_windows: int
+    core_windows: tuple[int, ...]
     per_type: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # slices, devices, B
     fleet_bytes: int = 0
     fleet_devices: int = 0
@@ -81,7 +85,23 @@ class Outcome:
         return self.bound / self.seconds if self.bound and self.seconds > 0 else 0.0
 
 
-def inventory(name: str, instance_type: str, core_windows: int) -> NodeInventory:
+def counts(text: str) -> tuple[int, ...]:
+    """`1,2,4` or `1-4` or `none`: the counts of core windows published."""
+    found: set[int] = set()
+    for part in text.split(","):
+        if "-" in part:
+            low, high = part.split("-")
+            found.update(range(int(low), int(high) + 1))
+        elif part.strip() not in ("", "0", "none"):
+            found.add(int(part))
+    return core_window_counts(found)
+
+
+def label(core_windows: tuple[int, ...]) -> str:
+    return format_ids(list(core_windows)) if core_windows else "none"
+
+
+def inventory(name: str, instance_type: str, core_windows: tuple[int, ...]) -> NodeInventory:
     topology = CATALOG.resolve(instance_type).topology
     return NodeInventory(name, topology, pairing(instance_type), core_windows=core_windows)
 
@@ -107,7 +127,9 @@ def create_nodes(cp: ControlPlane, nodes: int) -> list[tuple[str, str, str]]:
         return list(pool.map(one, range(nodes)))
 
 
-def publish_all(cp: ControlPlane, nodes: list[tuple[str, str, str]], core_windows: int) -> None:
+def publish_all(
+    cp: ControlPlane, nodes: list[tuple[str, str, str]], core_windows: tuple[int, ...]
+) -> None:
     async def run() -> None:
         async with KubeAPI(load_kubeconfig(cp.kubeconfig_path)) as api:
             gate = asyncio.Semaphore(8)
@@ -123,11 +145,11 @@ def publish_all(cp: ControlPlane, nodes: list[tuple[str, str, str]], core_window
     asyncio.run(run())
 
 
-def claim_class(rng: random.Random, core_windows: int) -> str:
+def claim_class(rng: random.Random, core_windows: tuple[int, ...]) -> str:
     if rng.random() < 0.3:
         return "neuron-1"
     cores = rng.choice([1, 2, 4])
-    if core_windows >= cores:
+    if cores in core_windows:
         return f"neuroncore-{cores}"
     return "neuron-1" if cores <= 2 else "neuron-2"
 
@@ -156,12 +178,14 @@ def claim_and_pod(name: str, device_class: str, selector: str | None) -> tuple[J
     return claim, pod
 
 
-def create_workload(cp: ControlPlane, pods: int, probes: int, core_windows: int) -> None:
+def create_workload(
+    cp: ControlPlane, pods: int, probes: int, core_windows: tuple[int, ...]
+) -> None:
     cp.client.ensure_namespace(NAMESPACE)
     rng = random.Random(42)
     bodies = [claim_and_pod(f"p{i:05d}", claim_class(rng, core_windows), None) for i in range(pods)]
     nowhere = f"device.attributes['{DRIVER}'].members == 'nowhere'"
-    probe_class = "neuroncore-1" if core_windows else "neuron-1"
+    probe_class = "neuroncore-1" if 1 in core_windows else "neuron-1"
     bodies += [claim_and_pod(f"probe-{i}", probe_class, nowhere) for i in range(probes)]
 
     def create(pair: tuple[Json, Json]) -> None:
@@ -185,7 +209,7 @@ def attempt_figures(text: str) -> tuple[dict[str, float], dict[str, float]]:
     return means, counts
 
 
-def run(kubebin: Path, args: argparse.Namespace, core_windows: int) -> Outcome:
+def run(kubebin: Path, args: argparse.Namespace, core_windows: tuple[int, ...]) -> Outcome:
     outcome = Outcome(core_windows, pods=args.pods)
     for instance_type, *_ in TYPES:
         outcome.per_type[instance_type] = slice_bytes(
@@ -193,7 +217,8 @@ def run(kubebin: Path, args: argparse.Namespace, core_windows: int) -> Outcome:
         )
     with ControlPlane(kubebin) as cp:
         cp.client.ensure_namespace(SYSTEM)
-        values = {"dra": {"enabled": True, "coreWindows": 32}, "scheduler": {"enabled": False}}
+        classes = {"enabled": True, "coreWindows": list(EVERY_CORE_WINDOW)}
+        values = {"dra": classes, "scheduler": {"enabled": False}}
         apply(cp, render({**values, "devicePlugin": {"enabled": False}}, namespace=SYSTEM))
         nodes = create_nodes(cp, args.nodes)
         began = time.monotonic()
@@ -214,7 +239,7 @@ def run(kubebin: Path, args: argparse.Namespace, core_windows: int) -> Outcome:
             if watch.count != last_count:
                 last_count, last_change = watch.count, time.monotonic()
             elif time.monotonic() - last_change > STALL_SECONDS:
-                print(f"W={core_windows}: no binding for {STALL_SECONDS:.0f} s")
+                print(f"{label(core_windows)}: no binding for {STALL_SECONDS:.0f} s")
                 break
         outcome.scheduler_cpu = cpu_seconds(pid)
         outcome.bound = watch.count
@@ -236,7 +261,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     print("|---|" + "---|" * len(TYPES))
     for o in outcomes:
         cells = [f"{d} devices, {s} slices, {b / 1024:.0f} KiB" for s, d, b in o.per_type.values()]
-        print(f"| {o.core_windows or 'none'} | " + " | ".join(cells) + " |")
+        print(f"| {label(o.core_windows)} | " + " | ".join(cells) + " |")
     print(
         "\n| core windows | devices | slice JSON | publish | kube-apiserver RSS "
         "| kube-scheduler RSS | bound | pods/s | scheduler CPU per pod "
@@ -246,7 +271,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     for o in outcomes:
         per_pod = 1000 * o.scheduler_cpu / o.bound if o.bound else float("nan")
         print(
-            f"| {o.core_windows or 'none'} | {o.fleet_devices:,} | {o.fleet_bytes / 2**20:.0f} MiB "
+            f"| {label(o.core_windows)} | {o.fleet_devices:,} | {o.fleet_bytes / 2**20:.0f} MiB "
             f"| {o.publish_seconds:.0f} s | {o.apiserver_rss:.0f} MB | {o.scheduler_rss:.0f} MB "
             f"| {o.bound}/{o.pods} | {o.rate:.1f} | {per_pod:.0f} ms "
             f"| {o.attempt_ms.get('scheduled', float('nan')):.1f} ms "
@@ -261,15 +286,19 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--probes", type=int, default=4)
     parser.add_argument("--probe-seconds", type=float, default=30.0)
-    parser.add_argument("--configs", default="0,4,8,16,32")
+    parser.add_argument(
+        "--configs",
+        default="none;1,2;1,2,4,8,16;1-4;1-8",
+        help="core windows per configuration, ';' between them: counts and ranges (1,2 or 1-4)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/dra_scale.json"))
     args = parser.parse_args()
     kubebin = find_kubebin(ROOT)
     outcomes = []
-    for config in (int(c) for c in args.configs.split(",")):
+    for config in map(counts, args.configs.split(";")):
         outcome = run(kubebin, args, config)
         outcomes.append(outcome)
-        print(f"W={config}: {outcome}", flush=True)
+        print(f"{label(config)}: {outcome}", flush=True)
     report(outcomes, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([o.__dict__ for o in outcomes], indent=1, default=str))

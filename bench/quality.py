@@ -68,11 +68,12 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DemandWeights
 from neuron_scheduler.core.ids import ids_mask
-from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
 from neuron_scheduler.dra.firstfit import allocate_like_scheduler, published_for
 from neuron_scheduler.dra.scoring import scored_decision
+from neuron_scheduler.dra.shapes import core_window_counts
 from neuron_scheduler.sim.consolidation import ConsolidationLimits, consolidating
 from neuron_scheduler.sim.contenders import (
     CLAIRVOYANT,
@@ -94,12 +95,23 @@ from neuron_scheduler.sim.workloads import STANDARD
 CORE_WINDOWS = [DEFAULT_CORE_WINDOWS]
 
 
-def as_published(request: NeuronRequest, topology: Topology, core_windows: int) -> NeuronRequest:
+def as_published(
+    request: NeuronRequest, topology: Topology, core_windows: tuple[int, ...]
+) -> NeuronRequest:
     """What a DRA user asks for: a core claim when the driver publishes windows of that many
-    cores, else the devices that hold them (`neuron-N`), as DRA users did before core claims."""
-    if request.unit is Unit.CORE and request.count > core_windows:
-        return NeuronRequest(NEURON, -(-request.count // topology.cores_per_device))
-    return request
+    cores; else the smaller of the next window published and the devices that hold the cores
+    (`neuron-N`, as DRA users did before core claims; on a torus, the next group size)."""
+    if request.unit is not Unit.CORE or request.count in core_windows:
+        return request
+    per_device = topology.cores_per_device
+    devices = -(-request.count // per_device)
+    allowed = topology.allowed_device_counts
+    if allowed is not None:
+        devices = min((n for n in allowed if n >= devices), default=devices)
+    larger = [c for c in core_windows if c > request.count and c <= topology.total_cores]
+    if larger and larger[0] <= devices * per_device:
+        return NeuronRequest(NEURONCORE, larger[0])
+    return NeuronRequest(NEURON, devices)
 
 
 def dra_devices_only(
@@ -111,7 +123,7 @@ def dra_devices_only(
 ) -> Decision:
     """DRA before core claims (issue 20): a k-core request takes the devices holding k cores."""
     del policy, demand  # the scheduler's DRA allocator has one way: first fit
-    return allocate_like_scheduler(topology, state, as_published(request, topology, 0))
+    return allocate_like_scheduler(topology, state, as_published(request, topology, ()))
 
 
 def dra_first_fit(
@@ -425,10 +437,9 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument(
         "--core-windows",
-        type=int,
-        default=DEFAULT_CORE_WINDOWS,
-        help="core windows the DRA contenders' driver publishes (larger core requests ask for "
-        "the devices holding them)",
+        default=",".join(map(str, DEFAULT_CORE_WINDOWS)),
+        help="the counts of core windows the DRA contenders' driver publishes (other core "
+        "requests ask for the next window or the devices holding their cores)",
     )
     parser.add_argument(
         "--consolidation", action="store_true", help="the consolidation table only (issue 33)"
@@ -440,10 +451,10 @@ def main() -> None:
         "(first-fit and the no-topology bound always run: the table is relative to them)",
     )
     args = parser.parse_args()
-    CORE_WINDOWS[0] = args.core_windows
+    CORE_WINDOWS[0] = core_window_counts(int(c) for c in args.core_windows.split(",") if c)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")
-    print(f"DRA: core windows of 1-{args.core_windows} cores")
+    print(f"DRA: core windows of {args.core_windows or 'no'} cores")
     if args.consolidation:
         start = time.perf_counter()
         rows = consolidation_table(args.seeds)

@@ -31,8 +31,14 @@ def app() -> typer.Typer:
         (["--node-name", "n", "--log-level", "loud"], "--log-level 'loud'"),
         (["--node-name", "n", "--cores-per-device", "0"], "--cores-per-device 0"),
         (["--node-name", "n", "--health-interval", "0"], "--health-interval 0.0"),
-        (["--node-name", "n", "--core-windows", "33"], "--core-windows must be 0 .. 32, got 33"),
-        (["--node-name", "n", "--core-windows", "-1"], "--core-windows must be 0 .. 32, got -1"),
+        (
+            ["--node-name", "n", "--core-windows", "1,33"],
+            "must list core counts of 1 .. 32, got '1,33'",
+        ),
+        (
+            ["--node-name", "n", "--core-windows", "1,x"],
+            "must list core counts of 1 .. 32, got '1,x'",
+        ),
         (["--node-name", "n", "--kubeconfig", "/nonexistent"], "/nonexistent: no such file"),
     ],
 )

@@ -40,11 +40,13 @@ def test_one_used_core_keeps_its_device_from_device_claims_not_from_core_claims(
     used = NodeState(ids_mask([1]))  # core 1: the second core of device 0
     single = allocate_like_scheduler(topology, used, NeuronRequest(NEURON, 1))
     assert isinstance(single, Placement) and single.devices == (1,)
-    core = allocate_like_scheduler(topology, used, NeuronRequest(NEURONCORE, 1), core_windows=4)
+    core = allocate_like_scheduler(
+        topology, used, NeuronRequest(NEURONCORE, 1), core_windows=(1, 2)
+    )
     assert core == Placement((0,), (0,), 0)
     # Two cores: within one device first (cores 2,3), not across devices 0 and 1 (cores 1,2).
     pair = allocate_like_scheduler(
-        topology, NodeState(ids_mask([0])), NeuronRequest(NEURONCORE, 2), core_windows=4
+        topology, NodeState(ids_mask([0])), NeuronRequest(NEURONCORE, 2), core_windows=(1, 2)
     )
     assert pair == Placement((1,), (2, 3), 0)
 
@@ -56,12 +58,14 @@ def test_refusals() -> None:
     cores = allocate_like_scheduler(trn, NodeState(), NeuronRequest(NEURONCORE, 2))
     assert isinstance(cores, Refusal) and cores.unresolvable
     assert "no published core window of 2 cores" in cores.reason
-    bigger = allocate_like_scheduler(trn, NodeState(), NeuronRequest(NEURONCORE, 9), core_windows=8)
+    bigger = allocate_like_scheduler(
+        trn, NodeState(), NeuronRequest(NEURONCORE, 9), core_windows=(1, 2, 4, 8, 16)
+    )
     assert isinstance(bigger, Refusal) and bigger.unresolvable
     full = allocate_like_scheduler(trn, state("trn1.32xlarge", [0, 8]), NeuronRequest(NEURON, 8))
     assert isinstance(full, Refusal) and not full.unresolvable
     assert "free devices: 1-7,9-15" in full.reason
     no_core = allocate_like_scheduler(
-        trn, NodeState((1 << 32) - 1 - 1), NeuronRequest(NEURONCORE, 2), core_windows=2
+        trn, NodeState((1 << 32) - 1 - 1), NeuronRequest(NEURONCORE, 2), core_windows=(1, 2)
     )
     assert isinstance(no_core, Refusal) and "free cores: 0" in no_core.reason

@@ -31,7 +31,9 @@ DRIVER = "neuron.example.com"
 CATALOG = Catalog.builtin()
 
 
-def slices_of(name: str, instance_type: str, core_windows: int = 8) -> list[PoolSlice]:
+def slices_of(
+    name: str, instance_type: str, core_windows: tuple[int, ...] = (1, 2, 4, 8)
+) -> list[PoolSlice]:
     topology = CATALOG.resolve(instance_type).topology
     inventory = NodeInventory(name, topology, core_windows=core_windows)
     contents = pool_slices(DRIVER, inventory)

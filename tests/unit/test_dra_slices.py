@@ -12,7 +12,7 @@ from neuron_scheduler.core.topology import MAX_DEVICES, Topology, TopologyKind
 from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
 from neuron_scheduler.dra.devicegroups import pairing
 from neuron_scheduler.dra.shapes import (
-    MAX_CORE_WINDOW,
+    EVERY_CORE_WINDOW,
     ShapeKind,
     core_windows_fit,
     published_shapes,
@@ -41,9 +41,11 @@ def devices_of(slices: list[SliceContent]) -> list[dict]:  # type: ignore[type-a
     return [d for s in slices for d in s.devices]
 
 
-@pytest.mark.parametrize("core_windows", [0, DEFAULT_CORE_WINDOWS, MAX_CORE_WINDOW])
+@pytest.mark.parametrize("core_windows", [(), DEFAULT_CORE_WINDOWS, EVERY_CORE_WINDOW])
 @pytest.mark.parametrize("instance_type", CATALOG.instance_types)
-def test_every_catalog_type_fits_the_api_limits(instance_type: str, core_windows: int) -> None:
+def test_every_catalog_type_fits_the_api_limits(
+    instance_type: str, core_windows: tuple[int, ...]
+) -> None:
     topology = topology_of(instance_type)
     inventory = NodeInventory(
         "ip-10-0-1-7.ec2.internal", topology, pairing(instance_type), core_windows=core_windows
@@ -200,7 +202,7 @@ def test_efa_group_attributes_on_trn2() -> None:
 
 def test_core_windows_beside_the_device_sets_on_inf2() -> None:
     topology = topology_of("inf2.48xlarge")
-    slices = pool_slices(DRIVER, NodeInventory("node-a", topology, core_windows=4))
+    slices = pool_slices(DRIVER, NodeInventory("node-a", topology, core_windows=(1, 2, 3, 4)))
     devices = {d["name"]: d for d in devices_of(slices)}
     # 133 device sets, then windows of 1-4 cores: 24 + 23 + 22 + 21.
     assert len(devices) == 133 + 90
@@ -239,7 +241,7 @@ def test_core_windows_beside_the_device_sets_on_inf2() -> None:
 
 def test_core_windows_on_a_torus_stay_in_a_row_or_half() -> None:
     """trn1: 2 cores a device; a window over 2-4 devices stays in one row, over 5-8 in a half."""
-    names = {s.name for s in published_shapes(topology_of("trn1.32xlarge"), 16)}
+    names = {s.name for s in published_shapes(topology_of("trn1.32xlarge"), EVERY_CORE_WINDOW)}
     assert "cores-2-at-1" in names  # devices 0 and 1, row 0
     assert "cores-2-at-7" not in names  # devices 3 and 4: two rows
     assert "cores-9-at-0" in names and "cores-9-at-8" not in names  # devices 4-8: two halves
@@ -248,7 +250,7 @@ def test_core_windows_on_a_torus_stay_in_a_row_or_half() -> None:
 
 def test_trn2_at_lnc1_has_128_cores_in_four_sets() -> None:
     topology = CATALOG.resolve("trn2.48xlarge", 16, 128).topology
-    slices = pool_slices(DRIVER, NodeInventory("n", topology, core_windows=32))
+    slices = pool_slices(DRIVER, NodeInventory("n", topology, core_windows=EVERY_CORE_WINDOW))
     assert limit_problems(slices) == []
     names = [s["name"] for s in slices[0].shared_counters]
     assert names == ["neuron-devices-0", *(f"neuron-cores-{k}" for k in range(4))]
@@ -261,11 +263,13 @@ def test_no_core_windows_where_the_counters_cannot_hold_them() -> None:
     """More than 32 devices: device counters fill two sets, a window may draw on only two."""
     topology = Topology("big.ring", TopologyKind.RING, 40, 2)
     assert not core_windows_fit(topology)
-    assert all(s.kind is not ShapeKind.CORES for s in published_shapes(topology, 8))
+    assert all(s.kind is not ShapeKind.CORES for s in published_shapes(topology, (1, 2)))
 
 
 def test_a_single_device_node_with_core_windows_counts_them() -> None:
-    slices = pool_slices(DRIVER, NodeInventory("n", topology_of("inf2.xlarge"), core_windows=2))
+    slices = pool_slices(
+        DRIVER, NodeInventory("n", topology_of("inf2.xlarge"), core_windows=(1, 2))
+    )
     assert [d["name"] for d in devices_of(slices)] == [
         "single-0",
         "cores-1-at-0",

@@ -22,9 +22,10 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_LOGICAL_NC_CONFIG = Path("/opt/aws/neuron/logical_nc_config")
-# Core windows of 1 .. this many cores are published (BENCHMARKS.md "DRA at 500 nodes" weighs
-# slice sizes and the scheduler's time against it).
-DEFAULT_CORE_WINDOWS = 16
+# Core windows are published for these counts: powers of two, which cost kube-scheduler about
+# what every count up to 4 does and serve claims up to 16 cores (BENCHMARKS.md "DRA at 500
+# nodes" weighs slice sizes and the scheduler's time against them).
+DEFAULT_CORE_WINDOWS = (1, 2, 4, 8, 16)
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")

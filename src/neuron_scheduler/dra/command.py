@@ -40,12 +40,12 @@ def dra_driver(
         Path, typer.Option(help="where CDI specs go (one the container runtime reads)")
     ] = DEFAULT_CDI_ROOT,
     core_windows: Annotated[
-        int,
+        str,
         typer.Option(
-            help="publish windows of 1 .. this many NeuronCores beside the device sets, for "
-            "core claims (0: none; at most 32)"
+            help="publish windows of NeuronCores of these counts beside the device sets, for "
+            "core claims: a comma-separated list of 1 .. 32 (empty or 0: none)"
         ),
-    ] = DEFAULT_CORE_WINDOWS,
+    ] = ",".join(map(str, DEFAULT_CORE_WINDOWS)),
     health_interval: commandline.HealthInterval = 5.0,
     resync_interval: Annotated[
         float, typer.Option(help="seconds between checks that the ResourceSlices are intact")
@@ -57,7 +57,7 @@ def dra_driver(
     kubelet hands over."""
     from neuron_scheduler.dra import driver_name_problem
     from neuron_scheduler.dra.driver import DriverConfig, run
-    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW
+    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW, core_window_counts
     from neuron_scheduler.kube.config import ConfigError
 
     with commandline.user_errors(ConfigError):
@@ -66,9 +66,11 @@ def dra_driver(
         if problem:
             raise commandline.UsageError(f"--driver-name: {problem}")
         commandline.check_positive("--resync-interval", resync_interval)
-        if not 0 <= core_windows <= MAX_CORE_WINDOW:
+        counts = [c.strip() for c in core_windows.split(",") if c.strip() not in ("", "0")]
+        if not all(c.isdigit() and 1 <= int(c) <= MAX_CORE_WINDOW for c in counts):
             raise commandline.UsageError(
-                f"--core-windows must be 0 .. {MAX_CORE_WINDOW}, got {core_windows}"
+                f"--core-windows must list core counts of 1 .. {MAX_CORE_WINDOW}, got "
+                f"{core_windows[:60]!r}"
             )
         commandline.setup_logging(level)
         run(
@@ -78,7 +80,7 @@ def dra_driver(
                 plugins_dir=plugins_dir,
                 registry_dir=registry_dir,
                 cdi_root=cdi_root,
-                core_windows=core_windows,
+                core_windows=core_window_counts(int(c) for c in counts),
                 resync_interval=resync_interval,
             )
         )

@@ -50,8 +50,8 @@ class DriverConfig:
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_root: Path = DEFAULT_CDI_ROOT
-    # Core windows of 1 .. this many cores are published beside the device sets (0: none).
-    core_windows: int = DEFAULT_CORE_WINDOWS
+    # The counts of cores windows are published for beside the device sets (none: no windows).
+    core_windows: tuple[int, ...] = DEFAULT_CORE_WINDOWS
     health_interval: float = 5.0
     resync_interval: float = 60.0
     socket_poll_interval: float = 1.0

@@ -28,18 +28,22 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.ids import cores_of_devices, devices_touched, format_ids, mask_ids
 from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.dra.shapes import Shape, published_shapes
+from neuron_scheduler.dra.shapes import CoreWindows, Shape, published_shapes
 
 
 @lru_cache(maxsize=1024)
-def _by_request(topology: Topology, core_windows: int) -> dict[tuple[Unit, int], tuple[Shape, ...]]:
+def _by_request(
+    topology: Topology, core_windows: CoreWindows
+) -> dict[tuple[Unit, int], tuple[Shape, ...]]:
     kinds: dict[tuple[Unit, int], list[Shape]] = {}
     for shape in published_shapes(topology, core_windows):
         kinds.setdefault((shape.unit, shape.count), []).append(shape)
     return {key: tuple(shapes) for key, shapes in kinds.items()}
 
 
-def published_for(topology: Topology, unit: Unit, count: int, core_windows: int = 0) -> bool:
+def published_for(
+    topology: Topology, unit: Unit, count: int, core_windows: CoreWindows = ()
+) -> bool:
     """Whether the node publishes any device a request of `count` `unit`s can get."""
     return bool(_by_request(topology, core_windows).get((unit, count)))
 
@@ -51,7 +55,7 @@ def first_fit(
     count: int,
     *,
     tainted: int = 0,
-    core_windows: int = 0,
+    core_windows: CoreWindows = (),
 ) -> Shape | None:
     """The shape the allocator picks for `count: 1` of the class for `count` `unit`s, None if
     none fits.
@@ -66,10 +70,11 @@ def first_fit(
 
 
 def allocate_like_scheduler(
-    topology: Topology, state: NodeState, request: NeuronRequest, core_windows: int = 0
+    topology: Topology, state: NodeState, request: NeuronRequest, core_windows: CoreWindows = ()
 ) -> Decision:
     """`core.allocation.allocate`'s contract, decided the way the scheduler's DRA allocator
-    decides over our published devices (core windows up to `core_windows` cores). The score is
+    decides over our published devices (with core windows of the counts in `core_windows`,
+    ascending). The score is
     0: DRA does not score devices (the extender's score for DRA nodes is `dra.scoring`'s)."""
     refusal = check_request(topology, request)
     if refusal is not None:

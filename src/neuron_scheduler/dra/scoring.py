@@ -25,6 +25,7 @@ from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.firstfit import allocate_like_scheduler
+from neuron_scheduler.dra.shapes import CoreWindows
 
 
 @lru_cache(maxsize=1 << 16)
@@ -32,7 +33,7 @@ def scored_decision(
     topology: Topology,
     state: NodeState,
     request: NeuronRequest,
-    core_windows: int,
+    core_windows: CoreWindows,
     demand: DemandWeights = (),
 ) -> Decision:
     """The scheduler's DRA decision on this node, with the node score the extender gives it.

@@ -8,8 +8,9 @@ exists here:
   (every contiguous run of ids), which is legal there but cannot offer k scattered free devices;
 - core windows (`cores-<k>-at-<first core>`): k consecutive core ids on an allowed span of
   devices, exactly the windows `core.allocation` may give a k-core request (`allowed_blocks`),
-  at the node's logical cores per device (its LNC setting). Core ids never wrap. Published up to
-  a configured size, and only where the counters can express them (`core_windows_fit`).
+  at the node's logical cores per device (its LNC setting). Core ids never wrap. Published for
+  the configured counts k (each count's every legal window), and only where the counters can
+  express them (`core_windows_fit`).
 
 The order of `published_shapes` is the order the scheduler's first fit tries them: device sets
 by size, then by first device (on a node without holes that is what the allocator's best fit
@@ -19,6 +20,7 @@ that fits in one device breaks no second one), then by first core.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
@@ -37,6 +39,8 @@ MAX_CORE_SETS = 7
 MAX_DEVICES_WITH_CORE_WINDOWS = 32
 # The largest core window any configuration publishes: a window lies within one core set.
 MAX_CORE_WINDOW = CORE_SET_SIZE
+EVERY_CORE_WINDOW = tuple(range(1, MAX_CORE_WINDOW + 1))
+CoreWindows = tuple[int, ...]  # the counts of cores windows are published for, ascending
 
 
 class ShapeKind(StrEnum):
@@ -81,10 +85,16 @@ class Shape:
         return tuple(sorted(self.members))
 
 
-def published_shapes(topology: Topology, core_windows: int = 0) -> tuple[Shape, ...]:
+def published_shapes(topology: Topology, core_windows: CoreWindows = ()) -> tuple[Shape, ...]:
     """Every shape the driver publishes for a node of this topology, in first-fit order: device
-    sets, then core windows of 1 .. `core_windows` cores (none for 0)."""
-    return _shapes(topology, min(max(core_windows, 0), MAX_CORE_WINDOW))
+    sets, then the core windows of each count in `core_windows` (counts beyond 1 ..
+    MAX_CORE_WINDOW are ignored)."""
+    return _shapes(topology, core_window_counts(core_windows))
+
+
+def core_window_counts(counts: Iterable[int]) -> CoreWindows:
+    """The counts as published: within 1 .. MAX_CORE_WINDOW, each once, ascending."""
+    return tuple(sorted({c for c in counts if 1 <= c <= MAX_CORE_WINDOW}))
 
 
 def shapes_by_name(topology: Topology) -> dict[str, Shape]:
@@ -102,11 +112,11 @@ def core_windows_fit(topology: Topology) -> bool:
 
 @lru_cache(maxsize=256)
 def _by_name(topology: Topology) -> dict[str, Shape]:
-    return {shape.name: shape for shape in _shapes(topology, MAX_CORE_WINDOW)}
+    return {shape.name: shape for shape in _shapes(topology, EVERY_CORE_WINDOW)}
 
 
 @lru_cache(maxsize=1024)
-def _shapes(topology: Topology, core_windows: int) -> tuple[Shape, ...]:
+def _shapes(topology: Topology, core_windows: CoreWindows) -> tuple[Shape, ...]:
     n = topology.devices
     shapes: list[Shape] = []
     for size in range(1, n + 1):
@@ -127,9 +137,10 @@ def _shapes(topology: Topology, core_windows: int) -> tuple[Shape, ...]:
                 )
         else:
             shapes.extend(_windows(topology, size))
-    if core_windows and core_windows_fit(topology):
-        for count in range(1, min(core_windows, topology.total_cores) + 1):
-            shapes.extend(_core_windows(topology, count))
+    if core_windows_fit(topology):
+        for count in core_windows:
+            if count <= topology.total_cores:
+                shapes.extend(_core_windows(topology, count))
     return tuple(shapes)
 
 

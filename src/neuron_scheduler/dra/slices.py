@@ -23,7 +23,13 @@ from typing import Any
 from neuron_scheduler.core.ids import comma_ids, mask_ids
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.devicegroups import group_attributes
-from neuron_scheduler.dra.shapes import CORE_SET_SIZE, Shape, ShapeKind, published_shapes
+from neuron_scheduler.dra.shapes import (
+    CORE_SET_SIZE,
+    CoreWindows,
+    Shape,
+    ShapeKind,
+    published_shapes,
+)
 
 # resource.k8s.io/v1 limits (k8s.io/api v0.36.3 resource/v1/types.go).
 MAX_DEVICES_PER_SLICE = 128
@@ -57,8 +63,8 @@ class NodeInventory:
     efa_pairing: tuple[str, ...] | None = None
     # Unhealthy device id -> a short reason: every shape holding it gets a NoSchedule taint.
     unhealthy: Mapping[int, str] = field(default_factory=dict)
-    # Core windows of 1 .. this many cores are published beside the device sets (0: none).
-    core_windows: int = 0
+    # The counts of cores windows are published for beside the device sets (none: no windows).
+    core_windows: CoreWindows = ()
 
     @property
     def shapes(self) -> tuple[Shape, ...]:

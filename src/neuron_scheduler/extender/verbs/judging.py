@@ -19,7 +19,7 @@ from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.dra.scoring import scored_decision
-from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW
+from neuron_scheduler.dra.shapes import EVERY_CORE_WINDOW
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.dranodes import DraNodes
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
@@ -259,7 +259,9 @@ class Judge:
             score = 0
             if known is not None:
                 topology, state = known
-                decision = scored_decision(topology, state, request, MAX_CORE_WINDOW, weights)
+                # Every count: a window of the claim's count is the same whichever others the
+                # node publishes, and kube-scheduler filtered out nodes without one.
+                decision = scored_decision(topology, state, request, EVERY_CORE_WINDOW, weights)
                 if isinstance(decision, Placement):
                     score = decision.score
             answer.append(HostPriority(name, score))
