@@ -568,7 +568,10 @@ class TestApply:
         assert can(extender, "update", "leases", namespace, "k8s-neuron-scheduler")
         assert not can(extender, "update", "leases", namespace, "someone-else")
         assert not can(extender, "update", "leases", "t", "k8s-neuron-scheduler")
-        assert not can(extender, "update", "pods") and not can(extender, "delete", "pods")
+        assert not can(extender, "update", "pods")
+        # Preemption on (the default): training jobs' victims, evicted whole by the extender.
+        assert can(extender, "delete", "pods") and can(extender, "patch", "pods/status")
+        assert not can(extender, "create", "pods/eviction")  # (consolidation's, mode on only)
         assert not can(extender, "update", "nodes/status") and not can(extender, "patch", "nodes")
         assert not can(extender, "get", "secrets") and not can(extender, "get", "configmaps")
 
@@ -849,6 +852,7 @@ def exported_series() -> dict[str, set[str]]:
         metrics.binds,
         metrics.preempt_nodes,
         metrics.watch_seconds,
+        metrics.job_preemptions,
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")

@@ -49,7 +49,7 @@ from neuron_scheduler.extender.verbs.wire import (
 )
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
-from neuron_scheduler.ultraserver.jobs import Member, MembershipError, member_of
+from neuron_scheduler.ultraserver.jobs import JobKey, Member, MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import NodeConfigError
 from neuron_scheduler.ultraserver.placement import (
     Occupancy,
@@ -60,6 +60,7 @@ from neuron_scheduler.ultraserver.placement import (
 
 log = logging.getLogger("neuron_scheduler.extender")
 INVALID = (Member(("", ""), "invalid", None), 0)  # a member whose size or node config is bad
+MAX_JOBS_SAID = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class Preemptor:
         self.occupancy = occupancy if occupancy is not None else Occupancy()
         self.clock = clock
         self.wall_clock = wall_clock
+        # Why a job gets no preemption, as last logged (each member asks, again and again).
+        self._said: dict[JobKey, str] = {}
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         if args.Pod is None:
@@ -116,7 +119,7 @@ class Preemptor:
             )
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
-        member = self._member(pod)
+        member = self._member(pod) if request is not None else None  # (members ask devices)
         servers = self.occupancy.servers
         if member is not None and any(node in servers for node in candidates):
             self._for_job(pod, member[0], member[1])
@@ -129,7 +132,7 @@ class Preemptor:
                 victims: MetaVictims | None = MetaVictims([MetaPod(u) for u in given], violations)
             else:
                 victims = self._answer(pod, request, node, given, violations)
-            if victims is not None and not self._spares_jobs(pod, node, victims):
+            if victims is not None and not self._spares_jobs(pod, node, victims, request):
                 self.metrics.preempt_nodes.labels("dropped").inc()
                 victims = None
             if victims is not None:
@@ -158,9 +161,14 @@ class Preemptor:
             self.ledger, self.occupancy, pod, member, config, self.wall_clock()
         )
         if isinstance(planned, Shortfall):
-            log.info("preemption for %s: %s", loggable(pod.key), loggable(planned.reason))
             self.metrics.job_preemptions.labels("impossible").inc()
+            if self._said.get(member.job) != planned.reason:
+                if len(self._said) >= MAX_JOBS_SAID:
+                    del self._said[next(iter(self._said))]
+                self._said[member.job] = planned.reason
+                log.info("preemption for %s: %s", loggable(pod.key), loggable(planned.reason))
             return
+        self._said.pop(member.job, None)
         first = member.job not in self.occupancy.preemption_asks
         self.occupancy.preemption_asks[member.job] = self.clock()
         self.metrics.job_preemptions.labels("asked").inc()
@@ -176,10 +184,13 @@ class Preemptor:
         if self.occupancy.on_change is not None:
             self.occupancy.on_change()  # the reservation loop steps now
 
-    def _spares_jobs(self, pod: Pod, node: str, victims: MetaVictims) -> bool:
+    def _spares_jobs(
+        self, pod: Pod, node: str, victims: MetaVictims, request: NeuronRequest | None
+    ) -> bool:
         """Whether the answer on a node evicts no member of a training job (kube-scheduler
-        evicts on this node only: a job would lose some members, not go whole) and does not
-        send a pod of no job to a node claimed for a job (filter refuses it there)."""
+        evicts on this node only: a job would lose some members, not go whole) and, for a pod
+        asking for devices, does not send it to a node claimed for a job (filter refuses it
+        there)."""
         workers = self.occupancy.workers
         caught = [v.UID for v in victims.Pods if v.UID in workers]
         if caught:
@@ -192,6 +203,8 @@ class Preemptor:
                 loggable(job_text(workers[caught[0]].job)),
             )
             return False
+        if request is None:
+            return True
         return node not in self.occupancy.claims and node not in self.occupancy.rejected
 
     def _answer(
