@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -392,6 +392,19 @@ class Occupancy:
     def blocker(self, job: JobKey, area: set[str]) -> str | None:
         """Why another job keeps `job` out of these nodes (its members or its claim are on the
         same UltraServer in a way that overlaps), or None."""
+        for _, claimed, other in self.others(job, area):
+            if other is None:
+                return "has an UltraServerClaim this extender cannot read"
+            if claimed:
+                return f"is reserved for job {job_text(other)}"
+            return f"holds members of job {job_text(other)}"
+        return None
+
+    def others(self, job: JobKey, area: set[str]) -> Iterator[tuple[str, bool, JobKey | None]]:
+        """What keeps `job` out of these nodes, node by node: another job's members (False) or
+        claim (True) on the same UltraServer, in either job's node config, so that it overlaps
+        (a 2-node job's pair inside a 4-node unit counts); None for a claim this extender cannot
+        read."""
         near: set[str] = set()
         for name in area:
             for config in (1, 2, 4):
@@ -399,13 +412,12 @@ class Occupancy:
         for name in sorted(near):
             for worker in self.on_node.get(name, {}).values():
                 if worker.job != job and self.footprint(worker.node, worker.config) & area:
-                    return f"holds members of job {job_text(worker.job)}"
+                    yield name, False, worker.job
             claim = self.claims.get(name)
             if claim is not None and claim.job != job and self.footprint(name, claim.config) & area:
-                return f"is reserved for job {claim.job_text}"
+                yield name, True, claim.job
             if name in self.rejected and name in area:
-                return "has an UltraServerClaim this extender cannot read"
-        return None
+                yield name, True, None
 
 
 def job_progress(occupancy: Occupancy, job: JobKey, now: float) -> str | None:

@@ -94,8 +94,8 @@ def plan_preemption(
         if unit[0] != config or unit in held or len(nodes) != config:
             continue
         if any(n in occupancy.rejected or excluded(n) is not None for n in nodes):
-            continue
-        jobs = _jobs_in(occupancy, job, nodes)
+            continue  # (a claim not read: not ours to take)
+        jobs = {other for _, _, other in occupancy.others(job, nodes) if other is not None}
         there = [p for n in sorted(nodes) for p in loose(n)]
         if any(priorities.get(j, LOWEST) >= priority for j in jobs) or any(
             p.priority >= priority for p in there
@@ -132,28 +132,6 @@ def plan_preemption(
         )
     taken = sorted(n for o in choice.openings for n in occupancy.nodes_of(o.unit))
     return Preemption(job, tuple(taken), choice.jobs, tuple(dict.fromkeys(victims)), choice.cost)
-
-
-def _jobs_in(occupancy: Occupancy, job: JobKey, area: set[str]) -> set[JobKey]:
-    """The other jobs holding members, or a claim, on these nodes (in any node config: a 2-node
-    job's pair inside a 4-node unit counts)."""
-    near: set[str] = set()
-    for name in area:
-        for config in (1, 2, 4):
-            near |= occupancy.footprint(name, config)
-    found: set[JobKey] = set()
-    for name in near:
-        for worker in occupancy.on_node.get(name, {}).values():
-            if worker.job != job and occupancy.footprint(worker.node, worker.config) & area:
-                found.add(worker.job)
-        claim = occupancy.claims.get(name)
-        if (
-            claim is not None
-            and claim.job != job
-            and occupancy.footprint(name, claim.config) & area
-        ):
-            found.add(claim.job)
-    return found
 
 
 def _priorities(occupancy: Occupancy) -> dict[JobKey, int]:
