@@ -24,6 +24,7 @@ from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.objects import ObjectRef
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
+MAX_REMEMBERED = 10_000
 
 
 class PodEvicter(Protocol):
@@ -39,6 +40,7 @@ class Evictions:
         self.api = api
         self.ledger = ledger
         self.report = report
+        self._failed: set[str] = set()  # uids whose eviction failed and was logged
 
     def leaving(self, uids: Iterable[str]) -> list[str]:
         """Those still holding devices (bound, not finished), leaving or not."""
@@ -62,13 +64,18 @@ class Evictions:
             except Conflict:
                 continue  # another pod of that name now: not ours to evict
             except READ_ERRORS as error:
-                log.warning(
-                    "cannot evict %s/%s (the next step tries again): %s",
-                    loggable(namespace),
-                    loggable(name),
-                    loggable(error),
-                )
+                if uid not in self._failed:  # once: every step tries again
+                    if len(self._failed) >= MAX_REMEMBERED:
+                        self._failed.clear()
+                    self._failed.add(uid)
+                    log.warning(
+                        "cannot evict %s/%s (each step tries again): %s",
+                        loggable(namespace),
+                        loggable(name),
+                        loggable(error),
+                    )
                 continue
+            self._failed.discard(uid)
             evicted += 1
             if self.report is not None:
                 self.report(ObjectRef("Pod", namespace, name, uid), "Preempted", message, False)
