@@ -22,9 +22,9 @@ from neuron_scheduler.deviceplugin.matching import (
     preferred_ids,
 )
 from neuron_scheduler.deviceplugin.publishing import HealthPublisher
+from neuron_scheduler.kube.backoff import Backoff
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.backoff import Backoff
 from tests.builders import pod
 
 NODE = "inf2-a"
