@@ -134,9 +134,11 @@ class DriverProcess:
     def _credentials(self) -> Path:
         """A token bound to a pod on this node, like the one kubelet mounts into the DaemonSet's
         pod: it carries the node's name, which the chart's admission policy checks."""
-        return self.cp.service_account(
+        credentials = self.cp.service_account(
             SYSTEM, SERVICE_ACCOUNT, node=self.node, kubeconfig_path=self.root / "kubeconfig"
-        ).kubeconfig_path
+        )
+        self.token = credentials.token
+        return credentials.kubeconfig_path
 
     def start(self) -> None:
         self.process.start()
