@@ -13,7 +13,6 @@ operator's choice (docs/operations.md, "When a device fails"); the default only 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Protocol
 
 from neuron_scheduler.core import health
 from neuron_scheduler.core.logtext import loggable
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.kube.errors import (
@@ -85,19 +85,8 @@ class DeviceFailures:
         self._told: dict[str, _Told] = {}  # pod uid -> what it was told
         self._signal = asyncio.Event()
 
-    def changed(self) -> None:
-        """Something may have failed or recovered: look now rather than at the next step."""
-        self._signal.set()
-
     async def run(self) -> None:
-        while True:
-            try:
-                await self.step()
-            except Exception as error:  # a bug: logged, and the next step tries again
-                log.exception("device failure step failed: %s", loggable(error))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), STEP_SECONDS)
-            self._signal.clear()
+        await run_steps(self.step, self._signal, STEP_SECONDS, "device failure", log)
 
     async def step(self) -> None:
         if not self.is_leader():
