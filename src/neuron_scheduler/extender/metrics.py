@@ -111,6 +111,13 @@ class Metrics:
             ["cause", "result"],
             registry=self.registry,
         )
+        self.failed_device_evictions = Counter(
+            "neuron_scheduler_failed_device_evictions",
+            "Evictions of pods running on a failed device (--device-failure-action evict), by "
+            "result: evicted, refused (a disruption budget; asked again later), gone, failed",
+            ["result"],
+            registry=self.registry,
+        )
         self.waiting = Gauge(
             "neuron_scheduler_waiting_pods",
             "Pending pods the extender refused everywhere, kept to wake when room frees",

@@ -20,6 +20,7 @@ from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.loops.consolidating import Limits
+from neuron_scheduler.extender.loops.devicefailures import Action
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
 from neuron_scheduler.extender.state.plugins import ClusterView
@@ -79,6 +80,8 @@ class ExtenderOptions:
     # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
     consolidation: Limits = field(default_factory=Limits)
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
+    # What the leader does about pods running on a failed device: report, or evict too.
+    device_failure_action: Action = Action.REPORT
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -255,9 +258,10 @@ async def run_if_served(
 
 
 async def _after_sync(extender: Extender) -> None:
-    """Consolidation plans only on a cache that has every node and pod."""
+    """Consolidation plans, and pods on failed devices are told, only on a cache that has every
+    node and pod."""
     await extender.synced.wait()
-    await extender.consolidator.run()
+    await asyncio.gather(extender.consolidator.run(), extender.failures.run())
 
 
 class _Server(uvicorn.Server):
@@ -363,12 +367,14 @@ async def serve(options: ExtenderOptions) -> None:
             claim_seconds=options.claim_seconds,
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
+            device_failure_action=options.device_failure_action,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
             extender.waker.is_leader = lambda: elector.is_leader
             extender.reservations.is_leader = lambda: elector.is_leader
             extender.consolidator.is_leader = lambda: elector.is_leader
+            extender.failures.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
+from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
@@ -50,6 +51,7 @@ class Extender:
     occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
+    failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's
     pending: PendingPods  # what bind reads a pod from, when the watch has it
 
 
@@ -63,6 +65,7 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
+    device_failure_action: Action = Action.REPORT,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
     on."""
@@ -124,6 +127,14 @@ def wire(
         report=events.record,
         metrics=metrics,
     )
+    failures = DeviceFailures(
+        ledger,
+        movability,
+        api,
+        events.record,
+        device_failure_action,
+        on_evict=lambda result: metrics.failed_device_evictions.labels(result).inc(),
+    )
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
@@ -154,5 +165,6 @@ def wire(
         occupancy,
         reservations,
         consolidator,
+        failures,
         pending,
     )

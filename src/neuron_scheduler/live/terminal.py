@@ -82,7 +82,8 @@ def node_header(node: NodeView) -> Text:
         failed = mask_ids(node.unhealthy_devices)
         text.append(
             f"\n  {FAILED} failed: device{'s' if len(failed) != 1 else ''} {format_ids(failed)}"
-            " (its device plugin reports them unhealthy; never placed on)",
+            f" (its device plugin reports {'it' if len(failed) == 1 else 'them'} unhealthy;"
+            " never placed on)",
             FAILED_COLOUR,
         )
     return text
