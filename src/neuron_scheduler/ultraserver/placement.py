@@ -606,7 +606,10 @@ def _one_unit_at_a_time(
 ) -> None:
     """Of the claim's nodes that passed, only those of one unit: the one with the most of the
     job's members already (then the lowest server id), so members fill a unit before the next
-    and a job that never becomes whole leaves the others free once its claim ends."""
+    and a job that never becomes whole leaves the others free once its claim ends. (A unit of
+    config 1 is one node: nothing to fill.)"""
+    if config == 1:
+        return
     by_unit: dict[UnitKey, list[str]] = {}
     for name in decision.passed:
         unit = occupancy.unit(name, config)
