@@ -35,6 +35,8 @@ CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 # With consolidation on, the chart adds these (the tests run it on).
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
+# With preemption on (the chart's default), these: the extender evicts training jobs whole.
+PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -205,7 +207,11 @@ class Stack:
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
         install_claims_crd(cp)
-        rules = yaml.safe_load(RULES.read_text()) + yaml.safe_load(CONSOLIDATION_RULES.read_text())
+        rules = [
+            *yaml.safe_load(RULES.read_text()),
+            *yaml.safe_load(PREEMPTION_RULES.read_text()),
+            *yaml.safe_load(CONSOLIDATION_RULES.read_text()),
+        ]
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",

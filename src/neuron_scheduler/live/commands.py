@@ -258,6 +258,7 @@ def why(
         occupancy=snapshot.occupancy,
         plans=snapshot.plans,
         movability=snapshot.movability,
+        now=time.time(),
     )
     if as_json:
         print(json.dumps(diagnosis_json(diagnosis), indent=2))
