@@ -135,6 +135,7 @@ def wire(
         device_failure_action,
         on_evict=lambda result: metrics.failed_device_evictions.labels(result).inc(),
     )
+    ledger.on_health = failures.changed
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed

@@ -78,6 +78,11 @@ def node_header(node: NodeView) -> Text:
         text.append(f"; {node.unattributed_cores} cores held with ids unknown")
         if node.withheld_cores:
             text.append(f" ({node.withheld_cores} not offered by the node)")
+        if node.failed_cores_requested:
+            text.append(
+                f" ({node.failed_cores_requested} of failed devices that running pods still "
+                "request: counted against the node until they end)"
+            )
     if node.unhealthy_devices:
         failed = mask_ids(node.unhealthy_devices)
         text.append(
