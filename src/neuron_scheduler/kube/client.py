@@ -273,7 +273,11 @@ class KubeAPI:
             },
         )
 
-    async def create_event(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+    async def create_event(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str = ""
+    ) -> None:
+        """`name`: the event's own name (a second event of that name is a Conflict); "" for a
+        generated one."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # Events about cluster-scoped objects (Nodes) live in "default", as kubelet's do.
         namespace = ref.namespace or "default"
@@ -286,7 +290,11 @@ class KubeAPI:
             body={
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+                "metadata": (
+                    {"name": name, "namespace": namespace}
+                    if name
+                    else {"generateName": f"{ref.name}.", "namespace": namespace}
+                ),
                 "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],

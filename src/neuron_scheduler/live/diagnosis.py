@@ -186,7 +186,12 @@ def diagnose(
         text = f"a plan is in flight: evicting {active.record.summary}"
     elif diagnosis.stranded:
         admits = anywhere if occupancy is None else _unit_admits(UnitPlacement(occupancy))
-        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy, admits)
+        # Every node it may go to where pods are in the way, not only those with its count
+        # free: moving one pod off a node may free a block there (extender/loops/movers).
+        blocked = tuple(
+            n.node for n in diagnosis.nodes if n.verdict is Verdict.BLOCKED and admits(pod, n.node)
+        )
+        text = _consolidation(ledger, pod, request, blocked, movability, policy, admits)
     else:
         return diagnosis
     return dataclasses.replace(diagnosis, consolidation=text)
@@ -196,7 +201,7 @@ def _consolidation(
     ledger: Ledger,
     pod: Pod,
     request: NeuronRequest,
-    stranded: tuple[str, ...],
+    nodes: tuple[str, ...],
     movability: Movability,
     policy: Policy,
     admits: Admits,
@@ -210,7 +215,7 @@ def _consolidation(
         DisruptionBudgets(),
         pod,
         request,
-        stranded,
+        nodes,
         policy,
         admits=admits,
     )
