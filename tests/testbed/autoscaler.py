@@ -65,7 +65,14 @@ def find_autoscaler_bin(repo_root: str | os.PathLike[str] | None = None) -> Path
     if env:
         return Path(env)
     res = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", str(repo_root or Path.cwd()), "autoscaler-bin"],
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "-C",
+            str(repo_root or Path.cwd()),
+            "autoscaler-bin",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         check=True,
@@ -100,7 +107,11 @@ def instance_types(catalog: Catalog, names: Sequence[str]) -> list[dict[str, Any
                                 "operator": "In",
                                 "values": ["on-demand"],
                             },
-                            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]},
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": [ZONE],
+                            },
                         ],
                     }
                 ],
@@ -311,7 +322,9 @@ class Karpenter:
         listed = self.cp.request("GET", f"{KARPENTER}/nodeclaims")
         claims = list(listed["items"])
         if pool is not None:
-            claims = [c for c in claims if c["metadata"]["labels"].get("karpenter.sh/nodepool") == pool]
+            claims = [
+                c for c in claims if c["metadata"]["labels"].get("karpenter.sh/nodepool") == pool
+            ]
         return claims
 
     def nodes(self, pool: str) -> list[dict[str, Any]]:

@@ -20,8 +20,10 @@ from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.loops.consolidating import Limits
+from neuron_scheduler.extender.loops.requesting import DEFAULT_CAPACITY, CapacityLimits
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
+from neuron_scheduler.extender.state.placeholders import PodRouter
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.wiring import Extender, wire
@@ -79,6 +81,8 @@ class ExtenderOptions:
     # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
     consolidation: Limits = field(default_factory=Limits)
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
+    # Capacity requests' mode and bounds, where their placeholders live and whose they are.
+    capacity: CapacityLimits = DEFAULT_CAPACITY
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -104,13 +108,16 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         on_delete=each(lambda view, node: view.remove_node(node.metadata.name)),
         timer=extender.metrics.watch_seconds.labels("nodes").observe,
     )
+    # Capacity requests' placeholders count as pods in no view but their own.
+    router = PodRouter(views, extender.placeholders)
+
     pods: Watch[Pod] = Watch(
         api,
         PODS,
         Pod,
-        on_list=each(lambda view, listed: view.replace_pods(listed, pods.list_started)),
-        on_change=each(lambda view, pod: view.apply_pod(pod)),
-        on_delete=each(lambda view, pod: view.remove_pod(pod.metadata.uid)),
+        on_list=lambda listed: router.replace_pods(listed, pods.list_started),
+        on_change=router.apply_pod,
+        on_delete=lambda pod: router.remove_pod(pod.metadata.uid),
         # Finished pods hold nothing; when one finishes the watch reports it as deleted.
         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
         timer=extender.metrics.watch_seconds.labels("pods").observe,
@@ -255,9 +262,9 @@ async def run_if_served(
 
 
 async def _after_sync(extender: Extender) -> None:
-    """Consolidation plans only on a cache that has every node and pod."""
+    """Consolidation and capacity requests act only on a cache that has every node and pod."""
     await extender.synced.wait()
-    await extender.consolidator.run()
+    await asyncio.gather(extender.consolidator.run(), extender.requester.run())
 
 
 class _Server(uvicorn.Server):
@@ -363,12 +370,14 @@ async def serve(options: ExtenderOptions) -> None:
             claim_seconds=options.claim_seconds,
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
+            capacity=options.capacity,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
             extender.waker.is_leader = lambda: elector.is_leader
             extender.reservations.is_leader = lambda: elector.is_leader
             extender.consolidator.is_leader = lambda: elector.is_leader
+            extender.requester.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:

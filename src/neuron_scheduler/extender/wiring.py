@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.loops.requesting import (
+    DEFAULT_CAPACITY,
+    CapacityLimits,
+    CapacityRequester,
+)
 from neuron_scheduler.extender.loops.reserving import Reservations, member_unusable
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
-from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import NODE_CHANGED, Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
@@ -50,6 +56,9 @@ class Extender:
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     pending: PendingPods  # what bind reads a pod from, when the watch has it
+    # Capacity requests' placeholder pods: the pod watch gives them to this view only.
+    placeholders: Placeholders
+    requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
 
 
 def wire(
@@ -62,6 +71,7 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
+    capacity: CapacityLimits = DEFAULT_CAPACITY,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
     on."""
@@ -97,6 +107,21 @@ def wire(
         policy=policy,
         filters=[units],
     )
+    placeholders = Placeholders()
+    requester = CapacityRequester(
+        ledger,
+        catalog,
+        placeholders,
+        plans,
+        pending,
+        consolidator,
+        api,
+        metrics.registry,
+        limits=capacity,
+        report=events.record,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
     waker = Waker(
         ledger,
         api,
@@ -117,7 +142,14 @@ def wire(
         claim_seconds,
         policy=policy,
     )
-    ledger.on_freed = occupancy.on_freed = waker.node_changed
+    occupancy.on_freed = waker.node_changed
+
+    def freed(nodes: Iterable[str], cause: str) -> None:
+        waker.node_changed(nodes, cause)
+        if cause == NODE_CHANGED:  # perhaps a node an autoscaler added at a capacity request
+            requester.changed()
+
+    ledger.on_freed = freed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
@@ -148,4 +180,6 @@ def wire(
         reservations,
         consolidator,
         pending,
+        placeholders,
+        requester,
     )

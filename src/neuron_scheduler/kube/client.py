@@ -236,6 +236,35 @@ class KubeAPI:
             content_type="application/merge-patch+json",
         )
 
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> Pod:
+        answer = await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+        return msgspec.json.decode(answer, type=Pod)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Deletes the pod of this uid at once (a pod recreated under the name is left alone:
+        409)."""
+        await self.request(
+            "DELETE",
+            pod_path(namespace, name),
+            body={
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "gracePeriodSeconds": 0,
+                "preconditions": {"uid": uid},
+            },
+        )
+
+    async def patch_pod_condition(
+        self, namespace: str, name: str, uid: str, condition: dict[str, str]
+    ) -> None:
+        """Sets one condition in the pod's status (a strategic merge patch keyed by type)."""
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
     async def evict(self, namespace: str, name: str, uid: str) -> None:
         """An Eviction (policy/v1): the API server deletes the pod gracefully only if its
         PodDisruptionBudgets allow it (else 429, TooManyRequests), and only the pod with this
