@@ -168,6 +168,14 @@ def extender(
     capacity_placeholder_image: Annotated[
         str, typer.Option(help="the placeholders' image (never run: they are never bound)")
     ] = "registry.k8s.io/pause:3.10",
+    autoscaler_do_not_disrupt: Annotated[
+        bool,
+        typer.Option(
+            help="mark bound pods that no other node has a legal block for with "
+            "karpenter.sh/do-not-disrupt (Karpenter's count-based consolidation would move them "
+            "where they do not fit), and lift the mark when one has (docs/autoscaling.md)"
+        ),
+    ] = False,
     capacity_owner: Annotated[
         str | None,
         typer.Option(
@@ -316,6 +324,7 @@ def extender(
                 consolidation=limits,
                 budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
                 capacity=capacity,
+                do_not_disrupt=autoscaler_do_not_disrupt,
             )
         )
 

@@ -83,6 +83,8 @@ class ExtenderOptions:
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
     # Capacity requests' mode and bounds, where their placeholders live and whose they are.
     capacity: CapacityLimits = DEFAULT_CAPACITY
+    # Mark bound pods that no other node has a block for with karpenter.sh/do-not-disrupt.
+    do_not_disrupt: bool = False
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -264,7 +266,9 @@ async def run_if_served(
 async def _after_sync(extender: Extender) -> None:
     """Consolidation and capacity requests act only on a cache that has every node and pod."""
     await extender.synced.wait()
-    await asyncio.gather(extender.consolidator.run(), extender.requester.run())
+    await asyncio.gather(
+        extender.consolidator.run(), extender.requester.run(), extender.protector.run()
+    )
 
 
 class _Server(uvicorn.Server):
@@ -371,6 +375,7 @@ async def serve(options: ExtenderOptions) -> None:
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
             capacity=options.capacity,
+            do_not_disrupt=options.do_not_disrupt,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
@@ -378,6 +383,7 @@ async def serve(options: ExtenderOptions) -> None:
             extender.reservations.is_leader = lambda: elector.is_leader
             extender.consolidator.is_leader = lambda: elector.is_leader
             extender.requester.is_leader = lambda: elector.is_leader
+            extender.protector.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:

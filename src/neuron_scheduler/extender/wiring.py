@@ -13,6 +13,7 @@ from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.loops.protecting import Protector
 from neuron_scheduler.extender.loops.requesting import (
     DEFAULT_CAPACITY,
     CapacityLimits,
@@ -28,6 +29,7 @@ from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import ClusterView
+from neuron_scheduler.extender.state.protection import Bound
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
@@ -59,6 +61,7 @@ class Extender:
     # Capacity requests' placeholder pods: the pod watch gives them to this view only.
     placeholders: Placeholders
     requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
+    protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
 
 
 def wire(
@@ -72,9 +75,11 @@ def wire(
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
     capacity: CapacityLimits = DEFAULT_CAPACITY,
+    do_not_disrupt: bool = False,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
-    on."""
+    on; `do_not_disrupt`: mark the bound pods no other node has a block for with
+    karpenter.sh/do-not-disrupt."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
@@ -122,6 +127,16 @@ def wire(
         policy=policy,
         admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
     )
+    bound = Bound(scheduler_names)
+    protector = Protector(
+        ledger,
+        bound,
+        api,
+        metrics.registry,
+        on=do_not_disrupt,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
     waker = Waker(
         ledger,
         api,
@@ -159,7 +174,7 @@ def wire(
         synced,
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
-        (ledger, occupancy, waker, movability, plans, pending, consolidator),
+        (ledger, occupancy, waker, movability, plans, pending, consolidator, bound),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
@@ -182,4 +197,5 @@ def wire(
         pending,
         placeholders,
         requester,
+        protector,
     )
