@@ -7,6 +7,7 @@ Used by the end-to-end tests and by `neuron-scheduler cluster`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -33,8 +34,11 @@ SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# With consolidation on, the chart adds these (the tests run it on).
+# With consolidation on, the chart adds these (the tests run it on); likewise capacity requests.
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
+CAPACITY_RULES = RULES.with_name("capacity-rules.yaml")
+# The chart's PriorityClass of capacity requests' placeholders.
+PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -205,7 +209,9 @@ class Stack:
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
         install_claims_crd(cp)
-        rules = yaml.safe_load(RULES.read_text()) + yaml.safe_load(CONSOLIDATION_RULES.read_text())
+        rules = yaml.safe_load(RULES.read_text())
+        rules += yaml.safe_load(CONSOLIDATION_RULES.read_text())
+        rules += yaml.safe_load(CAPACITY_RULES.read_text())
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",
@@ -239,6 +245,7 @@ class Stack:
             },
         )
         self._budget_role(cp)
+        self._capacity_role(cp)
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -250,6 +257,7 @@ class Stack:
         )
         self.extender.start()
         self.scheduler: Scheduler | None = None
+        self.extra_logs: dict[str, Path] = {}  # more components' logs, for a failed test
         self.node_cache_capable = True
         self.preemption = True
         self._scheduler_setup: tuple[bool, bool, Profile] | None = None
@@ -293,6 +301,55 @@ class Stack:
             },
         )
 
+    @staticmethod
+    def _capacity_role(cp: ControlPlane) -> None:
+        """What the chart renders with capacity requests on: a Role in the extender's namespace
+        for the placeholders, and their PriorityClass."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system"
+        name = f"{ROLE}-capacity-requests"
+        cp.request(
+            "POST",
+            f"{rbac}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": name},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+                    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+                ],
+            },
+        )
+        cp.request(
+            "POST",
+            f"{rbac}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
+        with contextlib.suppress(KubeError):  # (there already: another Stack's)
+            cp.request(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": PLACEHOLDER_PRIORITY_CLASS},
+                    "value": -10,
+                    "preemptionPolicy": "Never",
+                },
+            )
+
     def use_scheduler(
         self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART
     ) -> Scheduler:
@@ -316,7 +373,11 @@ class Stack:
         return self.scheduler
 
     def logs(self) -> dict[str, Path]:
-        return {**self.cp.log_paths, "extender": self.extender.process.log_path}
+        return {
+            **self.cp.log_paths,
+            "extender": self.extender.process.log_path,
+            **self.extra_logs,
+        }
 
     def stop(self) -> None:
         self.extender.process.stop()
