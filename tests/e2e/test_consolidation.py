@@ -25,7 +25,7 @@ import pytest
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, decode
 from neuron_scheduler.core.resources import NEURON
-from tests.e2e.harness import Scenario, ids, wait_for
+from tests.e2e.harness import Scenario, bound, ids, wait_for
 from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports, scheduler_config
 from tests.testbed.controlplane import ControllerManager
 from tests.testbed.stack import BUDGET_LEASE
@@ -148,18 +148,6 @@ def delete_deployments(scenario: Scenario) -> None:
                     scenario.cp.request(
                         "DELETE", f"{apps}/{kind}/{item['metadata']['name']}", orphan
                     )
-
-
-def bound(scenario: Scenario, prefix: str) -> dict[int, str]:
-    """device -> name of the running pod whose name starts with `prefix` holding it."""
-    return {
-        ids(p)[0]: p["metadata"]["name"]
-        for p in scenario.pods()
-        if p["metadata"]["name"].startswith(prefix)
-        and p["spec"].get("nodeName")
-        and not p["metadata"].get("deletionTimestamp")
-        and ids(p)
-    }
 
 
 def scatter(

@@ -315,8 +315,44 @@ class Karpenter:
         return created
 
     def delete_node_pool(self, name: str) -> None:
+        """The pool and its NodeClaims (the garbage collector that would delete them with their
+        pool is kube-controller-manager's, which the testbed does not run); Karpenter then
+        terminates their Nodes."""
+        for claim in self.node_claims(name):
+            with contextlib.suppress(KubeError):
+                self.cp.request("DELETE", f"{KARPENTER}/nodeclaims/{claim['metadata']['name']}")
         with contextlib.suppress(KubeError):
             self.cp.request("DELETE", f"{KARPENTER}/nodepools/{name}")
+
+    def consolidation_rounds(self) -> int:
+        """How many times Karpenter's disruption controller has evaluated single-node
+        consolidation of underutilized nodes (once a round, every 10 s: its metric counts
+        each)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as answer:
+            text = answer.read().decode()
+        name = "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count"
+        return int(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(name)
+                and 'reason="underutilized"' in line
+                and 'consolidation_type="single"' in line
+            )
+        )
+
+    def consolidatable(self, pool: str) -> bool:
+        """Every NodeClaim of the pool is Consolidatable (its consolidateAfter has passed)."""
+        claims = self.node_claims(pool)
+        return bool(claims) and all(
+            any(
+                c["type"] == "Consolidatable" and c["status"] == "True"
+                for c in claim.get("status", {}).get("conditions", [])
+            )
+            for claim in claims
+        )
 
     def node_claims(self, pool: str | None = None) -> list[dict[str, Any]]:
         listed = self.cp.request("GET", f"{KARPENTER}/nodeclaims")

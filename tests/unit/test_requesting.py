@@ -394,3 +394,30 @@ def test_a_refused_create_is_told_on_the_pod() -> None:
     world.step()
     (event,) = [e for e in world.events if e[1] == "NeuronCapacityRequestFailed"]
     assert "Role needs create on pods" in event[2]
+
+
+def test_a_pod_bound_on_the_node_that_came_before_its_block_was_held_ends_the_request() -> None:
+    """kube-scheduler may bind the pod on the new node as soon as it registers, before a step
+    here holds the block: the placeholder goes at once (the watch of the bound pod wakes the
+    loop) and the request counts as fulfilled."""
+    world = World()
+    world.step()
+    world.watch_created()
+    world.add_node("new")
+    bound = msgspec.to_builtins(world.pods["big"])
+    bound["spec"]["nodeName"] = "new"
+    bound["metadata"]["annotations"] = {
+        "AWS_NEURON_IDS": "0,1,2,3",
+        "NEURON_RESOURCE_TYPE": NEURON,
+        "NEURON_CORES": "0-7",
+        "NEURON_DEVS": "0,1,2,3",
+        "NEURON_NODE": "new",
+    }
+    world.requester._signal.clear()
+    world.apply(msgspec.convert(bound, Pod))
+    world.requester.apply_pod(msgspec.convert(bound, Pod))
+    assert world.requester._signal.is_set()
+    world.step()
+    assert world.deleted() == ["capacity-request-0"]
+    assert world.requester.metrics.requests.labels("fulfilled")._value.get() == 1
+    assert any(e[1] == "NeuronCapacityArrived" and "bound there" in e[2] for e in world.events)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Policy
@@ -23,7 +23,7 @@ from neuron_scheduler.extender.loops.reserving import Reservations, member_unusa
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
-from neuron_scheduler.extender.state.ledger import NODE_CHANGED, Ledger
+from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders
@@ -157,14 +157,7 @@ def wire(
         claim_seconds,
         policy=policy,
     )
-    occupancy.on_freed = waker.node_changed
-
-    def freed(nodes: Iterable[str], cause: str) -> None:
-        waker.node_changed(nodes, cause)
-        if cause == NODE_CHANGED:  # perhaps a node an autoscaler added at a capacity request
-            requester.changed()
-
-    ledger.on_freed = freed
+    ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
@@ -174,7 +167,8 @@ def wire(
         synced,
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
-        (ledger, occupancy, waker, movability, plans, pending, consolidator, bound),
+        # The requester only wakes up on pods and nodes: after the ledger and `pending`.
+        (ledger, occupancy, waker, movability, plans, pending, consolidator, bound, requester),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(

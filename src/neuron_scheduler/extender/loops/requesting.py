@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -76,7 +76,7 @@ from neuron_scheduler.extender.state.plans import Active, Plans
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import admits_label, why_not
-from neuron_scheduler.kube.objects import ObjectRef, Pod
+from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import epoch, servable_request
 
 log = logging.getLogger("neuron_scheduler.extender.requesting")
@@ -265,6 +265,37 @@ class CapacityRequester:
         """Something it waits for may have happened (a node came)."""
         self._signal.set()
 
+    # --- a ClusterView, for its wake-ups only: while a placeholder waits, a node that changes
+    # (Karpenter's Node loses its unregistered taint) or the pod bound must end it at once: a
+    # placeholder that outlives the bind no longer fits the new node, and the autoscaler would
+    # add another.
+
+    def _waiting(self) -> bool:
+        return any(p.asked is not None for p in self.mine())
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        if self._waiting():
+            self._signal.set()
+
+    def apply_node(self, node: Node) -> None:
+        if self._waiting():
+            self._signal.set()
+
+    def remove_node(self, name: str) -> None:
+        pass
+
+    def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
+        pass
+
+    def apply_pod(self, pod: Pod) -> None:
+        if pod.spec.nodeName and any(
+            p.asked is not None and p.asked.uid == pod.metadata.uid for p in self.mine()
+        ):
+            self._signal.set()
+
+    def remove_pod(self, uid: str) -> None:
+        pass
+
     # --- the loop (leader only) ----------------------------------------------------------------
 
     async def run(self) -> None:
@@ -306,7 +337,7 @@ class CapacityRequester:
             return
         pod = self.pending.get(asked.uid)
         if pod is None:
-            await self._delete(placeholder, "its pod is bound or gone", Outcome.WITHDRAWN)
+            await self._gone_or_bound(placeholder, asked)
             return
         if self.plans.planned(asked.uid):
             # A plan holds its block (ours, written before a crash, or consolidation's).
@@ -402,6 +433,28 @@ class CapacityRequester:
             active.nominated = True
             with contextlib.suppress(*READ_ERRORS):
                 await self.api.patch_nominated_node(meta.namespace, meta.name, meta.uid, node)
+
+    async def _gone_or_bound(self, placeholder: Placeholder, asked: Asked) -> None:
+        """Its pod is no longer pending: bound (kube-scheduler may bind it on the node that came
+        before a step here held its block there), or gone."""
+        holding = self.ledger.holding(asked.uid)
+        entry = self.ledger.nodes.get(holding.node) if holding is not None else None
+        if holding is None or entry is None or entry.topology.instance_type != asked.instance_type:
+            await self._delete(placeholder, "its pod is bound elsewhere or gone", Outcome.WITHDRAWN)
+            return
+        now = self.wall_clock()
+        self.metrics.requests.labels(Outcome.FULFILLED).inc()
+        self.metrics.seconds.observe(max(now - asked.asked, 0.0))
+        namespace, _, name = asked.pod.partition("/")
+        if self.report is not None:
+            self.report(
+                ObjectRef("Pod", namespace, name, asked.uid),
+                "NeuronCapacityArrived",
+                f"node {holding.node} ({asked.instance_type}) came at the capacity request of "
+                f"{now - asked.asked:.0f}s ago, and the pod is bound there",
+                False,
+            )
+        await self._delete(placeholder, f"its pod is bound on node {holding.node}, which came")
 
     async def _time_out(self, placeholder: Placeholder, asked: Asked, pod: Pod) -> None:
         waited = asked.until - asked.asked
