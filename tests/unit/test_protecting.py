@@ -14,7 +14,12 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.loops.protecting import SWEEP_SECONDS, Protector
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.extender.state.protection import KARPENTER_DO_NOT_DISRUPT, MARK, Bound
+from neuron_scheduler.extender.state.protection import (
+    KARPENTER_DO_NOT_DISRUPT,
+    MARK,
+    SAFE_TO_EVICT,
+    Bound,
+)
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import node, pod_json
 from tests.unit.test_requesting import on_device
@@ -86,7 +91,14 @@ def test_a_pod_with_no_block_elsewhere_is_marked_and_the_mark_lifted_when_one_fr
     world = World()
     world.step()
     assert world.api.patches == [
-        ("big", {KARPENTER_DO_NOT_DISRUPT: "true", MARK: world.api.patches[0][1][MARK]})
+        (
+            "big",
+            {
+                KARPENTER_DO_NOT_DISRUPT: "true",
+                SAFE_TO_EVICT: "false",
+                MARK: world.api.patches[0][1][MARK],
+            },
+        )
     ]
     marked = big_on("new", {KARPENTER_DO_NOT_DISRUPT: "true", MARK: "ours"})
     for view in (world.ledger, world.bound):
@@ -98,16 +110,24 @@ def test_a_pod_with_no_block_elsewhere_is_marked_and_the_mark_lifted_when_one_fr
             view.remove_pod(gone)
     world.clock.now += SWEEP_SECONDS
     world.step()
-    assert world.api.patches[-1] == ("big", {KARPENTER_DO_NOT_DISRUPT: None, MARK: None})
+    assert world.api.patches[-1] == (
+        "big",
+        {KARPENTER_DO_NOT_DISRUPT: None, SAFE_TO_EVICT: None, MARK: None},
+    )
 
 
 def test_a_users_own_mark_is_left_alone_and_off_lifts_only_ours() -> None:
     world = World(annotations={KARPENTER_DO_NOT_DISRUPT: "true"})
     world.step()
     assert world.api.patches == []
+    world = World(annotations={SAFE_TO_EVICT: "false"})
+    world.step()
+    assert world.api.patches == []
     world = World(on=False, annotations={KARPENTER_DO_NOT_DISRUPT: "true", MARK: "ours"})
     world.step()
-    assert world.api.patches == [("big", {KARPENTER_DO_NOT_DISRUPT: None, MARK: None})]
+    assert world.api.patches == [
+        ("big", {KARPENTER_DO_NOT_DISRUPT: None, SAFE_TO_EVICT: None, MARK: None})
+    ]
 
 
 def test_a_pod_newly_bound_is_judged_at_once_and_pods_of_other_schedulers_never() -> None:

@@ -3,8 +3,9 @@ the leader's loop. Off by default (`--autoscaler-do-not-disrupt`, chart
 scheduler.autoscaling.doNotDisrupt); docs/autoscaling.md says why it exists and what it costs.
 
 A pod first seen bound is judged at once (the loop is woken), every pod again each
-`SWEEP_SECONDS`: marked (`karpenter.sh/do-not-disrupt: "true"` and our `MARK`) while no other node
-it may go to has a legal block for it, unmarked when one has. A pod someone else marked is left
+`SWEEP_SECONDS`: marked (`karpenter.sh/do-not-disrupt: "true"`,
+`cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` and our `MARK`) while no other node it
+may go to has a legal block for it, unmarked when one has. A pod someone else marked is left
 alone. At most `WRITES_PER_STEP` patches a step (each a JSON merge patch of these two keys,
 the pod's uid as precondition). Turned off, the leader lifts its own marks.
 """
@@ -25,9 +26,9 @@ from neuron_scheduler.extender.loops.movers import Admits, anywhere
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.protection import (
-    KARPENTER_DO_NOT_DISRUPT,
     MARK,
     MARK_TEXT,
+    MARKED,
     Bound,
     BoundPod,
     at_risk,
@@ -120,11 +121,10 @@ class Protector:
                 await self._write(pod, wanted)
 
     async def _write(self, pod: BoundPod, mark: bool) -> None:
-        values: dict[str, str | None] = (
-            {KARPENTER_DO_NOT_DISRUPT: "true", MARK: MARK_TEXT}
-            if mark
-            else {KARPENTER_DO_NOT_DISRUPT: None, MARK: None}
-        )
+        values: dict[str, str | None] = {
+            key: value if mark else None for key, value in MARKED.items()
+        }
+        values[MARK] = MARK_TEXT if mark else None
         try:
             await self.api.patch_annotations(pod.namespace, pod.name, pod.uid, values)
         except (NotFound, Conflict):
@@ -132,7 +132,7 @@ class Protector:
         except READ_ERRORS as error:
             self.marks.labels("failed").inc()
             log.warning(
-                "cannot %s karpenter.sh/do-not-disrupt on %s: %s",
+                "cannot %s the do-not-disrupt mark on %s: %s",
                 "set" if mark else "lift",
                 loggable(pod.key, NAME_LIMIT),
                 loggable(error_text(error)),
@@ -140,7 +140,7 @@ class Protector:
             return
         self.marks.labels("set" if mark else "lifted").inc()
         log.info(
-            "%s karpenter.sh/do-not-disrupt on %s (on %s): %s",
+            "%s the do-not-disrupt mark on %s (on %s): %s",
             "set" if mark else "lifted",
             loggable(pod.key, NAME_LIMIT),
             loggable(pod.node, NAME_LIMIT),

@@ -3,9 +3,10 @@
 Karpenter's consolidation (and cluster-autoscaler's scale-down) simulates by count: a pod whose
 only legal block is on its node fits, by count, on a node where it has none. It evicts the pod and
 removes the node, the pod is stranded, a capacity request brings a node back: a loop
-(docs/autoscaling.md measures it). The pod is marked with Karpenter's `karpenter.sh/do-not-disrupt`
-while no other node it may go to has a legal block for it (`at_risk`), and the mark is lifted
-when one has (`MARK` says the mark is ours: a user's own is never touched).
+(docs/autoscaling.md measures it). The pod is marked (`MARKED`: Karpenter's
+`karpenter.sh/do-not-disrupt: "true"`, cluster-autoscaler's `safe-to-evict: "false"`) while no
+other node it may go to has a legal block for it (`at_risk`), and the mark is lifted when one has
+(`MARK` says the mark is ours: a user's own is never touched).
 
 `Bound` is a view of the bound pods of the schedulers the extender serves that ask for Neuron
 resources, fed by the pod watch; the leader's loop (extender/loops/protecting) writes the marks.
@@ -26,7 +27,12 @@ from neuron_scheduler.kube.reading import servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-# Set with Karpenter's annotation, by us only: the mark is ours to lift.
+# cluster-autoscaler's: its scale-down simulation counts too (it runs its scheduler without
+# extenders), and it leaves a node alone whose pods may not be evicted.
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# The annotations of a mark, and their values.
+MARKED = {KARPENTER_DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"}
+# Set with them, by us only: the mark is ours to lift.
 MARK = "neuron-scheduler.io/do-not-disrupt-reason"
 MARK_TEXT = "no other node it may go to has a legal block for it"
 MAX_BOUND = 200_000
@@ -42,7 +48,7 @@ class BoundPod:
     priority: int
     rules: Pod  # only what kube.nodefit reads: where it may go
     marked: bool  # our mark is on it
-    opted: bool  # someone else's karpenter.sh/do-not-disrupt is on it
+    opted: bool  # someone else's do-not-disrupt or safe-to-evict is on it
 
     @property
     def key(self) -> str:
@@ -77,7 +83,7 @@ class Bound(PodsOnly):
         new = meta.uid not in self.pods
         if new and len(self.pods) >= MAX_BOUND:
             return
-        dnd = meta.annotations.get(KARPENTER_DO_NOT_DISRUPT)
+        theirs = any(key in meta.annotations for key in MARKED)
         marked = MARK in meta.annotations
         self.pods[meta.uid] = BoundPod(
             meta.namespace,
@@ -94,7 +100,7 @@ class Bound(PodsOnly):
                 )
             ),
             marked,
-            dnd is not None and not marked,
+            theirs and not marked,
         )
         if new and self.on_new is not None:
             self.on_new(meta.uid)
