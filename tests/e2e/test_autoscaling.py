@@ -26,8 +26,9 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.state.protection import KARPENTER_DO_NOT_DISRUPT
 from tests.e2e.harness import ROOT, Scenario, bound, wait_for
-from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports, scheduler_config
+from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports
 from tests.testbed.autoscaler import Karpenter, find_autoscaler_bin
+from tests.testbed.stack import start_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -115,14 +116,7 @@ def karpenter(stack: Stack) -> Iterator[tuple[Karpenter, int]]:
     print(f"\nKarpenter and kwok healthy after {time.monotonic() - started:.1f}s")
     stack.extra_logs.update(running.logs())
     (port,) = free_ports(1)
-    scheduler = stack.cp.start_scheduler(
-        config=scheduler_config(
-            scheduler_name=SCHEDULER,
-            extender_url=f"https://127.0.0.1:{port}",
-            node_cache_capable=True,
-            pki=stack.pki,
-        ),
-    )
+    scheduler = start_profile(stack, SCHEDULER, port)
     try:
         yield running, port
     finally:

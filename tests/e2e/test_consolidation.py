@@ -26,9 +26,9 @@ from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, decode
 from neuron_scheduler.core.resources import NEURON
 from tests.e2e.harness import Scenario, bound, ids, wait_for
-from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports, scheduler_config
+from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports
 from tests.testbed.controlplane import ControllerManager
-from tests.testbed.stack import BUDGET_LEASE
+from tests.testbed.stack import BUDGET_LEASE, start_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -80,15 +80,7 @@ class World:
 def controllers(stack: Stack) -> Iterator[tuple[ControllerManager, int]]:
     manager = stack.cp.start_controller_manager()
     (port,) = free_ports(1)
-    scheduler = stack.cp.start_scheduler(
-        config=scheduler_config(
-            scheduler_name=SCHEDULER,
-            extender_url=f"https://127.0.0.1:{port}",
-            node_cache_capable=True,
-            pki=stack.pki,
-        ),
-        extra_args=("--v=2",),
-    )
+    scheduler = start_profile(stack, SCHEDULER, port)
     try:
         yield manager, port
     finally:

@@ -32,8 +32,8 @@ from neuron_scheduler.core.catalog import Catalog
 from .client import KubeError
 from .controlplane import ControlPlane
 from .process import ManagedProcess, free_ports
+from .stack import install_crds
 
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 KARPENTER = "/apis/karpenter.sh/v1"
 NODE_CLASSES = "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses"
 NODE_CLASS = "default"
@@ -198,7 +198,10 @@ class Karpenter:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> None:
-        install_crds(self.cp, self.bin_dir / "crds")
+        folder = self.bin_dir / "crds"
+        install_crds(
+            self.cp, [yaml.safe_load(p.read_text()) for p in sorted(folder.glob("*.yaml"))]
+        )
         self._node_class()
         self.kwok.start()
         self.karpenter.start()
@@ -366,26 +369,3 @@ class Karpenter:
     def nodes(self, pool: str) -> list[dict[str, Any]]:
         listed = self.cp.request("GET", f"/api/v1/nodes?labelSelector=karpenter.sh/nodepool={pool}")
         return list(listed["items"])
-
-
-def install_crds(cp: ControlPlane, folder: Path, timeout: float = 60.0) -> None:
-    """Every CRD in the folder, established (once per control plane)."""
-    names = []
-    for path in sorted(folder.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        names.append(crd["metadata"]["name"])
-        try:
-            cp.request("POST", CRDS, crd)
-        except KubeError as error:
-            if error.status != 409:
-                raise
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            found = cp.request("GET", f"{CRDS}/{name}")
-            conditions = (found.get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not established: {conditions}")
-            time.sleep(0.1)

@@ -176,21 +176,42 @@ class ExtenderProcess:
 
 def install_claims_crd(cp: ControlPlane, timeout: float = 60.0) -> None:
     """The chart's UltraServerClaim CRD, once per control plane, established."""
-    crd = yaml.safe_load(CLAIM_CRD.read_text())
-    try:
-        cp.request("POST", CRDS, crd)
-    except KubeError as error:
-        if error.status != 409:  # (there already: another Stack on this control plane)
-            raise
+    install_crds(cp, [yaml.safe_load(CLAIM_CRD.read_text())], timeout)
+
+
+def install_crds(cp: ControlPlane, crds: list[dict[str, Any]], timeout: float = 60.0) -> None:
+    """These CRDs, established (one there already, from another Stack on this control plane,
+    stays)."""
+    for crd in crds:
+        try:
+            cp.request("POST", CRDS, crd)
+        except KubeError as error:
+            if error.status != 409:
+                raise
     deadline = time.monotonic() + timeout
-    while True:
-        found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
-        conditions = (found.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
-        time.sleep(0.1)
+    for crd in crds:
+        while True:
+            found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
+            conditions = (found.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
+            time.sleep(0.1)
+
+
+def start_profile(stack: Stack, scheduler_name: str, port: int) -> Scheduler:
+    """One more kube-scheduler, serving `scheduler_name` with the extender that a test starts on
+    `port` (as the chart configures it: HTTPS, the client certificate, nodeCacheCapable)."""
+    return stack.cp.start_scheduler(
+        config=scheduler_config(
+            scheduler_name=scheduler_name,
+            extender_url=f"https://127.0.0.1:{port}",
+            node_cache_capable=True,
+            pki=stack.pki,
+        ),
+        extra_args=("--v=2",),
+    )
 
 
 class Stack:

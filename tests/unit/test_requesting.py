@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 
 from neuron_scheduler.core import capacity, planrecord
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.ids import comma_ids, cores_of_devices
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
 from neuron_scheduler.extender.loops.consolidating import Concluded, Consolidator, Limits, Mode
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
@@ -31,6 +30,7 @@ from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.objects import ObjectRef, Pod
 from tests.builders import node, pod_json
+from tests.unit import test_consolidating as consolidating
 from tests.unit.test_consolidating import FakeAPI as ConsolidationAPI
 
 CATALOG = Catalog.builtin()
@@ -92,21 +92,9 @@ class FakeAPI(ConsolidationAPI):
         return "1"
 
 
-def on_device(name: str, node_name: str, device: int, **kwargs: Any) -> Pod:
-    body = pod_json(name, {NEURON: 1}, uid=name, **kwargs)
-    cores = cores_of_devices([device], 2)
-    body["spec"]["nodeName"] = node_name
-    body["metadata"]["annotations"].update(
-        {
-            "AWS_NEURON_IDS": str(device),
-            "NEURON_RESOURCE_TYPE": NEURON,
-            "NEURON_CORES": comma_ids(cores),
-            "NEURON_DEVS": str(device),
-            "NEURON_NODE": node_name,
-        }
-    )
-    body["status"] = {"phase": "Running", "startTime": CREATED}
-    return msgspec.convert(body, Pod)
+def on_device(name: str, node_name: str, device: int) -> Pod:
+    """A bare one-device pod on the device (inf2 and trn1 both have 2 cores a device)."""
+    return consolidating.on_device(pod_json(name, {NEURON: 1}, uid=name), node_name, device)
 
 
 def stuck(name: str = "big", devices: int = 4, **extra: Any) -> Pod:

@@ -232,6 +232,9 @@ def extender(
             ("--consolidation-evictions-per-hour", consolidation_evictions_per_hour, 0, 10000),
             ("--consolidation-plan-seconds", consolidation_plan_seconds, 10, 3600),
             ("--consolidation-max-victims", consolidation_max_victims, 1, 64),
+            ("--capacity-pending-seconds", capacity_pending_seconds, 0, 86400),
+            ("--capacity-max-in-flight", capacity_max_in_flight, 1, 100),
+            ("--capacity-timeout", capacity_timeout, 10, 86400),
         )
         for name, amount, low, high in bounds:
             if not low <= amount <= high:
@@ -253,14 +256,6 @@ def extender(
                 f"--capacity-requests {capacity_requests!r} is not one of "
                 f"{', '.join(capacity_modes)}"
             )
-        capacity_bounds: tuple[tuple[str, float, float, float], ...] = (
-            ("--capacity-pending-seconds", capacity_pending_seconds, 0, 86400),
-            ("--capacity-max-in-flight", capacity_max_in_flight, 1, 100),
-            ("--capacity-timeout", capacity_timeout, 10, 86400),
-        )
-        for name, amount, low, high in capacity_bounds:
-            if not low <= amount <= high:
-                raise UsageError(f"{name} {amount:g} is not between {low:g} and {high:g}")
         catalog = Catalog.load(topology_file)  # fail now, with the file's name
         for instance_type in capacity_instance_type or ():
             if not catalog.knows(instance_type) or catalog.device_count(instance_type) is None:

@@ -61,6 +61,7 @@ from neuron_scheduler.core.planrecord import (
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.loops.evictionbudget import BudgetUnavailable, EvictionBudget
 from neuron_scheduler.extender.loops.movers import plan_for, stranded
+from neuron_scheduler.extender.loops.stepping import step_forever
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import (
@@ -267,14 +268,7 @@ class Consolidator(PodsOnly):
     # --- the loop (leader only) ----------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.step()
-            except Exception as error:  # a bug: logged, and the next step tries again
-                log.exception("consolidation step failed: %s", loggable(error))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), STEP_SECONDS)
-            self._signal.clear()
+        await step_forever(self.step, self._signal, STEP_SECONDS, log, "consolidation")
 
     async def step(self) -> None:
         self.plans.expire()

@@ -13,7 +13,6 @@ the pod's uid as precondition). Turned off, the leader lifts its own marks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.extender.loops.movers import Admits, anywhere
+from neuron_scheduler.extender.loops.stepping import step_forever
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.protection import (
@@ -88,14 +88,7 @@ class Protector:
             self._signal.set()
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.step()
-            except Exception as error:  # a bug: logged, and the next step tries again
-                log.exception("do-not-disrupt step failed: %s", loggable(error))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), STEP_SECONDS)
-            self._signal.clear()
+        await step_forever(self.step, self._signal, STEP_SECONDS, log, "do-not-disrupt")
 
     async def step(self) -> None:
         if not self.is_leader():

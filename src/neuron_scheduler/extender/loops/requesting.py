@@ -68,6 +68,8 @@ from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.extender.loops.consolidating import Concluded, Consolidator, Mode
 from neuron_scheduler.extender.loops.movers import Admits, Stranded, anywhere, stranded
+from neuron_scheduler.extender.loops.stepping import step_forever
+from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.extender.state.movability import gang_of
 from neuron_scheduler.extender.state.pending import PendingPods
@@ -110,7 +112,9 @@ class CapacityLimits:
 DEFAULT_CAPACITY = CapacityLimits()
 
 
-class RequesterAPI(Protocol):
+class RequesterAPI(AnnotationWriter, Protocol):
+    """What capacity requests need of KubeAPI beyond the waker's annotation patch."""
+
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> Pod: ...
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
@@ -118,16 +122,6 @@ class RequesterAPI(Protocol):
     async def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: dict[str, str]
     ) -> None: ...
-
-    async def patch_annotations(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        values: dict[str, str | None],
-        *,
-        resource_version: str | None = None,
-    ) -> str: ...
 
     async def patch_nominated_node(
         self, namespace: str, name: str, uid: str, node: str
@@ -299,14 +293,7 @@ class CapacityRequester:
     # --- the loop (leader only) ----------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.step()
-            except Exception as error:  # a bug: logged, and the next step tries again
-                log.exception("capacity request step failed: %s", loggable(error))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), STEP_SECONDS)
-            self._signal.clear()
+        await step_forever(self.step, self._signal, STEP_SECONDS, log, "capacity request")
 
     async def step(self) -> None:
         self._forget()
