@@ -46,7 +46,6 @@ from tests.testbed import (
     KubeError,
     ManagedProcess,
     find_kubebin,
-    write_kubeconfig,
 )
 
 DRIVER = "neuron.neuron-scheduler.io"  # the chart's default
@@ -140,45 +139,11 @@ class DriverProcess:
     def _credentials(self) -> Path:
         """A token bound to a pod on this node, like the one kubelet mounts into the DaemonSet's
         pod: it carries the node's name, which the chart's admission policy checks."""
-        pod = self.cp.request(
-            "POST",
-            f"/api/v1/namespaces/{SYSTEM}/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"dra-driver-{self.node}"},
-                "spec": {
-                    "nodeName": self.node,
-                    "serviceAccountName": SERVICE_ACCOUNT,
-                    "containers": [{"name": "dra-driver", "image": PAUSE_IMAGE}],
-                },
-            },
+        credentials = self.cp.service_account(
+            SYSTEM, SERVICE_ACCOUNT, node=self.node, kubeconfig_path=self.root / "kubeconfig"
         )
-        answer = self.cp.request(
-            "POST",
-            f"/api/v1/namespaces/{SYSTEM}/serviceaccounts/{SERVICE_ACCOUNT}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {
-                    "expirationSeconds": 3600,
-                    "boundObjectRef": {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": pod["metadata"]["name"],
-                        "uid": pod["metadata"]["uid"],
-                    },
-                },
-            },
-        )
-        self.token: str = answer["status"]["token"]
-        return write_kubeconfig(
-            self.root / "kubeconfig",
-            server_url=self.cp.server_url,
-            token=self.token,
-            user=f"dra-driver-{self.node}",
-            cafile=self.cp.ca_path,
-        )
+        self.token = credentials.token
+        return credentials.kubeconfig_path
 
     def start(self) -> None:
         self.process.start()

@@ -177,6 +177,7 @@ MY_SCHEDULER = [
     "ServiceAccount/my-scheduler",
 ]
 DEVICE_PLUGIN = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+HEALTH_POLICY_KINDS = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 def expected_kinds(combo: str) -> list[str]:
@@ -209,6 +210,7 @@ def expected_kinds(combo: str) -> list[str]:
             names += MY_SCHEDULER
     if values.get("devicePlugin", {}).get("enabled", True):
         names += [f"{k}/neuron-device-plugin" for k in DEVICE_PLUGIN]
+        names += [f"{k}/neuron-device-plugin-own-node-health" for k in HEALTH_POLICY_KINDS]
     return sorted(names)
 
 
@@ -238,6 +240,8 @@ def test_lint_and_render(combo: str) -> None:
             "ClusterRoleBinding",
             "CustomResourceDefinition",
             "PriorityClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         )
         ns = doc["metadata"].get("namespace")
         # The one exception: reading kube-system's client-CA ConfigMap.
@@ -613,7 +617,10 @@ class TestApply:
         plugin = "neuron-device-plugin"
         for verb in ("get", "list", "patch"):
             assert can(plugin, verb, "pods")
-        assert can(plugin, "get", "nodes")
+        # patch: its own Node's health annotation, which the admission policy narrows to that
+        # (tests/e2e/test_device_failure.py runs the policy).
+        assert can(plugin, "get", "nodes") and can(plugin, "patch", "nodes")
+        assert not can(plugin, "update", "nodes") and not can(plugin, "delete", "nodes")
         assert not can(plugin, "update", "nodes/status") and not can(plugin, "list", "nodes")
         assert not can(plugin, "create", "pods/binding") and not can(plugin, "get", "secrets")
 
@@ -642,6 +649,8 @@ def api_path(doc: Doc) -> str:
         "PodDisruptionBudget": "poddisruptionbudgets",
         "ServiceMonitor": "servicemonitors",
         "CustomResourceDefinition": "customresourcedefinitions",
+        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -890,6 +899,7 @@ def exported_series() -> dict[str, set[str]]:
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
+    metrics.failed_device_evictions.labels("example")
     consolidation = ConsolidationMetrics(metrics.registry)
     for labelled in (consolidation.plans, consolidation.evictions, consolidation.blocked):
         labelled.labels("example")

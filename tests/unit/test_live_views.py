@@ -102,6 +102,7 @@ def test_fleet_shows_each_pods_ids_and_what_is_free() -> None:
         "cores": [24, 25],
         "priority": 0,
         "terminating": False,
+        "on_unhealthy_devices": [],
     }
 
 

@@ -183,9 +183,18 @@ def extender(
             "(default: --lease-name)"
         ),
     ] = None,
+    device_failure_action: Annotated[
+        str,
+        typer.Option(
+            help="report or evict: what the leader does about a pod running on a device that "
+            "failed (always a warning event on it; evict also moves it through the Eviction "
+            "API when a controller recreates it: docs/operations.md)"
+        ),
+    ] = "report",
 ) -> None:
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.loops.consolidating import Limits, Mode
+    from neuron_scheduler.extender.loops.devicefailures import Action
     from neuron_scheduler.extender.loops.requesting import CapacityLimits, CapacityMode
     from neuron_scheduler.extender.serve import ExtenderOptions, run
     from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
@@ -239,6 +248,12 @@ def extender(
         for name, amount, low, high in bounds:
             if not low <= amount <= high:
                 raise UsageError(f"{name} {amount:g} is not between {low:g} and {high:g}")
+        actions = [a.value for a in Action]
+        if device_failure_action not in actions:
+            raise UsageError(
+                f"--device-failure-action {device_failure_action!r} is not one of "
+                f"{', '.join(actions)}"
+            )
         if not consolidation_lease or len(consolidation_lease) > 253:
             raise UsageError("--consolidation-lease must be a Lease name")
         limits = Limits(
@@ -320,6 +335,7 @@ def extender(
                 budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
                 capacity=capacity,
                 do_not_disrupt=autoscaler_do_not_disrupt,
+                device_failure_action=Action(device_failure_action),
             )
         )
 

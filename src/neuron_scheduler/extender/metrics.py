@@ -97,6 +97,13 @@ class Metrics:
             ["cause", "result"],
             registry=self.registry,
         )
+        self.failed_device_evictions = Counter(
+            "neuron_scheduler_failed_device_evictions",
+            "Evictions of pods running on a failed device (--device-failure-action evict), by "
+            "result: evicted, refused (a disruption budget; asked again later), gone, failed",
+            ["result"],
+            registry=self.registry,
+        )
         self.waiting = Gauge(
             "neuron_scheduler_waiting_pods",
             "Pending pods the extender refused everywhere, kept to wake when room frees",
@@ -122,6 +129,16 @@ class _NodeCollector(Collector):
             "neuron_scheduler_node_largest_free_block",
             "Most devices one request could still get on the node (what filter allows)",
             labels=["node"],
+        )
+        unhealthy = GaugeMetricFamily(
+            "neuron_scheduler_node_unhealthy_devices",
+            "Devices the node's device plugin reports failed: never placed on, neither free nor"
+            " any pod's",
+            labels=["node"],
+        )
+        on_failed = GaugeMetricFamily(
+            "neuron_scheduler_pods_on_unhealthy_devices",
+            "Pods whose devices include one their node reports failed (they run on without it)",
         )
         pods = GaugeMetricFamily(
             "neuron_scheduler_cached_pods", "Pods holding Neuron resources in the cache"
@@ -156,6 +173,8 @@ class _NodeCollector(Collector):
             state = self.ledger.state(name)
             free.add_metric([name], free_devices(entry.topology, state))
             block.add_metric([name], largest_free_block(entry.topology, state))
+            unhealthy.add_metric([name], entry.unhealthy_devices.bit_count())
+        on_failed.add_metric([], sum(1 for _ in self.ledger.on_failed_devices()))
         pods.add_metric([], self.ledger.pod_count)
         for code, count in Tally(p.code for p in list(self.ledger.unusable.values())).items():
             unusable.add_metric([code], count)
@@ -167,6 +186,8 @@ class _NodeCollector(Collector):
             weights.add_metric([unit.value, str(count)], weight)
         yield free
         yield block
+        yield unhealthy
+        yield on_failed
         yield pods
         yield unusable
         yield rejected

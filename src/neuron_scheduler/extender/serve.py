@@ -20,6 +20,7 @@ from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.loops.consolidating import Limits
+from neuron_scheduler.extender.loops.devicefailures import Action
 from neuron_scheduler.extender.loops.requesting import DEFAULT_CAPACITY, CapacityLimits
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
@@ -85,6 +86,8 @@ class ExtenderOptions:
     capacity: CapacityLimits = DEFAULT_CAPACITY
     # Mark bound pods that no other node has a block for with karpenter.sh/do-not-disrupt.
     do_not_disrupt: bool = False
+    # What the leader does about pods running on a failed device: report, or evict too.
+    device_failure_action: Action = Action.REPORT
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -264,10 +267,14 @@ async def run_if_served(
 
 
 async def _after_sync(extender: Extender) -> None:
-    """Consolidation and capacity requests act only on a cache that has every node and pod."""
+    """Consolidation, capacity requests and the do-not-disrupt marks act, and pods on failed
+    devices are told, only on a cache that has every node and pod."""
     await extender.synced.wait()
     await asyncio.gather(
-        extender.consolidator.run(), extender.requester.run(), extender.protector.run()
+        extender.consolidator.run(),
+        extender.requester.run(),
+        extender.protector.run(),
+        extender.failures.run(),
     )
 
 
@@ -376,6 +383,7 @@ async def serve(options: ExtenderOptions) -> None:
             budget_lease=options.budget_lease,
             capacity=options.capacity,
             do_not_disrupt=options.do_not_disrupt,
+            device_failure_action=options.device_failure_action,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
@@ -384,6 +392,7 @@ async def serve(options: ExtenderOptions) -> None:
             extender.consolidator.is_leader = lambda: elector.is_leader
             extender.requester.is_leader = lambda: elector.is_leader
             extender.protector.is_leader = lambda: elector.is_leader
+            extender.failures.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:

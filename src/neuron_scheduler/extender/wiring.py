@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
+from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.loops.protecting import Protector
 from neuron_scheduler.extender.loops.requesting import (
@@ -57,6 +58,7 @@ class Extender:
     occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
+    failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's
     pending: PendingPods  # what bind reads a pod from, when the watch has it
     # Capacity requests' placeholder pods: the pod watch gives them to this view only.
     placeholders: Placeholders
@@ -76,6 +78,7 @@ def wire(
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
     capacity: CapacityLimits = DEFAULT_CAPACITY,
     do_not_disrupt: bool = False,
+    device_failure_action: Action = Action.REPORT,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
     on; `do_not_disrupt`: mark the bound pods no other node has a block for with
@@ -157,6 +160,14 @@ def wire(
         claim_seconds,
         policy=policy,
     )
+    failures = DeviceFailures(
+        ledger,
+        movability,
+        api,
+        events.record,
+        device_failure_action,
+        on_evict=lambda result: metrics.failed_device_evictions.labels(result).inc(),
+    )
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
@@ -188,6 +199,7 @@ def wire(
         occupancy,
         reservations,
         consolidator,
+        failures,
         pending,
         placeholders,
         requester,

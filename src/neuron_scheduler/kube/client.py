@@ -225,6 +225,16 @@ class KubeAPI:
             raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
         return version
 
+    async def patch_node_annotation(self, name: str, key: str, value: str | None) -> None:
+        """A JSON merge patch of one annotation key of a Node (None deletes it); nothing else of
+        the Node is sent, so other writers' keys, labels and taints are never touched."""
+        await self.request(
+            "PATCH",
+            f"{NODES}/{name}",
+            body={"metadata": {"annotations": {key: value}}},
+            content_type="application/merge-patch+json",
+        )
+
     async def patch_nominated_node(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Sets (or, with "", clears) the pod's status.nominatedNodeName: kube-scheduler tries
         that node first and holds the pod's resources there by count (KEP-5278). A merge patch

@@ -204,6 +204,8 @@ def why(
         NotPending,
         diagnose,
         diagnosis_json,
+        failed_devices_of,
+        on_failed_devices_text,
         pending_request,
     )
     from neuron_scheduler.live.snapshot import read_cluster
@@ -227,14 +229,30 @@ def why(
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
             return await read_cluster(api, catalog)
 
+    async def failed_on(bound: Pod) -> tuple[int, ...]:
+        """The failed devices the bound pod runs on; none when its node cannot be read."""
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            try:
+                node = await api.get_node(bound.spec.nodeName)
+            except READ_ERRORS:
+                return ()
+        return failed_devices_of(bound, node, catalog)
+
     try:
         found = asyncio.run(read_pod())
     except NotFound:
         fail(f"pod {ns}/{name} not found", 1)
     except READ_ERRORS as error:
         _read_failed(error, config)
-    with user_errors(NotPending, code=1):
+    try:
         pending_request(found)  # before listing the whole cluster
+    except NotPending as error:
+        text = str(error)
+        if found.spec.nodeName:
+            failed = asyncio.run(failed_on(found))
+            if failed:
+                text = f"{text}; {on_failed_devices_text(found, failed)}"
+        fail(text, 1)
     try:
         snapshot = asyncio.run(read())
     except unreadable as error:

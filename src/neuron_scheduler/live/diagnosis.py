@@ -32,11 +32,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.capacity import whole_node
-from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.consolidation import fits_by_count
 from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
+from neuron_scheduler.core.handoff import AnnotationError, misfit
+from neuron_scheduler.core.health import HealthError
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.planrecord import PlanKind
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
@@ -50,8 +52,13 @@ from neuron_scheduler.extender.state.movability import Movability, gang_of
 from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.nodefit import why_not
-from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.reading import (
+    assignment,
+    neuron_request,
+    node_topology,
+    unhealthy_devices,
+)
 from neuron_scheduler.live.fleet import JSON_VERSION
 from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import NodeConfigError
@@ -130,6 +137,31 @@ class Diagnosis:
         if self.count(Verdict.FITS) or self.count(Verdict.UNIT_RULE):
             return ()
         return tuple(n.node for n in self.nodes if n.by_count)
+
+
+def failed_devices_of(pod: Pod, node: Node, catalog: Catalog) -> tuple[int, ...]:
+    """The devices among a bound pod's annotated ids that its node's device plugin reports
+    failed: it runs on without them. Empty when either cannot be read."""
+    try:
+        resolved = node_topology(node, catalog)
+        if resolved is None:
+            return ()
+        topology = resolved.topology
+        failed = unhealthy_devices(node, topology)
+        found = assignment(pod, topology.cores_per_device) if failed else None
+    except (CapacityError, HealthError, AnnotationError):
+        return ()
+    if found is None or misfit(found, topology) is not None:
+        return ()
+    return tuple(d for d in found.devices if failed >> d & 1)
+
+
+def on_failed_devices_text(pod: Pod, failed: tuple[int, ...]) -> str:
+    return (
+        f"pod {pod.key} runs on node {pod.spec.nodeName} with failed device "
+        f"{format_ids(list(failed))} (its device plugin reports it unhealthy; the pod keeps "
+        'running without it: docs/operations.md, "When a device fails")'
+    )
 
 
 def pending_request(pod: Pod) -> NeuronRequest | None:
@@ -348,6 +380,8 @@ def _node(
     if excluded is not None:
         return NodeDiagnosis(name, instance_type, Verdict.EXCLUDED, excluded)
     decision = allocate(topology, ledger.state_for(claimant, name), request, policy)
+    if isinstance(decision, Refusal):
+        decision = ledger.failed_devices_refusal(name, request, decision)
     if isinstance(decision, Placement):
         return NodeDiagnosis(
             name,

@@ -20,6 +20,8 @@ from neuron_scheduler.core.planrecord import PlanKind
 from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.live.consolidation import ConsolidationView
 from neuron_scheduler.live.devicemap import (
+    FAILED,
+    FAILED_COLOUR,
     HELD,
     HELD_COLOUR,
     HELD_LABEL,
@@ -77,6 +79,14 @@ def node_header(node: NodeView) -> Text:
         text.append(f"; {node.unattributed_cores} cores held with ids unknown")
         if node.withheld_cores:
             text.append(f" ({node.withheld_cores} not offered by the node)")
+    if node.unhealthy_devices:
+        failed = mask_ids(node.unhealthy_devices)
+        text.append(
+            f"\n  {FAILED} failed: device{'s' if len(failed) != 1 else ''} {format_ids(failed)}"
+            f" (its device plugin reports {'it' if len(failed) == 1 else 'them'} unhealthy;"
+            " never placed on)",
+            FAILED_COLOUR,
+        )
     return text
 
 
@@ -89,7 +99,8 @@ def node_block(node: NodeView) -> RenderableType:
     owners = {core: p.pod for p in node.pods for core in p.cores}
     parts: list[RenderableType] = [node_header(node)]
     parts.extend(
-        Text("  ") + line for line in draw(node.topology, owners, colours, node.held_cores)
+        Text("  ") + line
+        for line in draw(node.topology, owners, colours, node.held_cores, node.unhealthy_devices)
     )
     for p in node.pods[:MAX_PODS_LISTED]:
         line = Text.assemble(
@@ -103,6 +114,8 @@ def node_block(node: NodeView) -> RenderableType:
             line.append(f"  priority {p.priority}")
         if p.terminating:
             line.append("  terminating", "italic")
+        if p.failed:
+            line.append(f"  runs on failed device {format_ids(list(p.failed))}", FAILED_COLOUR)
         parts.append(line)
     if len(node.pods) > MAX_PODS_LISTED:
         parts.append(Text(f"  ... and {len(node.pods) - MAX_PODS_LISTED} more pods"))
@@ -139,11 +152,16 @@ def fleet_summary(fleet: Fleet) -> RenderableType:
     free = sum(n.free_devices for n in fleet.nodes)
     cores = sum(n.topology.total_cores for n in fleet.nodes)
     free_cores = sum(n.free_cores for n in fleet.nodes)
+    failed = sum(n.unhealthy_devices.bit_count() for n in fleet.nodes)
+    on_failed = sum(1 for n in fleet.nodes for p in n.pods if p.failed)
     line = Text.assemble(
         ("Fleet: ", "bold"),
         f"{len(fleet.nodes)} Neuron nodes",
         f" ({len(fleet.unusable)} unusable)" if fleet.unusable else "",
         f", {fleet.other_nodes} without Neuron resources" if fleet.other_nodes else "",
+        (f"; {failed} failed devices ({on_failed} pods run on one)", FAILED_COLOUR)
+        if failed
+        else "",
         f"; {free} of {devices} devices free, {free_cores} of {cores} cores; "
         f"fragmentation {100 * fleet.fragmentation:.1f}% (free devices outside their node's "
         "largest free block)",

@@ -61,7 +61,7 @@ from neuron_scheduler.core.planrecord import (
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.loops.evictionbudget import BudgetUnavailable, EvictionBudget
 from neuron_scheduler.extender.loops.movers import plan_for, stranded
-from neuron_scheduler.extender.loops.stepping import step_forever
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import (
@@ -268,7 +268,7 @@ class Consolidator(PodsOnly):
     # --- the loop (leader only) ----------------------------------------------------------------
 
     async def run(self) -> None:
-        await step_forever(self.step, self._signal, STEP_SECONDS, log, "consolidation")
+        await run_steps(self.step, self._signal, STEP_SECONDS, "consolidation", log)
 
     async def step(self) -> None:
         self.plans.expire()

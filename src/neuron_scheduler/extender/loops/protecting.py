@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.extender.loops.movers import Admits, anywhere
-from neuron_scheduler.extender.loops.stepping import step_forever
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.protection import (
@@ -88,7 +88,7 @@ class Protector:
             self._signal.set()
 
     async def run(self) -> None:
-        await step_forever(self.step, self._signal, STEP_SECONDS, log, "do-not-disrupt")
+        await run_steps(self.step, self._signal, STEP_SECONDS, "do-not-disrupt", log)
 
     async def step(self) -> None:
         if not self.is_leader():

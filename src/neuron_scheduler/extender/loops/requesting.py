@@ -68,7 +68,7 @@ from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.extender.loops.consolidating import Concluded, Consolidator, Mode
 from neuron_scheduler.extender.loops.movers import Admits, Stranded, anywhere, stranded
-from neuron_scheduler.extender.loops.stepping import step_forever
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.loops.waking import AnnotationWriter
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.extender.state.movability import gang_of
@@ -293,7 +293,7 @@ class CapacityRequester:
     # --- the loop (leader only) ----------------------------------------------------------------
 
     async def run(self) -> None:
-        await step_forever(self.step, self._signal, STEP_SECONDS, log, "capacity request")
+        await run_steps(self.step, self._signal, STEP_SECONDS, "capacity request", log)
 
     async def step(self) -> None:
         self._forget()

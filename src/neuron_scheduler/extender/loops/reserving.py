@@ -94,7 +94,9 @@ def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str 
         return None
     state = ledger.state_for(Claimant.of(pod, request), node)
     decision = allocate(entry.topology, state, request, policy)
-    return None if isinstance(decision, Placement) else decision.reason
+    if isinstance(decision, Placement):
+        return None
+    return ledger.failed_devices_refusal(node, request, decision).reason
 
 
 class Reservations:

@@ -1,6 +1,6 @@
-"""How a leader's loop runs its steps: one now, then one each `seconds` or as soon as it is
-signalled, whichever comes first; a step that fails (a bug) is logged and the next one tries
-again, so the loop never ends while the extender runs."""
+"""How a leader's loop runs its steps: one after another for as long as the process lives, each
+after a signal or at the latest after a period, and never ended by a bug in a step (a loop that
+stopped would leave its holds, plans or failures untended until a restart)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable
 from neuron_scheduler.core.logtext import loggable
 
 
-async def step_forever(
+async def run_steps(
     step: Callable[[], Awaitable[None]],
     signal: asyncio.Event,
     seconds: float,
-    log: logging.Logger,
     what: str,
+    log: logging.Logger,
 ) -> None:
     while True:
         try:
