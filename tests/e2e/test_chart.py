@@ -586,6 +586,27 @@ class TestApply:
             in result.stderr
         )
 
+    def test_capacity_requests_create_and_delete_pods_in_the_extenders_namespace_only(
+        self, apply_cp: ControlPlane
+    ) -> None:
+        namespace = "chart-rbac-capacity"
+        apply_cp.client.ensure_namespace(namespace)
+        apply(apply_cp, render(COMBOS["custom-autoscaling"], namespace=namespace))
+        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+
+        def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
+            args = ["auth", "can-i", verb, resource, account, f"--namespace={ns}"]
+            if subresource:
+                args.append(f"--subresource={subresource}")
+            result = apply_cp.kubectl(*args, check=False)
+            assert result.stdout.strip() in ("yes", "no"), result.stderr
+            return result.stdout.strip() == "yes"
+
+        assert can("create", "pods", namespace) and can("delete", "pods", namespace)
+        assert not can("create", "pods", "t") and not can("delete", "pods", "t")
+        assert can("patch", "pods", "t", "status")  # nominating the pending pod, anywhere
+        assert not can("update", "pods", namespace) and not can("create", "pods/eviction", "t")
+
     def test_rbac_grants_what_the_code_calls_and_no_more(self, apply_cp: ControlPlane) -> None:
         namespace = "chart-rbac"
         apply_cp.client.ensure_namespace(namespace)
@@ -651,6 +672,7 @@ def api_path(doc: Doc) -> str:
         "CustomResourceDefinition": "customresourcedefinitions",
         "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
         "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        "PriorityClass": "priorityclasses",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""

@@ -41,7 +41,7 @@ NAMESPACE = "neuron-system"
 
 class Clock:
     def __init__(self) -> None:
-        self.now = NOW + 120
+        self.now = NOW + 180
 
     def __call__(self) -> float:
         return self.now

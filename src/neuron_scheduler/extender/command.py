@@ -143,7 +143,7 @@ def extender(
     capacity_pending_seconds: Annotated[
         float,
         typer.Option(help="how long a stranded pod waits, unschedulable, before a node is asked"),
-    ] = 60.0,
+    ] = 120.0,
     capacity_max_in_flight: Annotated[
         int, typer.Option(help="placeholders waiting for a node at once, cluster-wide")
     ] = 2,

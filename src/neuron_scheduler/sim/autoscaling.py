@@ -53,7 +53,7 @@ class AutoscalerLimits:
     consolidation: bool = False
     capacity_requests: bool = False
     provision_seconds: float = 90.0  # from asking to a node pods can use
-    pending_seconds: float = 60.0  # capacity requests: how long a stranded pod waits first
+    pending_seconds: float = 120.0  # capacity requests: how long a stranded pod waits first
     max_in_flight: int = 2  # capacity requests at once
     empty_seconds: float = 30.0  # an added node empty this long is removed
     max_added: int = 8  # nodes added at once (a node pool's limit)

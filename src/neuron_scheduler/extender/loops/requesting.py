@@ -99,7 +99,7 @@ class CapacityLimits:
     """The bounds (chart: scheduler.capacityRequests; values.yaml says why these defaults)."""
 
     mode: CapacityMode = CapacityMode.OFF
-    pending_seconds: float = 60.0
+    pending_seconds: float = 120.0
     max_in_flight: int = 2
     timeout: float = 600.0
     instance_types: tuple[str, ...] = ()  # () : the types of the nodes the pod may go to
