@@ -264,15 +264,20 @@ def test_refused_combinations(combo: str) -> None:
 
 
 def test_extender_cluster_role_is_the_rules_file() -> None:
-    """The e2e Stack runs the extender with files/extender-rules.yaml; the chart renders it."""
+    """The e2e Stack runs the extender with files/extender-rules.yaml (and preemption's rules,
+    on by default); the chart renders it, without preemption's when preemption is off."""
+    preemption = yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text())
     rendered = find(render(), "ClusterRole", "k8s-neuron-scheduler")
-    assert rendered["rules"] == yaml.safe_load(RULES.read_text())
-    verbs = {
-        (r["apiGroups"][0], res): set(r["verbs"])
-        for r in rendered["rules"]
-        for res in r["resources"]
-    }
-    assert verbs[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert rendered["rules"] == yaml.safe_load(RULES.read_text()) + preemption
+    off = find(render({"scheduler": {"preemption": False}}), "ClusterRole", "k8s-neuron-scheduler")
+    assert off["rules"] == yaml.safe_load(RULES.read_text())
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in rendered["rules"]:
+        for resource in rule["resources"]:
+            verbs.setdefault((rule["apiGroups"][0], resource), set()).update(rule["verbs"])
+    # delete and the status patch: preemption of training jobs, whole (preemption-rules.yaml)
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch", "delete"}
+    assert verbs[("", "pods/status")] == {"patch"}
     assert verbs[("", "pods/binding")] == {"create"}
     assert verbs[("", "nodes")] == {"get", "list", "watch"}
     assert ("", "nodes/status") not in verbs
@@ -285,9 +290,11 @@ def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
     on the one Lease that keeps the eviction budget; the extender is told its name."""
     docs = render({"scheduler": {"consolidation": {"mode": "on", "evictionsPerHour": 7}}})
     rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
-    both = yaml.safe_load(RULES.read_text()) + yaml.safe_load(
-        RULES.with_name("consolidation-rules.yaml").read_text()
-    )
+    both = [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("consolidation-rules.yaml").read_text()),
+    ]
     assert rendered["rules"] == both
     role = find(docs, "Role", "k8s-neuron-scheduler-consolidation")
     named = [r for r in role["rules"] if r.get("resourceNames")]
@@ -311,9 +318,11 @@ def test_capacity_requests_on_add_the_placeholders_role_and_their_priority_class
     of value -10; the extender is told all of it. Off (the default): none of it."""
     docs = render(COMBOS["custom-autoscaling"])
     rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
-    assert rendered["rules"] == yaml.safe_load(RULES.read_text()) + yaml.safe_load(
-        RULES.with_name("capacity-rules.yaml").read_text()
-    )
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("capacity-rules.yaml").read_text()),
+    ]
     role = find(docs, "Role", "k8s-neuron-scheduler-capacity-requests")
     assert role["metadata"]["namespace"] == "kube-system"
     assert role["rules"] == [
@@ -591,7 +600,11 @@ class TestApply:
     ) -> None:
         namespace = "chart-rbac-capacity"
         apply_cp.client.ensure_namespace(namespace)
-        apply(apply_cp, render(COMBOS["custom-autoscaling"], namespace=namespace))
+        # Preemption off: it deletes pods cluster-wide itself (preemption-rules.yaml); this is
+        # what capacity requests add.
+        values = copy.deepcopy(COMBOS["custom-autoscaling"])
+        values["scheduler"]["preemption"] = False
+        apply(apply_cp, render(values, namespace=namespace))
         account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
 
         def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
@@ -631,7 +644,10 @@ class TestApply:
         assert can(extender, "update", "leases", namespace, "k8s-neuron-scheduler")
         assert not can(extender, "update", "leases", namespace, "someone-else")
         assert not can(extender, "update", "leases", "t", "k8s-neuron-scheduler")
-        assert not can(extender, "update", "pods") and not can(extender, "delete", "pods")
+        assert not can(extender, "update", "pods")
+        # Preemption on (the default): training jobs' victims, evicted whole by the extender.
+        assert can(extender, "delete", "pods") and can(extender, "patch", "pods/status")
+        assert not can(extender, "create", "pods/eviction")  # (consolidation's, mode on only)
         assert not can(extender, "update", "nodes/status") and not can(extender, "patch", "nodes")
         assert not can(extender, "get", "secrets") and not can(extender, "get", "configmaps")
 
@@ -918,6 +934,7 @@ def exported_series() -> dict[str, set[str]]:
         metrics.binds,
         metrics.preempt_nodes,
         metrics.watch_seconds,
+        metrics.job_preemptions,
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")

@@ -39,6 +39,8 @@ CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
 CAPACITY_RULES = RULES.with_name("capacity-rules.yaml")
 # The chart's PriorityClass of capacity requests' placeholders.
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
+# With preemption on (the chart's default), these: the extender evicts training jobs whole.
+PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -230,9 +232,12 @@ class Stack:
                 f"{RULES} not found: the testbed runs from a repository checkout"
             )
         install_claims_crd(cp)
-        rules = yaml.safe_load(RULES.read_text())
-        rules += yaml.safe_load(CONSOLIDATION_RULES.read_text())
-        rules += yaml.safe_load(CAPACITY_RULES.read_text())
+        rules = [
+            *yaml.safe_load(RULES.read_text()),
+            *yaml.safe_load(PREEMPTION_RULES.read_text()),
+            *yaml.safe_load(CONSOLIDATION_RULES.read_text()),
+            *yaml.safe_load(CAPACITY_RULES.read_text()),
+        ]
         cp.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",

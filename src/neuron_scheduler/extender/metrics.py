@@ -88,6 +88,20 @@ class Metrics:
             "Victims named in preempt answers",
             registry=self.registry,
         )
+        self.job_preemptions = Counter(
+            "neuron_scheduler_job_preemptions",
+            "Preemptions for training jobs on UltraServers (whole jobs or nothing), by outcome: "
+            "asked (the preempt verb found units for the job), impossible (none, even with every "
+            "lower-priority job evicted), carried_out (its claim written, its victims evicted), "
+            "failed (a claim write failed: undone, nobody evicted)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.job_preemption_victims = Counter(
+            "neuron_scheduler_job_preemption_victims",
+            "Pods the extender evicted for training jobs' preemptions",
+            registry=self.registry,
+        )
         self.wakes = Counter(
             "neuron_scheduler_wakes",
             "Pending pods the extender refused and then woke (an annotation update kube-scheduler "

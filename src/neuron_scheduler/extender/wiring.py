@@ -20,11 +20,12 @@ from neuron_scheduler.extender.loops.requesting import (
     CapacityLimits,
     CapacityRequester,
 )
-from neuron_scheduler.extender.loops.reserving import Reservations, member_unusable
+from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders
@@ -86,7 +87,11 @@ def wire(
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
-    units = UnitPlacement(occupancy, lambda pod, node: member_unusable(ledger, pod, policy, node))
+    units = UnitPlacement(
+        occupancy,
+        lambda pod, node: member_unusable(ledger, pod, policy, node),
+        lambda pod, node: member_excluded(ledger, pod, node),
+    )
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
@@ -159,6 +164,8 @@ def wire(
         scheduler_names,
         claim_seconds,
         policy=policy,
+        report=events.record,
+        metrics=metrics,
     )
     failures = DeviceFailures(
         ledger,
@@ -194,7 +201,7 @@ def wire(
             quiet=waker.quiet,
             pending=pending.get,
         ),
-        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned),
+        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned, occupancy=occupancy),
         waker,
         occupancy,
         reservations,

@@ -250,20 +250,6 @@ class KubeAPI:
         answer = await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
         return msgspec.json.decode(answer, type=Pod)
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
-        """Deletes the pod of this uid at once (a pod recreated under the name is left alone:
-        409)."""
-        await self.request(
-            "DELETE",
-            pod_path(namespace, name),
-            body={
-                "apiVersion": "v1",
-                "kind": "DeleteOptions",
-                "gracePeriodSeconds": 0,
-                "preconditions": {"uid": uid},
-            },
-        )
-
     async def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: dict[str, str]
     ) -> None:
@@ -288,6 +274,34 @@ class KubeAPI:
                 "metadata": {"name": name, "namespace": namespace},
                 "deleteOptions": {"preconditions": {"uid": uid}},
             },
+        )
+
+    async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None:
+        """The pod's DisruptionTarget condition, reason PreemptionByScheduler, as kube-scheduler
+        sets it on its victims before deleting them (a strategic merge of that one condition,
+        the uid as precondition)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": message[:1024],
+            "lastTransitionTime": now,
+        }
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """A graceful delete (the pod's own grace period) of only the pod with this uid (a pod
+        recreated under the name is left alone: Conflict)."""
+        await self.request(
+            "DELETE",
+            pod_path(namespace, name),
+            body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
         )
 
     async def bind(

@@ -267,6 +267,7 @@ def why(
         movability=snapshot.movability,
         placeholders=snapshot.placeholders,
         catalog=catalog,
+        now=time.time(),
     )
     if as_json:
         print(json.dumps(diagnosis_json(diagnosis), indent=2))

@@ -45,9 +45,9 @@ from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, Reque
 from neuron_scheduler.core.topology import Topology, TopologyKind
 from neuron_scheduler.extender.loops.movers import Admits, anywhere, plan_for
 from neuron_scheduler.extender.loops.requesting import asked_type
-from neuron_scheduler.extender.loops.reserving import member_unusable
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability, gang_of
 from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
@@ -66,6 +66,7 @@ from neuron_scheduler.ultraserver.placement import (
     Occupancy,
     Shortfall,
     UnitPlacement,
+    job_progress,
     plan,
     pod_node_config,
 )
@@ -126,6 +127,8 @@ class Diagnosis:
     other_nodes: int  # nodes with no Neuron resources (never candidates)
     consolidation: str = ""  # when stranded by fragmentation: its plan, or what one would do
     capacity: str = ""  # when stranded: the node asked for, held, or that would be asked for
+    # A member of a training job: its job's claim and members bound, or why it has no claim.
+    job: str = ""
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
@@ -194,10 +197,12 @@ def diagnose(
     movability: Movability | None = None,
     placeholders: Placeholders | None = None,
     catalog: Catalog | None = None,
+    now: float = 0.0,
 ) -> Diagnosis:
     """Every Neuron node's answer for the pod (the ledger and the occupancy hold the cluster,
     this pod too; with `plans` and `movability`, what consolidation does for it; with
-    `placeholders` and `catalog` too, what capacity requests do)."""
+    `placeholders` and `catalog` too, what capacity requests do; `now`: wall clock, for how
+    long a training job's claim has held its units)."""
     request = pending_request(pod)
     error = None
     if request is None:
@@ -222,6 +227,7 @@ def diagnose(
         nominated_node=pod.status.nominatedNodeName,
         nodes=tuple(nodes),
         other_nodes=other_nodes,
+        job=_job(occupancy, pod, now) if occupancy is not None else "",
     )
     if request is None or plans is None or movability is None:
         return diagnosis
@@ -336,7 +342,8 @@ def _unit_rule(
     if member is not None and not occupancy.complete(member.job):
         size = max(occupancy.size(member, member.job), 1)  # this pod, at least
         usable = functools.partial(member_unusable, ledger, pod, policy)
-        planned = plan(occupancy, member.job, config, size, usable)
+        excluded = functools.partial(member_excluded, ledger, pod)
+        planned = plan(occupancy, member.job, config, size, usable, excluded)
         occupancy.shortfalls[member.job] = (
             planned.reason
             if isinstance(planned, Shortfall)
@@ -350,6 +357,19 @@ def _unit_rule(
         else n
         for n in nodes
     ]
+
+
+def _job(occupancy: Occupancy, pod: Pod, now: float) -> str:
+    """For a member of a training job: how far its claim is (members bound of its size, the
+    units it holds), or why it has none (what `_unit_rule` worked out, "can never run here"
+    included), even when every node is full and no node reaches the unit rule."""
+    try:
+        member = member_of(pod)
+    except MembershipError:
+        return ""
+    if member is None:
+        return ""
+    return job_progress(occupancy, member.job, now) or occupancy.shortfalls.get(member.job, "")
 
 
 def _closeness(node: NodeDiagnosis) -> tuple[int, int, str]:
@@ -488,6 +508,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "stranded_by_fragmentation": list(diagnosis.stranded),
         "consolidation": diagnosis.consolidation or None,
         "capacity": diagnosis.capacity or None,
+        "job": diagnosis.job or None,
     }
 
 

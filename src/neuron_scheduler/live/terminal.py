@@ -286,6 +286,12 @@ def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
                 Text("-" if claim.ends_in is None else f"{claim.ends_in:.0f}s"),
             )
         yield claims
+    for claim in view.claims:
+        if claim.progress:
+            leaving = (
+                f"; {claim.victims} pods evicted for it still leaving" if claim.victims else ""
+            )
+            yield Text(f"{shown(claim.progress, REASON_LIMIT)}{leaving}")
     for job, reason in view.waiting:
         yield Text(f"job {shown(job)} waits: {shown(reason, REASON_LIMIT)}")
 
@@ -375,6 +381,8 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
             "(kube-scheduler's preemption does not act on such nodes; consolidation may: "
             "docs/consolidation.md)",
         )
+    if diagnosis.job:
+        yield Text(f"  training job: {shown(diagnosis.job, REASON_LIMIT)}")
     if diagnosis.consolidation:
         yield Text(f"  consolidation: {shown(diagnosis.consolidation, REASON_LIMIT)}")
     if diagnosis.capacity:
