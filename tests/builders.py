@@ -5,12 +5,13 @@ a test never restates an instance type's devices and cores."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL, Catalog
+from neuron_scheduler.core.health import UNHEALTHY_DEVICES
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.kube.objects import Node, Pod
 
@@ -38,9 +39,13 @@ def node_json(
     cores: int | None = None,
     allocatable_cores: int | None = None,
     labels: Mapping[str, str] | None = None,
+    failed: Sequence[int] = (),
+    published: bool = True,
 ) -> dict[str, Any]:
     """A Ready node. Neuron capacity: `devices`/`cores` when given, else the catalog's for its
-    type; a type the catalog does not know is a CPU-only node."""
+    type; a type the catalog does not know is a CPU-only node. `failed` devices are left out of
+    allocatable, as the kubelet leaves out devices its plugin reports Unhealthy, and named in the
+    plugin's annotation when `published`."""
     capacity = {"cpu": "192", "memory": "768Gi", "pods": "110"}
     if devices is None and cores is None and Catalog.builtin().knows(instance_type):
         devices, cores = neuron_capacity(instance_type)
@@ -50,8 +55,12 @@ def node_json(
     if cores is not None:
         capacity[NEURONCORE] = str(cores)
     allocatable = dict(capacity)
+    if failed and devices is not None and cores is not None:
+        allocatable[NEURON] = allocatable[NEURONDEVICE] = str(devices - len(failed))
+        allocatable[NEURONCORE] = str(cores - len(failed) * (cores // devices))
     if allocatable_cores is not None:
         allocatable[NEURONCORE] = str(allocatable_cores)
+    annotations = {UNHEALTHY_DEVICES: ",".join(map(str, failed))} if failed and published else {}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -64,6 +73,7 @@ def node_json(
                 INSTANCE_TYPE_LABEL: instance_type,
                 **(labels or {}),
             },
+            "annotations": annotations,
         },
         "spec": {},
         # Accepted on create; with no kubelet or node controller to change it, the node stays

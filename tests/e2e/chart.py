@@ -169,19 +169,32 @@ def apply(cp: ControlPlane, docs: list[Doc], *, manager: str = "chart-test") -> 
 DEVICE_PLUGIN = "neuron-device-plugin"  # its ServiceAccount, ClusterRole and binding
 
 
-def device_plugin_credentials(cp: ControlPlane) -> ServiceAccountCredentials:
-    """The device plugin's ServiceAccount, ClusterRole and ClusterRoleBinding as the chart
-    renders them (applied server-side, so again is harmless), and a token for that account: a
-    plugin run with it may do what the chart lets it do, and nothing more."""
+HEALTH_POLICY = f"{DEVICE_PLUGIN}-own-node-health"
+
+
+def device_plugin_credentials(
+    cp: ControlPlane, node: str | None = None
+) -> ServiceAccountCredentials:
+    """The device plugin's ServiceAccount, ClusterRole, ClusterRoleBinding and the admission
+    policy on what it writes to Nodes, as the chart renders them (applied server-side, so again
+    is harmless), and a token for that account, bound to a pod on `node` when given (as the
+    DaemonSet pod's is): a plugin run with it may do what the chart lets it do, and nothing
+    more."""
     docs = render({"scheduler": {"enabled": False}})
     apply(
         cp,
         [
-            find(docs, kind, DEVICE_PLUGIN)
-            for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+            find(docs, kind, name)
+            for kind, name in (
+                ("ServiceAccount", DEVICE_PLUGIN),
+                ("ClusterRole", DEVICE_PLUGIN),
+                ("ClusterRoleBinding", DEVICE_PLUGIN),
+                ("ValidatingAdmissionPolicy", HEALTH_POLICY),
+                ("ValidatingAdmissionPolicyBinding", HEALTH_POLICY),
+            )
         ],
     )
-    return cp.service_account("kube-system", DEVICE_PLUGIN)
+    return cp.service_account("kube-system", DEVICE_PLUGIN, node=node)
 
 
 EXTENDER = "k8s-neuron-scheduler"  # its ServiceAccount, ClusterRole and binding

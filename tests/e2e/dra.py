@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +41,12 @@ from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import load_kubeconfig
 from tests.builders import PAUSE_IMAGE, node_json
 from tests.e2e import harness
-from tests.testbed import ControlPlane, KubeError, ManagedProcess, write_kubeconfig
+from tests.testbed import (
+    ControlPlane,
+    KubeError,
+    ManagedProcess,
+    find_kubebin,
+)
 
 DRIVER = "neuron.neuron-scheduler.io"  # the chart's default
 SYSTEM = "neuron-system"  # where the chart is installed
@@ -134,45 +139,11 @@ class DriverProcess:
     def _credentials(self) -> Path:
         """A token bound to a pod on this node, like the one kubelet mounts into the DaemonSet's
         pod: it carries the node's name, which the chart's admission policy checks."""
-        pod = self.cp.request(
-            "POST",
-            f"/api/v1/namespaces/{SYSTEM}/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"dra-driver-{self.node}"},
-                "spec": {
-                    "nodeName": self.node,
-                    "serviceAccountName": SERVICE_ACCOUNT,
-                    "containers": [{"name": "dra-driver", "image": PAUSE_IMAGE}],
-                },
-            },
+        credentials = self.cp.service_account(
+            SYSTEM, SERVICE_ACCOUNT, node=self.node, kubeconfig_path=self.root / "kubeconfig"
         )
-        answer = self.cp.request(
-            "POST",
-            f"/api/v1/namespaces/{SYSTEM}/serviceaccounts/{SERVICE_ACCOUNT}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {
-                    "expirationSeconds": 3600,
-                    "boundObjectRef": {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": pod["metadata"]["name"],
-                        "uid": pod["metadata"]["uid"],
-                    },
-                },
-            },
-        )
-        self.token: str = answer["status"]["token"]
-        return write_kubeconfig(
-            self.root / "kubeconfig",
-            server_url=self.cp.server_url,
-            token=self.token,
-            user=f"dra-driver-{self.node}",
-            cafile=self.cp.ca_path,
-        )
+        self.token = credentials.token
+        return credentials.kubeconfig_path
 
     def start(self) -> None:
         self.process.start()
@@ -253,6 +224,22 @@ class DriverProcess:
 
         path = self.cdi / f"{DRIVER}-{uid}.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+
+@contextlib.contextmanager
+def dra_control_plane() -> Iterator[ControlPlane]:
+    """A control plane with the chart's DRA objects (the whole chart with DRA on: the extender
+    and device plugin objects are applied too, nothing runs them) and the default-scheduler."""
+    from tests.e2e.chart import apply, render
+
+    with ControlPlane(find_kubebin(harness.ROOT)) as plane:
+        plane.client.ensure_namespace(SYSTEM)
+        # The chart's DRA objects, strictly: unknown or duplicate fields are errors.
+        docs = render({"dra": {"enabled": True}}, namespace=SYSTEM)
+        out = apply(plane, docs)
+        assert out.count("serverside-applied") == len(docs), out
+        plane.start_scheduler(scheduler_name="default-scheduler")
+        yield plane
 
 
 def slices_of(cp: ControlPlane, node: str) -> list[Json]:

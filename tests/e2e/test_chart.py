@@ -72,6 +72,12 @@ COMBOS: dict[str, Doc] = {
     "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
     "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
     "custom-no-preemption": {"scheduler": {"preemption": False}},
+    "custom-autoscaling": {
+        "scheduler": {
+            "capacityRequests": {"mode": "on", "instanceTypes": ["inf2.48xlarge"]},
+            "autoscaling": {"doNotDisrupt": True},
+        }
+    },
     "custom-monitored": {
         "scheduler": {
             "replicas": 2,
@@ -171,6 +177,7 @@ MY_SCHEDULER = [
     "ServiceAccount/my-scheduler",
 ]
 DEVICE_PLUGIN = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+HEALTH_POLICY_KINDS = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 def expected_kinds(combo: str) -> list[str]:
@@ -187,6 +194,12 @@ def expected_kinds(combo: str) -> list[str]:
         if scheduler.get("replicas", 1) > 1:
             names += ELECTION
             names.append("PodDisruptionBudget/k8s-neuron-scheduler")
+        if scheduler.get("capacityRequests", {}).get("mode") == "on":
+            names += [
+                "PriorityClass/neuron-scheduler-capacity-request",
+                "Role/k8s-neuron-scheduler-capacity-requests",
+                "RoleBinding/k8s-neuron-scheduler-capacity-requests",
+            ]
         if scheduler.get("serviceMonitor", {}).get("enabled"):
             names.append("ServiceMonitor/k8s-neuron-scheduler")
         if scheduler.get("grafanaDashboard", {}).get("enabled"):
@@ -197,6 +210,7 @@ def expected_kinds(combo: str) -> list[str]:
             names += MY_SCHEDULER
     if values.get("devicePlugin", {}).get("enabled", True):
         names += [f"{k}/neuron-device-plugin" for k in DEVICE_PLUGIN]
+        names += [f"{k}/neuron-device-plugin-own-node-health" for k in HEALTH_POLICY_KINDS]
     return sorted(names)
 
 
@@ -225,6 +239,9 @@ def test_lint_and_render(combo: str) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "CustomResourceDefinition",
+            "PriorityClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         )
         ns = doc["metadata"].get("namespace")
         # The one exception: reading kube-system's client-CA ConfigMap.
@@ -247,15 +264,20 @@ def test_refused_combinations(combo: str) -> None:
 
 
 def test_extender_cluster_role_is_the_rules_file() -> None:
-    """The e2e Stack runs the extender with files/extender-rules.yaml; the chart renders it."""
+    """The e2e Stack runs the extender with files/extender-rules.yaml (and preemption's rules,
+    on by default); the chart renders it, without preemption's when preemption is off."""
+    preemption = yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text())
     rendered = find(render(), "ClusterRole", "k8s-neuron-scheduler")
-    assert rendered["rules"] == yaml.safe_load(RULES.read_text())
-    verbs = {
-        (r["apiGroups"][0], res): set(r["verbs"])
-        for r in rendered["rules"]
-        for res in r["resources"]
-    }
-    assert verbs[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert rendered["rules"] == yaml.safe_load(RULES.read_text()) + preemption
+    off = find(render({"scheduler": {"preemption": False}}), "ClusterRole", "k8s-neuron-scheduler")
+    assert off["rules"] == yaml.safe_load(RULES.read_text())
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in rendered["rules"]:
+        for resource in rule["resources"]:
+            verbs.setdefault((rule["apiGroups"][0], resource), set()).update(rule["verbs"])
+    # delete and the status patch: preemption of training jobs, whole (preemption-rules.yaml)
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch", "delete"}
+    assert verbs[("", "pods/status")] == {"patch"}
     assert verbs[("", "pods/binding")] == {"create"}
     assert verbs[("", "nodes")] == {"get", "list", "watch"}
     assert ("", "nodes/status") not in verbs
@@ -268,9 +290,11 @@ def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
     on the one Lease that keeps the eviction budget; the extender is told its name."""
     docs = render({"scheduler": {"consolidation": {"mode": "on", "evictionsPerHour": 7}}})
     rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
-    both = yaml.safe_load(RULES.read_text()) + yaml.safe_load(
-        RULES.with_name("consolidation-rules.yaml").read_text()
-    )
+    both = [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("consolidation-rules.yaml").read_text()),
+    ]
     assert rendered["rules"] == both
     role = find(docs, "Role", "k8s-neuron-scheduler-consolidation")
     named = [r for r in role["rules"] if r.get("resourceNames")]
@@ -286,6 +310,40 @@ def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
     assert "--consolidation=on" in args
     assert "--consolidation-evictions-per-hour=7" in args
     assert "--consolidation-lease=k8s-neuron-scheduler-consolidation" in args
+
+
+def test_capacity_requests_on_add_the_placeholders_role_and_their_priority_class() -> None:
+    """Mode on: the ClusterRole is the rules file plus capacity-rules.yaml (what the e2e Stack
+    runs with), a Role in the extender's namespace for the placeholders, and the PriorityClass
+    of value -10; the extender is told all of it. Off (the default): none of it."""
+    docs = render(COMBOS["custom-autoscaling"])
+    rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("capacity-rules.yaml").read_text()),
+    ]
+    role = find(docs, "Role", "k8s-neuron-scheduler-capacity-requests")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    ]
+    priority = find(docs, "PriorityClass", "neuron-scheduler-capacity-request")
+    assert (priority["value"], priority["preemptionPolicy"]) == (-10, "Never")
+    args = extender_args(docs)
+    for arg in (
+        "--capacity-requests=on",
+        "--capacity-instance-type=inf2.48xlarge",
+        "--capacity-priority-class=neuron-scheduler-capacity-request",
+        "--capacity-owner=k8s-neuron-scheduler",
+        "--autoscaler-do-not-disrupt",
+    ):
+        assert arg in args, args
+    off = render()
+    assert "--capacity-requests=off" in extender_args(off)
+    assert "--autoscaler-do-not-disrupt" not in extender_args(off)
+    assert not [k for k in kinds(off) if "capacity" in k or k.startswith("PriorityClass")]
 
 
 @pytest.mark.parametrize(
@@ -570,6 +628,31 @@ class TestApply:
             in result.stderr
         )
 
+    def test_capacity_requests_create_and_delete_pods_in_the_extenders_namespace_only(
+        self, apply_cp: ControlPlane
+    ) -> None:
+        namespace = "chart-rbac-capacity"
+        apply_cp.client.ensure_namespace(namespace)
+        # Preemption off: it deletes pods cluster-wide itself (preemption-rules.yaml); this is
+        # what capacity requests add.
+        values = copy.deepcopy(COMBOS["custom-autoscaling"])
+        values["scheduler"]["preemption"] = False
+        apply(apply_cp, render(values, namespace=namespace))
+        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+
+        def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
+            args = ["auth", "can-i", verb, resource, account, f"--namespace={ns}"]
+            if subresource:
+                args.append(f"--subresource={subresource}")
+            result = apply_cp.kubectl(*args, check=False)
+            assert result.stdout.strip() in ("yes", "no"), result.stderr
+            return result.stdout.strip() == "yes"
+
+        assert can("create", "pods", namespace) and can("delete", "pods", namespace)
+        assert not can("create", "pods", "t") and not can("delete", "pods", "t")
+        assert can("patch", "pods", "t", "status")  # nominating the pending pod, anywhere
+        assert not can("update", "pods", namespace) and not can("create", "pods/eviction", "t")
+
     def test_rbac_grants_what_the_code_calls_and_no_more(self, apply_cp: ControlPlane) -> None:
         namespace = "chart-rbac"
         apply_cp.client.ensure_namespace(namespace)
@@ -594,14 +677,20 @@ class TestApply:
         assert can(extender, "update", "leases", namespace, "k8s-neuron-scheduler")
         assert not can(extender, "update", "leases", namespace, "someone-else")
         assert not can(extender, "update", "leases", "t", "k8s-neuron-scheduler")
-        assert not can(extender, "update", "pods") and not can(extender, "delete", "pods")
+        assert not can(extender, "update", "pods")
+        # Preemption on (the default): training jobs' victims, evicted whole by the extender.
+        assert can(extender, "delete", "pods") and can(extender, "patch", "pods/status")
+        assert not can(extender, "create", "pods/eviction")  # (consolidation's, mode on only)
         assert not can(extender, "update", "nodes/status") and not can(extender, "patch", "nodes")
         assert not can(extender, "get", "secrets") and not can(extender, "get", "configmaps")
 
         plugin = "neuron-device-plugin"
         for verb in ("get", "list", "patch"):
             assert can(plugin, verb, "pods")
-        assert can(plugin, "get", "nodes")
+        # patch: its own Node's health annotation, which the admission policy narrows to that
+        # (tests/e2e/test_device_failure.py runs the policy).
+        assert can(plugin, "get", "nodes") and can(plugin, "patch", "nodes")
+        assert not can(plugin, "update", "nodes") and not can(plugin, "delete", "nodes")
         assert not can(plugin, "update", "nodes/status") and not can(plugin, "list", "nodes")
         assert not can(plugin, "create", "pods/binding") and not can(plugin, "get", "secrets")
 
@@ -630,6 +719,9 @@ def api_path(doc: Doc) -> str:
         "PodDisruptionBudget": "poddisruptionbudgets",
         "ServiceMonitor": "servicemonitors",
         "CustomResourceDefinition": "customresourcedefinitions",
+        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        "PriorityClass": "priorityclasses",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -875,9 +967,11 @@ def exported_series() -> dict[str, set[str]]:
         metrics.binds,
         metrics.preempt_nodes,
         metrics.watch_seconds,
+        metrics.job_preemptions,
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
+    metrics.failed_device_evictions.labels("example")
     consolidation = ConsolidationMetrics(metrics.registry)
     for labelled in (consolidation.plans, consolidation.evictions, consolidation.blocked):
         labelled.labels("example")
@@ -1013,7 +1107,9 @@ def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path
             assert cp.request("GET", path + name)["data"] == data, name
 
 
-@pytest.mark.parametrize("combo", ["custom-ha", "custom-plain-http", "default"])
+@pytest.mark.parametrize(
+    "combo", ["custom-ha", "custom-plain-http", "default", "custom-autoscaling"]
+)
 def test_rendered_arguments_parse_with_the_cli(combo: str) -> None:
     """Every flag the chart passes exists on the command it runs (parsed, not executed)."""
     import typer.main

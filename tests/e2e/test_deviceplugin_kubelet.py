@@ -232,7 +232,7 @@ class Node:
                 str(self.sys),
                 "--kubeconfig",
                 # As the chart runs it: its own ServiceAccount, bound to the rendered ClusterRole.
-                str(device_plugin_credentials(cp).kubeconfig_path),
+                str(device_plugin_credentials(cp, node=self.name).kubeconfig_path),
                 "--logical-nc-config",
                 str(workdir / "no-lnc-file"),
                 "--health-interval",

@@ -1,7 +1,7 @@
 """NeuronCore claims through DRA, and node choice for DRA pods, on the real kube-scheduler (issue
-42): the chart's DRA objects (DeviceClasses neuron-1 .. 16 and neuroncore-1 .. 16, policies)
-applied strictly, `neuron-scheduler dra-driver` processes publishing device sets and core windows
-for an inf2.48xlarge and a trn1.32xlarge, and:
+42): the chart's DRA objects (DeviceClasses neuron-1 .. 16 and neuroncore-1, 2, 4, 8, 16,
+policies) applied strictly, `neuron-scheduler dra-driver` processes publishing device sets and
+core windows for an inf2.48xlarge and a trn1.32xlarge, and:
 - the cluster's own kube-scheduler (default-scheduler) allocating mixed core and device claims;
   each claim is then prepared over the driver's real gRPC socket, as kubelet would
   (tests/e2e/dra.py says what stands in for kubelet and kube-controller-manager);
@@ -13,40 +13,30 @@ for an inf2.48xlarge and a trn1.32xlarge, and:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from neuron_scheduler.core.allocation import is_valid_core_set, is_valid_device_set
 from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.dra.shapes import Shape, shapes_by_name
-from tests.e2e.chart import apply, render
 from tests.e2e.dra import (
     CATALOG,
     DRIVER,
-    SYSTEM,
     DriverProcess,
     Json,
     Workloads,
     allocated_devices,
+    dra_control_plane,
     wait_for,
 )
-from tests.testbed import ControlPlane, Stack, find_kubebin
+from tests.testbed import ControlPlane, Stack
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    with ControlPlane(find_kubebin(ROOT)) as plane:
-        plane.client.ensure_namespace(SYSTEM)
-        values = {"dra": {"enabled": True}, "scheduler": {"enabled": False}}
-        docs = render({**values, "devicePlugin": {"enabled": False}}, namespace=SYSTEM)
-        out = apply(plane, docs)
-        assert out.count("serverside-applied") == len(docs), out
-        plane.start_scheduler(scheduler_name="default-scheduler")
+    with dra_control_plane() as plane:
         yield plane
 
 

@@ -209,7 +209,7 @@ def test_device_plugin_image_registers_the_fake_tree_with_the_kubelet(
         tmp_path / "kubeletpeer.log",
     )
     # As the chart runs it: with its own ServiceAccount, bound to the rendered ClusterRole.
-    token = device_plugin_credentials(cp).token
+    token = device_plugin_credentials(cp, node=node).token
     mounts, env = in_cluster(cp, tmp_path / "serviceaccount", token)
     plugin = Container(
         image,

@@ -1,10 +1,13 @@
-"""Issue 32: training jobs on UltraServers all or nothing, with claims that survive an extender
-restart and a leader change, on the real kube-scheduler.
+"""Issues 32 and 40: training jobs on UltraServers all or nothing, with claims that survive an
+extender restart and a leader change, and priorities that move whole jobs or nothing, on the real
+kube-scheduler.
 
 A control plane of its own with Kubernetes 1.36's Workload API on (kube-apiserver and
 kube-scheduler: GenericWorkload, and GangScheduling for kube-scheduler's PodGroup cycle), two
 UltraServers of four trn2u nodes (a, b), the extender as the chart runs it (with the chart's
-UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 devices).
+UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 devices). The
+preemption tests add a third UltraServer (c) for their own time, and a kubelet stand-in that
+starts bound pods and finishes terminating ones (victims are deleted gracefully).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tests.testbed import (
     Stack,
     scheduler_config,
 )
+from tests.testbed.standin import KubeletStandIn
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +46,7 @@ GATES = "GenericWorkload=true"
 EXAMPLES = ROOT / "docs" / "examples" / "ultraserver"
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 SETTLE = 8.0  # seconds a refused job is watched to stay unplaced (a check, never a speed bound)
+LOW, HIGH = 10, 1000  # PriorityClass values of the preemption tests
 ELECTION = ["--lease-duration=3", "--renew-deadline=2", "--retry-period=0.25"]
 
 
@@ -52,18 +57,26 @@ class Gangs:
         self.cp, self.stack = cp, stack
         self.units: dict[str, str] = {}  # node -> its UltraServer (a or b)
         for unit in ("a", "b"):
-            for i in range(4):
-                name = f"trn2u-{unit}{i}"
-                labels = {
-                    PREFIX + "mode": "1_2_4",
-                    S4: f"{unit}" * 16,
-                    PREFIX + "node-id-4": str(i),
-                }
-                cp.request(
-                    "POST", "/api/v1/nodes", node_json(name, "trn2u.48xlarge", labels=labels)
-                )
-                self.units[name] = unit
+            self.add_unit(unit)
         self.namespace = ""
+
+    def add_unit(self, unit: str) -> list[str]:
+        """Four trn2u nodes of one UltraServer (server id `unit` x 16); their names."""
+        names = []
+        for i in range(4):
+            name = f"trn2u-{unit}{i}"
+            labels = {PREFIX + "mode": "1_2_4", S4: f"{unit}" * 16, PREFIX + "node-id-4": str(i)}
+            self.cp.request(
+                "POST", "/api/v1/nodes", node_json(name, "trn2u.48xlarge", labels=labels)
+            )
+            self.units[name] = unit
+            names.append(name)
+        return names
+
+    def remove_nodes(self, names: list[str]) -> None:
+        for name in names:
+            self.cp.request("DELETE", f"/api/v1/nodes/{name}")
+            del self.units[name]
 
     def fresh(self) -> str:
         self.namespace = f"g-{uuid.uuid4().hex[:8]}"
@@ -90,42 +103,53 @@ class Gangs:
         """An MPIJob's worker pods `first`.. (its launcher asks for no device: not created)."""
         names = []
         for i in range(first, first + members):
-            annotations = {"neuron-scheduler.io/gang-size": str(size or members)}
-            body = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"{job}-worker-{i}",
-                    "labels": {
-                        "training.kubeflow.org/job-name": job,
-                        "training.kubeflow.org/job-role": "worker",
-                    },
-                    "annotations": annotations,
-                },
-                "spec": {
-                    **({"priorityClassName": priority_class} if priority_class else {}),
-                    "schedulerName": scheduler,
-                    "containers": [
-                        {
-                            "name": "worker",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"limits": {"aws.amazon.com/neuron": "16"}},
-                        }
-                    ],
-                },
+            labels = {
+                "training.kubeflow.org/job-name": job,
+                "training.kubeflow.org/job-role": "worker",
             }
-            self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
-            names.append(f"{job}-worker-{i}")
+            annotations = {"neuron-scheduler.io/gang-size": str(size or members)}
+            name = f"{job}-worker-{i}"
+            self.pod(name, labels, annotations, scheduler, priority_class)
+            names.append(name)
         return names
 
-    def priority_class(self, value: int) -> str:
-        """A PriorityClass of this value (cluster-scoped, named for it; made once)."""
-        name = f"gangs-{value}"
+    def pod(
+        self,
+        name: str,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        scheduler: str = "my-scheduler",
+        priority_class: str = "",
+    ) -> None:
+        """A pod asking for a whole trn2u node (16 devices)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": {
+                **({"priorityClassName": priority_class} if priority_class else {}),
+                "schedulerName": scheduler,
+                "containers": [
+                    {
+                        "name": "worker",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {"aws.amazon.com/neuron": "16"}},
+                    }
+                ],
+            },
+        }
+        self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
+
+    def priority_class(self, value: int, preempts: bool = True) -> str:
+        """A PriorityClass of this value (cluster-scoped, named for it; made once); `preempts`
+        False: its pods never preempt (preemptionPolicy Never)."""
+        name = f"gangs-{value}" + ("" if preempts else "-never")
         body = {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
             "metadata": {"name": name},
             "value": value,
+            **({} if preempts else {"preemptionPolicy": "Never"}),
         }
         with contextlib.suppress(KubeError):  # made by an earlier test
             self.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
@@ -207,6 +231,13 @@ class Gangs:
             i["metadata"]["name"]: f"{i['spec']['namespace']}/{i['spec']['job']}"
             for i in listed["items"]
         }
+
+    def leaving(self) -> list[str]:
+        """The pods of this test's namespace that are terminating (deleted, not gone yet)."""
+        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        return sorted(
+            p["metadata"]["name"] for p in listed if p["metadata"].get("deletionTimestamp")
+        )
 
     def delete(self, pods: list[str]) -> None:
         for pod in pods:
@@ -347,12 +378,14 @@ def test_a_claim_survives_an_extender_restart_and_the_job_completes(cluster: Gan
     first = cluster.job("first", 4)
     wait_for(lambda: len(cluster.claims()) == 8, "first's claim on b (and busy's on a)", 30)
     cluster.stack.extender.kill()
-    # Higher priority than first: only first's persisted claim keeps it off b.
-    second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
+    # Higher priority than first: only first's persisted claim keeps it off b (it never
+    # preempts: that is the preemption tests' part; no pod may be evicted unnoticed here).
+    second = cluster.job("second", 4, priority_class=cluster.priority_class(1000, preempts=False))
     cluster.stack.extender.start()
     scheduler.start()
     assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
     cluster.stays_unplaced(second)
+    assert not cluster.leaving()
 
 
 def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) -> None:
@@ -388,10 +421,12 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
         replicas["one"].kill()
         wait_for(lambda: replicas["two"]._ready(), "the standby to lead", 60)
         # Higher priority than first: only first's persisted claim keeps it off b.
-        second = cluster.job("second", 4, priority_class=cluster.priority_class(1000))
+        never = cluster.priority_class(1000, preempts=False)
+        second = cluster.job("second", 4, priority_class=never)
         scheduler = cluster.start_scheduler(replicas["two"])
         assert cluster.one_unit_each(cluster.placed(first)) == {"b"}
         cluster.stays_unplaced(second)
+        assert not cluster.leaving()
     finally:
         if scheduler is not None:
             scheduler.stop()
@@ -414,3 +449,96 @@ def test_a_job_of_any_framework_is_placed_the_same_way(cluster: Gangs, example: 
     assert holders == {
         f"{cluster.namespace}/{'demo-0' if example == 'leaderworkerset' else 'demo'}"
     }
+
+
+# --- issue 40: priorities move whole jobs, or nothing -----------------------------------------
+
+
+@pytest.fixture
+def three(cluster: Gangs) -> Iterator[tuple[Gangs, KubeletStandIn]]:
+    """A third UltraServer (c) for this test, and a kubelet stand-in for its namespace (bound pods
+    start, so their start times say how much work each would lose; preemption's victims are
+    deleted gracefully, and the stand-in finishes them)."""
+    added = cluster.add_unit("c")
+    stand_in = KubeletStandIn(cluster.cp.client, cluster.namespace)
+    stand_in.__enter__()
+    try:
+        yield cluster, stand_in
+    finally:
+        stand_in.stop()
+        cluster.clear()
+        cluster.remove_nodes(added)
+
+
+def low_jobs(world: Gangs, stand_in: KubeletStandIn) -> list[list[str]]:
+    """Three 4-member jobs of low priority, one per UltraServer (a, b, c), each started a
+    second after the one before (start times have second resolution): the later, the less
+    work it would lose."""
+    low = world.priority_class(LOW)
+    jobs = []
+    for i in range(3):
+        names = world.job(f"low{i}", 4, priority_class=low)
+        world.one_unit_each(world.placed(names))
+        wait_for(lambda n=names: set(n) <= set(stand_in.started), f"low{i} running", 30)
+        time.sleep(1.1)
+        jobs.append(names)
+    return jobs
+
+
+def evicted(world: Gangs, stand_in: KubeletStandIn) -> dict[str, list[str]]:
+    """The pods deleted (finished by the stand-in, or still terminating), by job."""
+    found: dict[str, list[str]] = {}
+    for name in sorted({*stand_in.finished, *world.leaving()}):
+        found.setdefault(name.rsplit("-worker-", 1)[0], []).append(name)
+    return found
+
+
+def nobody_evicted(world: Gangs, stand_in: KubeletStandIn, waiting: list[str]) -> None:
+    """For SETTLE seconds: no pod evicted, none of `waiting` bound."""
+    deadline = time.monotonic() + SETTLE
+    while time.monotonic() < deadline:
+        assert not evicted(world, stand_in), f"evicted: {evicted(world, stand_in)}"
+        assert not world.nodes(waiting), f"bound: {world.nodes(waiting)}"
+        time.sleep(0.25)
+
+
+def test_a_higher_priority_job_larger_than_the_fleet_evicts_nobody(
+    three: tuple[Gangs, KubeletStandIn],
+) -> None:
+    world, stand_in = three
+    low_jobs(world, stand_in)
+    big = world.job("big", 16, priority_class=world.priority_class(HIGH))
+    nobody_evicted(world, stand_in, big)
+    # It can never run here (4 UltraServers, 3 exist), which its members' events and status say
+    # although every node is full (kube-scheduler refuses them itself and never asks the
+    # extender's filter).
+    never = "can never run here"
+    assert world.messages(never), world.messages()
+    waits = {w["job"]: w["reason"] for w in world.status()["waiting"]}
+    assert never in waits[f"{world.namespace}/big"], waits
+
+
+def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_and_binds_whole(
+    three: tuple[Gangs, KubeletStandIn],
+) -> None:
+    world, stand_in = three
+    oldest, *youngest = low_jobs(world, stand_in)
+    units = {world.units[n] for n in world.nodes([p for job in youngest for p in job]).values()}
+    big = world.job("big", 8, priority_class=world.priority_class(HIGH))
+    placed = world.placed(big, 120)
+    assert world.one_unit_each(placed, units=2) == units
+    # Exactly the two youngest jobs (least work lost), every member of each; none of the oldest.
+    gone = evicted(world, stand_in)
+    assert gone == {"low1": youngest[0], "low2": youngest[1]}, f"evicted: {gone}"
+    assert len(world.nodes(oldest)) == 4
+    reasons = world.messages("evicted whole")
+    assert reasons, world.messages()
+
+
+def test_a_pod_of_no_job_never_evicts_a_member_alone(
+    three: tuple[Gangs, KubeletStandIn],
+) -> None:
+    world, stand_in = three
+    low_jobs(world, stand_in)
+    world.pod("solo", {}, {}, priority_class=world.priority_class(HIGH))
+    nobody_evicted(world, stand_in, ["solo"])

@@ -503,11 +503,16 @@ class ControlPlane:
         *,
         expiration_seconds: int = 24 * 3600,
         kubeconfig_path: Path | None = None,
+        node: str | None = None,
     ) -> ServiceAccountCredentials:
         """Create (if needed) a ServiceAccount, mint a token for it, write its kubeconfig.
 
         The token comes from the TokenRequest API, as a projected token would;
         grant it permissions with Roles/ClusterRoles and bindings via request().
+        With `node`, the token is bound to a pod of that account on that node (created here,
+        `<name>-<node>`), as kubelet mounts one into a DaemonSet's pod: the API server then
+        names the node in the token's user (authentication.kubernetes.io/node-name), which
+        admission policies check.
         """
         self.client.ensure_namespace(namespace)
         sa_path = f"/api/v1/namespaces/{namespace}/serviceaccounts"
@@ -517,16 +522,41 @@ class ControlPlane:
                 sa_path,
                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
             )
+        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
+        if node is not None:
+            pods = f"/api/v1/namespaces/{namespace}/pods"
+            listed = self.client.get(f"{pods}?fieldSelector=metadata.name={name}-{node}")
+            pod = (
+                listed["items"][0]
+                if listed["items"]
+                else self.client.create(
+                    pods,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": f"{name}-{node}"},
+                        "spec": {
+                            "nodeName": node,
+                            "serviceAccountName": name,
+                            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                        },
+                    },
+                )
+            )
+            meta = pod["metadata"]
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            }
         answer = self.client.create(
             f"{sa_path}/{name}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": expiration_seconds},
-            },
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
         token: str = answer["status"]["token"]
-        path = kubeconfig_path or self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        suffix = f"-{node}" if node is not None else ""
+        path = kubeconfig_path or self.workdir / f"sa-{namespace}-{name}{suffix}.kubeconfig"
         write_kubeconfig(
             path,
             server_url=self.server_url,

@@ -13,6 +13,7 @@ from neuron_scheduler.deviceplugin.admission import (
     KubeletView,
     Stage,
     Withheld,
+    WithheldCause,
     arrival,
     version_rank,
 )
@@ -216,7 +217,8 @@ async def test_withheld_ids_end_in_an_event_that_says_so(caplog: pytest.LogCaptu
     )
     assert "(it offered 12 of 16)" in caplog.text
     await subject.allocate(NEURONCORE, Unit.CORE, [ids])
-    assert subject.withheld == {("uid-a", "main"): Withheld((0, 1), 12, 16)}
+    # No kubelet restart was seen: kubelet counted them as in use.
+    assert subject.withheld == {("uid-a", "main"): Withheld((0, 1), 12, 16, WithheldCause.IN_USE)}
     assert pods.pods["a"].metadata.annotations["NEURON_ALLOCATED"] == "true"
     # b: kubelet offers exactly two cores, so it asks no preference; it allocates 6,7.
     kubelet.answer = held(("a", {"main": cores(*map(int, ids))}), ("b", {"main": {}}))

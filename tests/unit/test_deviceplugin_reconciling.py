@@ -15,7 +15,7 @@ import pytest
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.deviceplugin.admission import Withheld
+from neuron_scheduler.deviceplugin.admission import Withheld, WithheldCause
 from neuron_scheduler.deviceplugin.correcting import Corrector
 from neuron_scheduler.deviceplugin.holdings import (
     HoldingsError,
@@ -185,13 +185,32 @@ def test_ids_kubelet_did_not_offer_are_named_as_the_cause() -> None:
     }
     assert by_pod["a"].message.startswith("kubelet did not offer the annotated ids")
     assert (
-        "container main holds cores 4,5, not the annotated 0,1 (kubelet offered 12 of 16 cores, "
-        "not these)" in by_pod["a"].message
+        "container main holds cores 4,5, not the annotated 0,1 (kubelet offered 12 of 16 cores)"
+        in by_pod["a"].message
     )
     # Without the plugin's record: ids no container holds were not offered either.
     assert by_pod["b"].message.startswith("kubelet did not offer the annotated ids")
     assert "another order" not in by_pod["a"].message + by_pod["b"].message
     assert by_pod["b"].values["AWS_NEURON_IDS"] == "6,7"
+
+
+def test_a_failed_device_is_named_as_the_cause_with_or_without_the_record() -> None:
+    # Device 0 (cores 0-3) failed: kubelet offered it to nobody, so a got 4,5 and b got 8,9.
+    pods = [pod("a", {"main": "0,1"}), pod("b", {"main": "2,3"}), pod("c", {"main": "12,13"})]
+    kubelet = held(
+        ("a", {"main": cores(4, 5)}), ("b", {"main": cores(8, 9)}), ("c", {"main": cores(6, 7)})
+    )
+    withheld = {("uid-a", "main"): Withheld((0, 1), 12, 16, WithheldCause.FAILED, (0,))}
+    found = review(pods, kubelet, NODE, INF1, withheld, unhealthy=0b0001)
+    by_pod = {c.pod.metadata.name: c.message for c in found.corrections}
+    for name in ("a", "b"):  # b: the plugin restarted since, its record is gone
+        assert by_pod[name].startswith(
+            "kubelet did not offer the annotated ids: device 0 failed (the device plugin reports "
+            "it unhealthy"
+        ), by_pod[name]
+        assert "restart" not in by_pod[name]
+    # c's annotated ids are on a healthy device: without a record, nothing says it failed.
+    assert "failed" not in by_pod["c"]
 
 
 def test_a_record_of_withheld_ids_wins_over_a_later_holder() -> None:

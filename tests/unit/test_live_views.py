@@ -27,6 +27,7 @@ from neuron_scheduler.live.diagnosis import (
 )
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.terminal import shown, status_view, why_view
+from neuron_scheduler.live.ultraservers import ultraserver_view
 from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
 from neuron_scheduler.ultraserver.labels import MODE_LABEL, server_id_label
 from neuron_scheduler.ultraserver.placement import Occupancy
@@ -102,6 +103,7 @@ def test_fleet_shows_each_pods_ids_and_what_is_free() -> None:
         "cores": [24, 25],
         "priority": 0,
         "terminating": False,
+        "on_unhealthy_devices": [],
     }
 
 
@@ -261,6 +263,55 @@ def test_why_applies_the_extenders_ultraserver_rule_where_devices_fit() -> None:
     answers = {n.node: n for n in diagnose(ledger, worker, occupancy=occupancy).nodes}
     assert answers["u2"].verdict is Verdict.FITS
     assert answers["u1"].reason == "runs a member of job default/other"
+
+
+def test_why_and_status_give_a_jobs_line_even_when_every_node_is_full() -> None:
+    """A member of a job that can never run here (3 units, it needs 4): why says so though no
+    node fits its devices; a job with 1 of its 2 members bound: status and why say how far."""
+
+    def trn2u(name: str, unit: str) -> Node:
+        n = node(name, "trn2u.48xlarge")
+        n.metadata.labels |= {MODE_LABEL: "1_2_4", server_id_label(4): unit}
+        return n
+
+    nodes = [trn2u(f"{u}{i}", u * 16) for u in "abc" for i in range(4)]
+    job = {"training.kubeflow.org/job-role": "worker"}
+    full = []
+    for n in nodes:  # a pod of no job on every node, all its devices
+        body = pod_json(f"full-{n.metadata.name}", {NEURON: 16}, node=n.metadata.name)
+        full.append(msgspec.convert(body, Pod))
+    ledger = cluster(*full, nodes=nodes)
+    occupancy = Occupancy()
+    occupancy.replace_nodes(nodes)
+    occupancy.replace_pods(full)
+    huge = pod(
+        "huge-0",
+        {NEURON: 16},
+        labels={**job, "training.kubeflow.org/job-name": "huge"},
+        annotations={"neuron-scheduler.io/gang-size": "16"},
+    )
+    found = diagnose(ledger, huge, occupancy=occupancy)
+    assert not found.count(Verdict.FITS) and not found.count(Verdict.UNIT_RULE)
+    assert found.job.startswith("job default/huge can never run here: it needs 4 UltraServers")
+    assert diagnosis_json(found)["job"] == found.job
+    # Half a job: its claim holds unit a, one member bound on a0 (as the watch shows it).
+    mine = {**job, "training.kubeflow.org/job-name": "two"}
+    sized = {"neuron-scheduler.io/gang-size": "2"}
+    occupancy.replace_pods([])
+    ledger.replace_pods([])
+    for i in range(4):
+        occupancy.hold(NodeClaim(f"a{i}", ("default", "two"), 4, 2, PENDING, 0.0, 120, created=50))
+    first = msgspec.convert(
+        pod_json("two-0", {NEURON: 16}, node="a0", labels=mine, annotations=sized), Pod
+    )
+    occupancy.apply_pod(first)
+    ledger.apply_pod(first)
+    second = pod("two-1", {NEURON: 16}, labels=mine, annotations=sized)
+    line = f"job default/two has 1 of its 2 members, holding UltraServer {'a' * 16} since "
+    assert diagnose(ledger, second, occupancy=occupancy, now=100).job.startswith(line)
+    assert diagnose(ledger, second, occupancy=occupancy, now=100).job.endswith("(50s ago)")
+    view = ultraserver_view(occupancy, ledger, 100.0)
+    assert [c.progress for c in view.claims] == [f"{line}1970-01-01T00:00:50Z (50s ago)"]
 
 
 def test_why_has_nothing_to_say_about_bound_finished_or_non_neuron_pods() -> None:

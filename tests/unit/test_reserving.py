@@ -1,6 +1,8 @@
 """The reservation loop on an in-memory UltraServerClaim API that keeps kube-apiserver's rules: a
 create of a name that exists is a 409, a replace or delete conditioned on a resourceVersion (or
-uid) that no longer holds is a 409, and every write bumps the resourceVersion."""
+uid) that no longer holds is a 409, and every write bumps the resourceVersion. Preemption for
+training jobs (issue 40): the preempt verb and the loop on the same world, the pods' deletions
+recorded in the order the API would see them."""
 
 from __future__ import annotations
 
@@ -13,11 +15,28 @@ import msgspec
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.loops.reserving import Reservations
+from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.members import preemption_for
+from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.extender.verbs.wire import (
+    ExtenderPreemptionArgs,
+    MetaPod,
+    MetaVictims,
+)
 from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Pod, UltraServerClaim
+from neuron_scheduler.kube.objects import ObjectRef, Pod, UltraServerClaim
 from neuron_scheduler.ultraserver.claims import BOUND, PENDING, NodeClaim, to_object
-from neuron_scheduler.ultraserver.placement import CLAIM_ENDED, CLAIM_MADE, Occupancy, UnitPlacement
+from neuron_scheduler.ultraserver.jobs import member_of
+from neuron_scheduler.ultraserver.placement import (
+    CLAIM_ENDED,
+    CLAIM_MADE,
+    Occupancy,
+    Shortfall,
+    UnitPlacement,
+    job_progress,
+)
 from tests.builders import node, pod_json
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -30,14 +49,32 @@ class FakeClaims:
         self.uids = itertools.count(1)
         self.writes = 0
         self.fail_on: set[str] = set()  # names whose create fails with a 500
+        self.log: list[str] = []  # claim writes and pod evictions, in order
+        self.fail_deletes: set[str] = set()  # pod uids whose delete fails with a 500
+        self.on_delete: Any = None  # told the uid of a pod deleted (it is terminating)
 
     def _stamp(self, claim: UltraServerClaim, uid: str) -> UltraServerClaim:
         stored = msgspec.convert(msgspec.to_builtins(claim), UltraServerClaim)
         stored.metadata.resourceVersion = str(next(self.version))
         stored.metadata.uid = uid
+        known = self.claims.get(stored.metadata.name)
+        stored.metadata.creationTimestamp = (
+            known.metadata.creationTimestamp if known is not None else "2026-01-01T00:00:00Z"
+        )
         self.claims[stored.metadata.name] = stored
         self.writes += 1
+        self.log.append(f"claim {stored.metadata.name} {stored.spec.job}")
         return msgspec.convert(msgspec.to_builtins(stored), UltraServerClaim)
+
+    async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None:
+        self.log.append(f"mark {uid}")
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        if uid in self.fail_deletes:
+            raise api_error("DELETE", name, 500, b'{"message": "injected"}')
+        self.log.append(f"delete {uid}")
+        if self.on_delete is not None:
+            self.on_delete(uid)
 
     async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
         name = claim.metadata.name
@@ -67,7 +104,7 @@ class FakeClaims:
 
 class World:
     def __init__(self, units: int = 2) -> None:
-        self.now = 1_000_000.0
+        self.now = 1_767_312_000.0  # 2026-01-02T00:00:00Z: after the pods' start times
         self.api = FakeClaims()
         self.ledger = Ledger(Catalog.builtin())
         self.occupancy = Occupancy()
@@ -75,16 +112,16 @@ class World:
         self.heard: list[tuple[tuple[str, ...], str]] = []
         self.occupancy.on_freed = lambda nodes, cause: self.heard.append((tuple(nodes), cause))
         self.leading = True
-        self.loop = Reservations(
-            self.api,
-            self.occupancy,
-            self.filter,
+        self.events: list[tuple[str, str, str]] = []  # (pod, reason, message)
+        self.loop = self.restarted()
+        self.api.on_delete = self.terminating
+        self.verb = Preemptor(
             self.ledger,
-            ["my-scheduler"],
-            60,
-            is_leader=lambda: self.leading,
-            wall_clock=lambda: self.now,
+            DisruptionBudgets(),
+            Metrics(self.ledger),
+            occupancy=self.occupancy,
             clock=lambda: self.now,
+            wall_clock=lambda: self.now,
         )
         nodes = []
         for unit in "abcd"[:units]:
@@ -96,7 +133,43 @@ class World:
             view.replace_pods([])
         self.pods: dict[str, Pod] = {}
 
-    def member(self, job: str, index: int, size: int, node_name: str = "", **kwargs: Any) -> Pod:
+    def restarted(self) -> Reservations:
+        """A reservation loop, as a new leader (or a restarted extender) starts one."""
+
+        def report(ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+            self.events.append((ref.name, reason, message))
+
+        return Reservations(
+            self.api,
+            self.occupancy,
+            self.filter,
+            self.ledger,
+            ["my-scheduler"],
+            60,
+            is_leader=lambda: self.leading,
+            wall_clock=lambda: self.now,
+            clock=lambda: self.now,
+            report=report,
+        )
+
+    def terminating(self, uid: str) -> None:
+        """A deleted pod, as the watch shows it until its kubelet is done with it."""
+        pod = self.pods[uid]
+        meta = msgspec.structs.replace(pod.metadata, deletionTimestamp="2026-01-01T01:00:00Z")
+        self.pods[uid] = leaving = msgspec.structs.replace(pod, metadata=meta)
+        for view in (self.ledger, self.occupancy):
+            view.apply_pod(leaving)
+
+    def member(
+        self,
+        job: str,
+        index: int,
+        size: int,
+        node_name: str = "",
+        priority: int = 0,
+        started: str = "",
+        **kwargs: Any,
+    ) -> Pod:
         body = pod_json(
             f"{job}-{index}",
             {NEURON: 16},
@@ -111,6 +184,9 @@ class World:
             **kwargs,
         )
         body["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:{len(self.pods):02d}Z"
+        body["spec"]["priority"] = priority
+        if started:
+            body.setdefault("status", {})["startTime"] = started
         pod = msgspec.convert(body, Pod)
         self.pods[pod.metadata.uid] = pod
         for view in (self.ledger, self.occupancy):
@@ -119,6 +195,30 @@ class World:
 
     def job(self, job: str, size: int, **kwargs: Any) -> list[Pod]:
         return [self.member(job, i, size, **kwargs) for i in range(size)]
+
+    async def running(self, job: str, unit: str, **kwargs: Any) -> list[Pod]:
+        """A 4-member job bound whole on one unit, its claim Bound."""
+        members = self.job(job, 4, **kwargs)
+        await self.loop.step()
+        assert self.claimed(job) == [f"{unit}{i}" for i in range(4)]
+        bound = [self.bind(p, f"{unit}{i}") for i, p in enumerate(members)]
+        await self.loop.step()
+        return bound
+
+    async def preempt(self, pod: Pod, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+        """The preempt verb asked about `pod` with kube-scheduler's victims per node; its
+        answer, node -> victims."""
+        args = ExtenderPreemptionArgs(
+            Pod=pod,
+            NodeNameToMetaVictims={
+                n: MetaVictims([MetaPod(u) for u in uids]) for n, uids in victims.items()
+            },
+        )
+        answer = await self.verb.preempt(args)
+        return {n: [p.UID for p in v.Pods] for n, v in answer.NodeNameToMetaVictims.items()}
+
+    def evicted(self) -> list[str]:
+        return [line.split()[1] for line in self.api.log if line.startswith("delete ")]
 
     def delete(self, pod: Pod) -> None:
         del self.pods[pod.metadata.uid]
@@ -377,3 +477,191 @@ async def test_why_a_job_waits_is_forgotten_when_the_job_goes() -> None:
         world.delete(pod)
     await world.loop.step()
     assert ("ns", "big") not in world.occupancy.shortfalls and busy
+
+
+# --- issue 40: preemption moves whole jobs, or nothing ----------------------------------------
+
+
+async def three_low_jobs(world: World) -> list[list[Pod]]:
+    """low0, low1, low2 (priority 10) on units a, b, c, started an hour apart: low2 is the
+    youngest (the least work lost)."""
+    return [
+        await world.running(f"low{k}", unit, priority=10, started=f"2026-01-01T0{k}:00:00Z")
+        for k, unit in enumerate("abc")
+    ]
+
+
+def uids(*jobs: list[Pod]) -> list[str]:
+    return sorted(p.metadata.uid for job in jobs for p in job)
+
+
+async def test_a_job_of_higher_priority_takes_the_youngest_whole_jobs_claim_first() -> None:
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    # kube-scheduler's own victims: one member on each full node it found; none is answered.
+    assert await world.preempt(big[0], {f"{u}{i}": [f"low{k}-{i}"] for k, u in enumerate("abc")
+                                        for i in range(4)}) == {}  # fmt: skip
+    assert ("ns", "big") in world.occupancy.preemption_asks
+    await world.loop.step()
+    nodes = [f"{u}{i}" for u in "bc" for i in range(4)]
+    assert world.claimed("big") == nodes
+    assert {tuple(sorted(world.occupancy.claims[n].victims)) for n in nodes} == {
+        tuple(uids(low1, low2))
+    }
+    assert sorted(world.evicted()) == uids(low1, low2)  # whole, both; none of low0
+    first_eviction = next(i for i, line in enumerate(world.api.log) if line.startswith("mark"))
+    assert all(line.startswith("claim") for line in world.api.log[:first_eviction])
+    assert [line for line in world.api.log[:first_eviction] if line.endswith(" big")] == [
+        f"claim {n} big" for n in nodes
+    ]
+    assert world.claimed("low0") == ["a0", "a1", "a2", "a3"]
+    assert sorted(name for name, reason, _ in world.events if reason == "Preempted") == sorted(
+        p.metadata.name for p in low1 + low2
+    )
+    # The victims leave; big's members fill b before c.
+    for pod in low1 + low2:
+        world.delete(pod)
+    passed, failed = world.filter.filter(big[0], nodes, now=world.now)
+    assert passed == nodes[:4]  # one unit at a time: the lowest server id while none has any
+    world.bind(big[0], "c0")
+    passed, failed = world.filter.filter(big[1], nodes, now=world.now)
+    assert passed == ["c1", "c2", "c3"], failed
+    assert "fills UltraServer " + "c" * 16 + " first" in failed["b0"]
+
+
+async def test_a_job_that_cannot_fit_with_every_lower_job_gone_evicts_nobody() -> None:
+    world = World(units=3)
+    await three_low_jobs(world)
+    huge = world.job("huge", 16, priority=1000)
+    assert await world.preempt(huge[0], {"a0": ["low0-0"], "b0": ["low1-0"]}) == {}
+    assert ("ns", "huge") not in world.occupancy.preemption_asks
+    await world.loop.step()
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("huge") == []
+    why = world.occupancy.shortfalls[("ns", "huge")]
+    assert why.startswith("job ns/huge can never run here: it needs 4 UltraServers of 4 nodes")
+    # Its members hear it although kube-scheduler, every node being full, never asks filter.
+    told = [(name, reason) for name, reason, text in world.events if text == why]
+    assert told == [(p.metadata.name, "FailedScheduling") for p in huge]  # once each
+    # A job that fits the fleet, but not with a unit of higher priority in the way: nobody.
+    world = World(units=3)
+    await world.running("vip", "a", priority=5000)
+    await world.running("low1", "b", priority=10)
+    await world.running("low2", "c", priority=10)
+    wide = world.job("wide", 12, priority=1000)
+    assert await world.preempt(wide[0], {"b0": ["low1-0"], "c0": ["low2-0"]}) == {}
+    assert ("ns", "wide") not in world.occupancy.preemption_asks
+    await world.loop.step()
+    assert world.evicted() == []
+    member = member_of(wide[0])
+    assert member is not None
+    planned = preemption_for(world.ledger, world.occupancy, wide[0], member, 4, world.now)
+    assert isinstance(planned, Shortfall)
+    assert planned.reason == (
+        "job ns/wide needs 3 UltraServers of 4 nodes for its 12 members; with every job and "
+        "pod of lower priority evicted there would be 2: no preemption"
+    )
+
+
+async def test_a_pod_of_no_job_never_evicts_a_member() -> None:
+    """kube-scheduler evicts on one node only: a job would lose a member, not go whole. Pods of
+    no job stay its victims."""
+    world = World(units=2)
+    await world.running("low", "a", priority=10)
+    loose = pod_json("loose", {NEURON: 16}, namespace="ns", node="b0", uid="loose-0")
+    loose["spec"]["priority"] = 10
+    for view in (world.ledger, world.occupancy):
+        view.apply_pod(msgspec.convert(loose, Pod))
+    body = pod_json("solo", {NEURON: 16}, namespace="ns", uid="solo")
+    body["spec"]["priority"] = 1000
+    solo = msgspec.convert(body, Pod)
+    answer = await world.preempt(solo, {"a0": ["low-0"], "b0": ["loose-0"]})
+    assert answer == {"b0": ["loose-0"]}
+    await world.loop.step()
+    assert world.evicted() == []  # (the extender evicts nothing itself for a pod of no job)
+
+
+async def test_a_restart_finishes_the_evictions_a_preemption_began() -> None:
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    world.api.fail_deletes = {"low2-1", "low2-3"}
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert sorted(world.evicted()) == sorted(set(uids(low1, low2)) - {"low2-1", "low2-3"})
+    world.api.fail_deletes = set()
+    world.loop = world.restarted()  # a new leader: only the claims say what is going on
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)  # each once
+
+
+async def test_a_preempting_claim_lives_while_its_victims_leave() -> None:
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    world.now += 600  # victims with a long grace period; nobody asks about big meanwhile
+    await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    for pod in low1 + low2:
+        world.delete(pod)
+    await world.loop.step()
+    world.now += 59
+    await world.loop.step()
+    assert len(world.claimed("big")) == 8  # claim_seconds from when its victims were last there
+    world.now += 2
+    await world.loop.step()
+    assert world.claimed("big") == []
+
+
+async def test_a_conflict_while_taking_units_gives_them_back_and_evicts_nobody() -> None:
+    world = World(units=3)
+    await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    changed = world.api.claims["c1"]  # written by someone else since the watch showed it
+    changed.metadata.resourceVersion = "999"
+    await world.loop.step()
+    assert world.evicted() == []
+    assert [c.spec.job for n, c in sorted(world.api.claims.items()) if n[0] == "b"] == ["low1"] * 4
+    assert world.claimed("low1") == ["b0", "b1", "b2", "b3"]
+
+
+async def test_a_pending_claim_ends_claim_seconds_after_the_last_ask() -> None:
+    """kube-scheduler asks about a member every 10 s for 50 s, then no more: the claim ends 60 s
+    after the last ask (it ended 110 s after it before: renewals counted from themselves)."""
+    world = World(units=1)
+    members = world.job("j", 4)
+    await world.loop.step()
+    start, ended = world.now, None
+    for tick in range(1, 25):
+        world.now = start + 10 * tick
+        if world.now <= start + 50:
+            world.filter.filter(members[0], ["a0"], now=world.now)
+        await world.loop.step()
+        if ended is None and not world.claimed("j"):
+            ended = world.now - start
+    assert ended == 110  # the last ask at 50 s, claim_seconds 60
+
+
+async def test_status_says_how_far_an_incomplete_job_is() -> None:
+    world = World(units=2)
+    members = world.job("j", 8)
+    await world.loop.step()
+    world.bind(members[0], "b2")
+    everywhere = [f"{u}{n}" for u in "ab" for n in range(4)]
+    for member in members[1:4]:
+        passed, _ = world.filter.filter(member, everywhere, now=world.now)
+        world.bind(member, passed[0])
+    assert sorted(w.node for w in world.occupancy.job_workers(("ns", "j"))) == [
+        "b0", "b1", "b2", "b3",
+    ]  # fmt: skip
+    text = job_progress(world.occupancy, ("ns", "j"), world.now)
+    assert text is not None and text.startswith(
+        f"job ns/j has 4 of its 8 members, holding UltraServers {'a' * 16}, {'b' * 16} since "
+        "2026-01-01T00:00:00Z ("
+    )

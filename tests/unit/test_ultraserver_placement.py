@@ -423,6 +423,9 @@ def test_status_shows_units_claims_and_why_a_job_waits() -> None:
             "nodes": ["a0", "a1", "a2", "a3"],
             "bound": 1,
             "ends_in_seconds": 20.0,
+            # (the claim's creation time is the API server's: not known here)
+            "progress": f"job ns/j has 1 of its 4 members, holding UltraServer a{'0' * 15}",
+            "victims_leaving": 0,
         }
     ]
     a0 = document["units"][0]["nodes"][0]

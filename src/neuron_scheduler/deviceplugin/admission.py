@@ -151,11 +151,21 @@ def _holds(resources: Mapping[str, Sequence[int]], unit: Unit) -> bool:
     return any(ids for name, ids in resources.items() if RESOURCE_UNITS.get(name) is unit)
 
 
+class WithheldCause(enum.StrEnum):
+    """Why kubelet did not offer a container's annotated ids."""
+
+    FAILED = "failed"  # one of them is on a device this plugin reports unhealthy
+    RESTART = "restart"  # a restarted kubelet still counts a deleted pod's ids until its start
+    IN_USE = "in_use"  # kubelet counted them as another pod's at that moment
+
+
 @dataclass(frozen=True, slots=True)
 class Withheld:
-    """kubelet gave a container other ids than its annotated ones without having offered those
-    (it still counted them as in use): what the correction's event says."""
+    """kubelet gave a container other ids than its annotated ones without having offered those:
+    what the correction's event says."""
 
     annotated: tuple[int, ...]
     offered: int | None = None  # how many ids kubelet offered, when it asked for a preference
     total: int | None = None  # of how many the plugin advertises
+    cause: WithheldCause = WithheldCause.RESTART
+    failed: tuple[int, ...] = ()  # the failed devices among them (cause FAILED)

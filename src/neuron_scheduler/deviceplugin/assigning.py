@@ -16,11 +16,17 @@ from dataclasses import dataclass
 
 from neuron_scheduler.core import handoff as keys
 from neuron_scheduler.core.catalog import CapacityError, Catalog
-from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
+from neuron_scheduler.core.ids import (
+    comma_ids,
+    cores_of_devices,
+    devices_of_cores,
+    format_ids,
+    ids_mask,
+)
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld
+from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld, WithheldCause
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
 from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader
 from neuron_scheduler.deviceplugin.matching import (
@@ -32,6 +38,7 @@ from neuron_scheduler.deviceplugin.matching import (
     Slot,
     Unclaimed,
     decide_allocation,
+    failed_among,
     kubelet_ids,
     node_view,
     preferred_ids,
@@ -346,6 +353,7 @@ class Assigner:
                     topology,
                     frozenset(self._handed_out),
                     kubelet,
+                    self.unhealthy_devices(),
                 )
                 if isinstance(decision, Rejected):
                     log.warning("Allocate refused: %s", loggable(decision.message))
@@ -378,18 +386,30 @@ class Assigner:
                     await self._mark(pod, holding)
             return responses
 
+    def unhealthy_devices(self) -> int:
+        """The devices (mask) this plugin reports failed to kubelet now."""
+        return ids_mask(i for i, h in self.state.health.items() if not h.healthy)
+
     def _substituted(self, unit: Unit, slot: Slot, ids: Sequence[int]) -> None:
         key = (slot.uid, slot.container)
         offered, total = self._offers.pop(key, (None, None))
-        self.withheld[key] = Withheld(tuple(slot.ids), offered, total)
+        failed = failed_among(unit, slot.ids, self.unhealthy_devices(), self.state.cores_per_device)
+        if failed:
+            cause, why = WithheldCause.FAILED, f"device {format_ids(list(failed))} failed"
+        elif slot.uid in self._batch:
+            cause, why = WithheldCause.RESTART, "the restarted kubelet still counted them in use"
+        else:
+            cause, why = WithheldCause.IN_USE, "kubelet counted them as in use"
+        self.withheld[key] = Withheld(tuple(slot.ids), offered, total, cause, failed)
         log.warning(
             "%s container %s gets %s %s instead of its annotated %s: kubelet did not offer "
-            "them; the annotations will be corrected from kubelet's pod resources",
+            "them (%s); the annotations will be corrected from kubelet's pod resources",
             slot.pod,
             slot.container,
             unit.value,
             format_ids(sorted(ids)),
             format_ids(list(slot.ids)),
+            why,
         )
 
     def _done(self, pod: Pod, uid: str) -> set[str]:

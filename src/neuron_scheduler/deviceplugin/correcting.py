@@ -43,6 +43,7 @@ class Corrector:
         settle: float = 1.0,
         interval: float = 30.0,
         withheld: Mapping[tuple[str, str], Withheld] | None = None,
+        unhealthy: Callable[[], int] = lambda: 0,
     ) -> None:
         self.pods = pods
         self.holdings = holdings
@@ -51,6 +52,7 @@ class Corrector:
         self.settle = settle
         self.interval = interval
         self.withheld = withheld if withheld is not None else {}
+        self.unhealthy = unhealthy  # the devices (mask) the plugin reports failed now
         self.corrected = 0  # corrections applied since start
         self._allocations = 0  # Allocate calls begun or ended: a pass must see it unchanged
         self._due = time.monotonic() + settle
@@ -97,7 +99,7 @@ class Corrector:
         if self._allocations != before:
             log.debug("kubelet allocated during the pass; comparing again once it settles")
             return None
-        found = review(pods, held, self.node, topology, self.withheld)
+        found = review(pods, held, self.node, topology, self.withheld, self.unhealthy())
         problems = [f"left alone: {problem}" for problem in (*held.skipped, *found.problems)]
         self._tell(problems)
         for correction in found.corrections:

@@ -24,7 +24,13 @@ from neuron_scheduler.core.allocation import (
     is_valid_core_set,
     is_valid_device_set,
 )
-from neuron_scheduler.core.ids import core_mask_of_devices, format_ids, ids_mask, mask_ids
+from neuron_scheduler.core.ids import (
+    core_mask_of_devices,
+    devices_of_cores,
+    format_ids,
+    ids_mask,
+    mask_ids,
+)
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import whole_quantity
 from neuron_scheduler.core.resources import (
@@ -280,11 +286,13 @@ def decide_allocation(
     topology: Topology,
     handed_out: frozenset[tuple[str, str]] = frozenset(),
     kubelet: KubeletView = UNREAD,
+    unhealthy: int = 0,
 ) -> Match:
     """Whose container kubelet's `ids` are for.
 
     handed_out: (pod uid, container) pairs this process gave ids to but whose annotation may not
-    show it yet (the patch failed or is in flight).
+    show it yet (the patch failed or is in flight); unhealthy: devices (mask) this plugin
+    reports failed, named when they are why a pod cannot get its ids.
     """
     wanted = set(ids)
     exact = [(slot, holding) for slot, holding in view.slots(unit) if set(slot.ids) == wanted]
@@ -320,6 +328,10 @@ def decide_allocation(
     instead = _substitute(view, unit, ids, mask, topology, handed_out, kubelet)
     if instead is not None:
         return instead
+    admitting = _admitting(view, unit, len(ids), handed_out, kubelet)
+    if len({(s.uid, s.container) for s, _ in admitting}) == 1:
+        slot, holding = admitting[0]
+        return _cannot_substitute(view, unit, ids, mask, topology, slot, holding, unhealthy)
     clashes = [h for h in view.holdings if h.core_mask & mask]
     if clashes:
         owners = "; ".join(
@@ -346,6 +358,58 @@ def decide_allocation(
     return Unclaimed(
         f"{_ids_text(unit, ids)} match no pod's assignment; accepted because they obey the "
         f"{topology.kind.value} rule of {topology.instance_type} and nobody else holds them"
+    )
+
+
+def failed_among(
+    unit: Unit, annotated: Sequence[int], unhealthy: int, cores_per_device: int
+) -> tuple[int, ...]:
+    """The failed devices (`unhealthy`, a mask) among ids in `unit`: why kubelet did not offer
+    them."""
+    if unit is Unit.CORE:
+        devices: Iterable[int] = devices_of_cores(annotated, cores_per_device)
+    else:
+        devices = annotated
+    return tuple(d for d in sorted(set(devices)) if unhealthy >> d & 1)
+
+
+def _cannot_substitute(
+    view: NodeView,
+    unit: Unit,
+    ids: Sequence[int],
+    mask: int,
+    topology: Topology,
+    slot: Slot,
+    holding: AnnotatedPod,
+    unhealthy: int,
+) -> Rejected:
+    """The container kubelet is admitting gets ids that are not its annotated ones and cannot
+    stand in for them: say why kubelet did not offer its own, and what is wrong with these."""
+    failed = failed_among(unit, slot.ids, unhealthy, topology.cores_per_device)
+    if failed:
+        cause = (
+            f"device {format_ids(list(failed))} failed (this device plugin reports it unhealthy,"
+            " so kubelet offers it to nobody)"
+        )
+    else:
+        cause = "kubelet still counted them as in use"
+    problems = []
+    others = [h for h in view.holdings if h.uid != holding.uid and h.core_mask & mask]
+    if others:
+        owners = "; ".join(
+            f"{h.pod} holds {_ids_text(Unit.CORE, mask_ids(h.core_mask & mask))}"
+            for h in others[:3]
+        )
+        problems.append(f"overlap cores the neuron scheduler gave to other pods ({owners})")
+    if not obeys_topology(topology, unit, ids):
+        shape = "contiguous cores on connected devices" if unit is Unit.CORE else "connected"
+        problems.append(f"are not {shape} on {topology.instance_type} ({topology.kind.value})")
+    return Rejected(
+        f"pod {slot.pod} container {slot.container} was annotated {_ids_text(unit, slot.ids)} "
+        f"by the neuron scheduler, which kubelet did not offer: {cause}. kubelet then chose "
+        f"{_ids_text(unit, ids)}, which {' and '.join(problems) or 'cannot be used'}; no legal "
+        f"set of {len(ids)} {unit.value}s was among what kubelet offered. The pod can run once "
+        "the scheduler places it again (delete it; its controller recreates it)."
     )
 
 
@@ -469,8 +533,11 @@ def preferred_ids(
         if offered.issuperset(slot.ids) and required.issubset(slot.ids):
             return Preference(tuple(slot.ids), slot)
         if kubelet.listed is not None and not offered.issuperset(slot.ids):
-            # kubelet is admitting this very container and does not offer its ids.
-            fallback = _fallback(view, unit, offered, required, size, cores_per_device, topology)
+            # kubelet is admitting this very container and does not offer its ids: any legal
+            # set of what it offers, its own annotated ids among them.
+            fallback = _fallback(
+                view, unit, offered, required, size, cores_per_device, topology, slot.uid
+            )
             return Preference(fallback, slot, withheld=True)
     fallback = _fallback(view, unit, offered, required, size, cores_per_device, topology)
     return Preference(fallback, None)
@@ -484,11 +551,15 @@ def _fallback(
     size: int,
     cores_per_device: int,
     topology: Topology,
+    own: str = "",
 ) -> tuple[int, ...]:
+    """The best legal set of `size` among the offered ids that holds no other pod's ids; `own`:
+    the uid of the pod being admitted, whose annotated ids are its to take."""
     everything = range(topology.total_cores if unit is Unit.CORE else topology.devices)
     used = cores_of(unit, (i for i in everything if i not in offered), cores_per_device)
     for holding in view.holdings:
-        used |= holding.core_mask
+        if holding.uid != own:
+            used |= holding.core_mask
     used &= ~cores_of(unit, required, cores_per_device)
     resource = NEURONCORE if unit is Unit.CORE else NEURON
     if size >= 1:

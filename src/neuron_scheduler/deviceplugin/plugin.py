@@ -1,5 +1,6 @@
-"""The device plugin process: discovery, the three endpoints, registration, health, and keeping
-the annotations true to kubelet's pod resources."""
+"""The device plugin process: discovery, the three endpoints, registration, health (to the
+kubelet, and which devices failed on the Node for the extender), and keeping the annotations true
+to kubelet's pod resources."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from neuron_scheduler.deviceplugin.devicewatch import DeviceWatch
 from neuron_scheduler.deviceplugin.hardware import Hardware, SysfsHardware
 from neuron_scheduler.deviceplugin.holdings import SocketHoldings
 from neuron_scheduler.deviceplugin.pods import ApiNodePods
+from neuron_scheduler.deviceplugin.publishing import HealthPublisher
 from neuron_scheduler.deviceplugin.registration import Endpoint, Registrar
 from neuron_scheduler.deviceplugin.service import NeuronDevicePlugin
 from neuron_scheduler.kube.client import KubeAPI
@@ -78,6 +80,7 @@ async def serve(
             assigner.topology,
             interval=config.reconcile_interval,
             withheld=assigner.withheld,
+            unhealthy=assigner.unhealthy_devices,
         )
         assigner.on_allocate = corrector.allocating
         endpoints = [
@@ -92,6 +95,7 @@ async def serve(
         )
         await asyncio.gather(
             watch.run(state, stop),
+            HealthPublisher(assigner.pods, state).run(stop),
             registrar.run(stop),
             corrector.run(stop),
             _check_api(assigner, config.node_name),

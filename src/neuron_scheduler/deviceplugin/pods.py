@@ -1,10 +1,12 @@
 """The API calls the device plugin makes: this node's pods and Node, patching a pod's annotations
-(marking it allocated, correcting its ids) and an event on a pod."""
+(marking it allocated, correcting its ids), an event on a pod, and its Node's one annotation:
+which devices failed (core/health)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from neuron_scheduler.core import health
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import NotFound
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
@@ -22,6 +24,8 @@ class NodePods(Protocol):
     ) -> None: ...
 
     async def record_event(self, pod: Pod, reason: str, message: str) -> None: ...
+
+    async def publish_unhealthy(self, value: str | None) -> None: ...
 
 
 class ApiNodePods:
@@ -62,3 +66,6 @@ class ApiNodePods:
 
     async def record_event(self, pod: Pod, reason: str, message: str) -> None:
         await self.api.create_event(ObjectRef.of_pod(pod), reason, message, warning=True)
+
+    async def publish_unhealthy(self, value: str | None) -> None:
+        await self.api.patch_node_annotation(self.node, health.UNHEALTHY_DEVICES, value)

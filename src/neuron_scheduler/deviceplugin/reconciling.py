@@ -1,14 +1,16 @@
 """Which pods' annotations disagree with what their containers really hold, and the annotations
 that say what they hold. Pure.
 
-A container can hold other ids than its pod's annotations say for two reasons, and the event
+A container can hold other ids than its pod's annotations say for these reasons, and the event
 names which:
 - kubelet admitted two pods of one size in another order than the device plugin expected (it
   could not ask kubelet which pod it was admitting), so each got the other's annotated ids;
-- kubelet did not offer the annotated ids: after a restart it still counts the devices of pods
-  that were deleted meanwhile as in use until it has read all its pods, so a pod bound onto them
-  gets other ids (the device plugin remembers it in `withheld`; without that record, ids that no
-  container kubelet lists holds tell the same).
+- kubelet did not offer the annotated ids, and the device plugin gave a legal set of what it
+  offered instead (it remembers why in `withheld`): a device among them failed (kubelet never
+  offers an unhealthy device); or after a restart kubelet still counted the devices of pods
+  deleted meanwhile as in use until it had read all its pods; or kubelet counted them as in use
+  for another reason. Without that record (the plugin restarted since), a failed device among
+  the annotated ids, or ids that no container kubelet lists holds, tell the same.
 The sets stay disjoint, but the annotations describe the wrong ids: when a pod ends, the scheduler
 would free ids another pod uses. kubelet's pod resources API names the pod and container behind
 every id, so the annotations are rewritten from it: the scheduler always frees exactly what a
@@ -25,9 +27,9 @@ from neuron_scheduler.core import handoff as keys
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices, devices_of_cores, format_ids
 from neuron_scheduler.core.resources import RESOURCE_UNITS, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.deviceplugin.admission import Withheld
+from neuron_scheduler.deviceplugin.admission import Withheld, WithheldCause
 from neuron_scheduler.deviceplugin.holdings import ContainerIds, KubeletHoldings
-from neuron_scheduler.deviceplugin.matching import app_slices, unit_count
+from neuron_scheduler.deviceplugin.matching import app_slices, failed_among, unit_count
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import assignment
 
@@ -79,10 +81,12 @@ def review(
     node: str,
     topology: Topology,
     withheld: Mapping[tuple[str, str], Withheld] | None = None,
+    unhealthy: int = 0,
 ) -> Review:
     """Compare each live pod bound to `node` that carries our annotations with what kubelet says
     its containers hold. Pods kubelet has not (fully) allocated yet are left alone. `withheld`:
-    (pod uid, container) the device plugin gave other ids because kubelet did not offer theirs."""
+    (pod uid, container) the device plugin gave other ids because kubelet did not offer theirs;
+    `unhealthy`: the devices (mask) the plugin reports failed now."""
     owners = _owners(held)
     corrections: list[Correction] = []
     problems: list[str] = []
@@ -104,7 +108,7 @@ def review(
             continue
         if found is None:
             continue
-        outcome = _compare(pod, found, containers, topology, owners, withheld or {})
+        outcome = _compare(pod, found, containers, topology, owners, withheld or {}, unhealthy)
         if isinstance(outcome, Correction):
             corrections.append(outcome)
         elif outcome is None:
@@ -121,6 +125,7 @@ def _compare(
     topology: Topology,
     owners: Owners,
     withheld: Mapping[tuple[str, str], Withheld],
+    unhealthy: int = 0,
 ) -> Correction | str | None:
     """A correction; None when they agree; a reason (empty: nothing to say) when left alone."""
     unit = RESOURCE_UNITS[found.resource]
@@ -166,7 +171,7 @@ def _compare(
         keys.ALLOCATED: "true",
     }
     swapped: list[str] = []
-    not_offered: list[str] = []
+    not_offered: dict[str, list[str]] = {}  # why kubelet did not offer them -> containers
     for name in real:
         wanted_ids = annotated.get(name, ())
         if set(real[name]) == set(wanted_ids):
@@ -183,22 +188,33 @@ def _compare(
                 if (unit, i) in owners and not owners[(unit, i)].startswith(f"{pod.key} ")
             }
         )
-        if record is None and others:
+        failed = record.failed if record is not None else ()
+        if record is None:
+            failed = failed_among(unit, wanted_ids, unhealthy, topology.cores_per_device)
+        if record is None and others and not failed:
             swapped.append(f"{text} (kubelet gave those to {', '.join(others)})")
-        elif record is not None and record.offered is not None:
-            not_offered.append(
-                f"{text} (kubelet offered {record.offered} of {record.total} "
-                f"{unit.value}s, not these)"
+            continue
+        if record is not None and record.offered is not None:
+            text += f" (kubelet offered {record.offered} of {record.total} {unit.value}s)"
+        if failed:
+            cause = (
+                f"device {format_ids(list(failed))} failed (the device plugin reports it "
+                "unhealthy, and kubelet offers an unhealthy device to nobody)"
             )
+        elif record is not None and record.cause is WithheldCause.IN_USE:
+            cause = "kubelet counted them as in use when it admitted this pod"
         else:
-            not_offered.append(text)
-    parts = []
-    if not_offered:
-        parts.append(
-            "kubelet did not offer the annotated ids: it still counted them as in use (after a "
-            "restart it holds the devices of pods deleted since its last allocation until it "
-            f"has admitted the pods it started with): {'; '.join(not_offered)}."
-        )
+            cause = (
+                "it still counted them as in use (after a restart it holds the devices of pods "
+                "deleted since its last allocation until it has admitted the pods it started "
+                "with)"
+            )
+        not_offered.setdefault(cause, []).append(text)
+    parts = [
+        f"kubelet did not offer the annotated ids: {cause}; the device plugin gave a legal set "
+        f"of what it offered instead: {'; '.join(texts)}."
+        for cause, texts in not_offered.items()
+    ]
     if swapped:
         parts.append(
             "kubelet admitted this pod in another order than the device plugin expected: "

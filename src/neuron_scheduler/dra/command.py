@@ -17,6 +17,27 @@ from neuron_scheduler.dra import (
     DEFAULT_REGISTRY_DIR,
 )
 
+CoreWindowsOption = Annotated[
+    str,
+    typer.Option(
+        help="publish windows of NeuronCores of these counts beside the device sets, for core "
+        "claims: a comma-separated list of 1 .. 32 (empty or 0: none)"
+    ),
+]
+DEFAULT_CORE_WINDOWS_TEXT = ",".join(map(str, DEFAULT_CORE_WINDOWS))
+
+
+def core_window_option(text: str) -> tuple[int, ...]:
+    """--core-windows, checked: the counts as published, or a UsageError naming the option."""
+    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW, core_window_counts
+
+    counts = [c.strip() for c in text.split(",") if c.strip() not in ("", "0")]
+    if not all(c.isdigit() and 1 <= int(c) <= MAX_CORE_WINDOW for c in counts):
+        raise commandline.UsageError(
+            f"--core-windows must list core counts of 1 .. {MAX_CORE_WINDOW}, got {text[:60]!r}"
+        )
+    return core_window_counts(int(c) for c in counts)
+
 
 def dra_driver(
     ctx: typer.Context,
@@ -39,13 +60,7 @@ def dra_driver(
     cdi_root: Annotated[
         Path, typer.Option(help="where CDI specs go (one the container runtime reads)")
     ] = DEFAULT_CDI_ROOT,
-    core_windows: Annotated[
-        str,
-        typer.Option(
-            help="publish windows of NeuronCores of these counts beside the device sets, for "
-            "core claims: a comma-separated list of 1 .. 32 (empty or 0: none)"
-        ),
-    ] = ",".join(map(str, DEFAULT_CORE_WINDOWS)),
+    core_windows: CoreWindowsOption = DEFAULT_CORE_WINDOWS_TEXT,
     health_interval: commandline.HealthInterval = 5.0,
     resync_interval: Annotated[
         float, typer.Option(help="seconds between checks that the ResourceSlices are intact")
@@ -57,7 +72,6 @@ def dra_driver(
     kubelet hands over."""
     from neuron_scheduler.dra import driver_name_problem
     from neuron_scheduler.dra.driver import DriverConfig, run
-    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW, core_window_counts
     from neuron_scheduler.kube.config import ConfigError
 
     with commandline.user_errors(ConfigError):
@@ -66,12 +80,7 @@ def dra_driver(
         if problem:
             raise commandline.UsageError(f"--driver-name: {problem}")
         commandline.check_positive("--resync-interval", resync_interval)
-        counts = [c.strip() for c in core_windows.split(",") if c.strip() not in ("", "0")]
-        if not all(c.isdigit() and 1 <= int(c) <= MAX_CORE_WINDOW for c in counts):
-            raise commandline.UsageError(
-                f"--core-windows must list core counts of 1 .. {MAX_CORE_WINDOW}, got "
-                f"{core_windows[:60]!r}"
-            )
+        windows = core_window_option(core_windows)
         commandline.setup_logging(level)
         run(
             DriverConfig(
@@ -80,11 +89,44 @@ def dra_driver(
                 plugins_dir=plugins_dir,
                 registry_dir=registry_dir,
                 cdi_root=cdi_root,
-                core_windows=core_window_counts(int(c) for c in counts),
+                core_windows=windows,
                 resync_interval=resync_interval,
             )
         )
 
 
+def slice_templates(
+    instance_type: Annotated[
+        list[str] | None,
+        typer.Option(help="an instance type to write (repeatable; default: every catalog type)"),
+    ] = None,
+    driver_name: Annotated[
+        str, typer.Option(help="the DRA driver name the chart's driver runs with")
+    ] = DEFAULT_DRIVER_NAME,
+    topology_file: Annotated[
+        Path | None,
+        typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
+    ] = None,
+    core_windows: CoreWindowsOption = DEFAULT_CORE_WINDOWS_TEXT,
+) -> None:
+    """Print the ResourceSlices the DRA driver would publish on a node of each instance type, as
+    JSON {instance type: [ResourceSliceSpec, ...]}: ResourceSliceTemplates for an autoscaler's
+    cloud provider (docs/autoscaling.md)."""
+    import json
+
+    from neuron_scheduler.core.catalog import Catalog, CatalogError
+    from neuron_scheduler.dra import driver_name_problem
+    from neuron_scheduler.dra.templates import slice_templates as templates
+
+    with commandline.user_errors(CatalogError, ValueError):
+        problem = driver_name_problem(driver_name)
+        if problem:
+            raise commandline.UsageError(f"--driver-name: {problem}")
+        windows = core_window_option(core_windows)
+        catalog = Catalog.load(topology_file)
+        print(json.dumps(templates(catalog, driver_name, instance_type, windows), indent=1))
+
+
 def register(app: typer.Typer) -> None:
     app.command("dra-driver")(dra_driver)
+    app.command("dra-slice-templates")(slice_templates)

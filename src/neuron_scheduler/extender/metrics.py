@@ -88,6 +88,20 @@ class Metrics:
             "Victims named in preempt answers",
             registry=self.registry,
         )
+        self.job_preemptions = Counter(
+            "neuron_scheduler_job_preemptions",
+            "Preemptions for training jobs on UltraServers (whole jobs or nothing), by outcome: "
+            "asked (the preempt verb found units for the job), impossible (none, even with every "
+            "lower-priority job evicted), carried_out (its claim written, its victims evicted), "
+            "failed (a claim write failed: undone, nobody evicted)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.job_preemption_victims = Counter(
+            "neuron_scheduler_job_preemption_victims",
+            "Pods the extender evicted for training jobs' preemptions",
+            registry=self.registry,
+        )
         self.wakes = Counter(
             "neuron_scheduler_wakes",
             "Pending pods the extender refused and then woke (an annotation update kube-scheduler "
@@ -95,6 +109,13 @@ class Metrics:
             "result: woken, failed (left to kube-scheduler's flush), gone (pod deleted), off "
             "(--wake-rate 0: only logged)",
             ["cause", "result"],
+            registry=self.registry,
+        )
+        self.failed_device_evictions = Counter(
+            "neuron_scheduler_failed_device_evictions",
+            "Evictions of pods running on a failed device (--device-failure-action evict), by "
+            "result: evicted, refused (a disruption budget; asked again later), gone, failed",
+            ["result"],
             registry=self.registry,
         )
         self.waiting = Gauge(
@@ -122,6 +143,16 @@ class _NodeCollector(Collector):
             "neuron_scheduler_node_largest_free_block",
             "Most devices one request could still get on the node (what filter allows)",
             labels=["node"],
+        )
+        unhealthy = GaugeMetricFamily(
+            "neuron_scheduler_node_unhealthy_devices",
+            "Devices the node's device plugin reports failed: never placed on, neither free nor"
+            " any pod's",
+            labels=["node"],
+        )
+        on_failed = GaugeMetricFamily(
+            "neuron_scheduler_pods_on_unhealthy_devices",
+            "Pods whose devices include one their node reports failed (they run on without it)",
         )
         pods = GaugeMetricFamily(
             "neuron_scheduler_cached_pods", "Pods holding Neuron resources in the cache"
@@ -156,6 +187,8 @@ class _NodeCollector(Collector):
             state = self.ledger.state(name)
             free.add_metric([name], free_devices(entry.topology, state))
             block.add_metric([name], largest_free_block(entry.topology, state))
+            unhealthy.add_metric([name], entry.unhealthy_devices.bit_count())
+        on_failed.add_metric([], sum(1 for _ in self.ledger.on_failed_devices()))
         pods.add_metric([], self.ledger.pod_count)
         for code, count in Tally(p.code for p in list(self.ledger.unusable.values())).items():
             unusable.add_metric([code], count)
@@ -167,6 +200,8 @@ class _NodeCollector(Collector):
             weights.add_metric([unit.value, str(count)], weight)
         yield free
         yield block
+        yield unhealthy
+        yield on_failed
         yield pods
         yield unusable
         yield rejected

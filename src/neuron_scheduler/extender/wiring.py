@@ -12,17 +12,27 @@ from dataclasses import dataclass
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
+from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
-from neuron_scheduler.extender.loops.reserving import Reservations, member_unusable
+from neuron_scheduler.extender.loops.protecting import Protector
+from neuron_scheduler.extender.loops.requesting import (
+    DEFAULT_CAPACITY,
+    CapacityLimits,
+    CapacityRequester,
+)
+from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import ClusterView
+from neuron_scheduler.extender.state.protection import Bound
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
@@ -50,7 +60,12 @@ class Extender:
     occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
+    failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's
     pending: PendingPods  # what bind reads a pod from, when the watch has it
+    # Capacity requests' placeholder pods: the pod watch gives them to this view only.
+    placeholders: Placeholders
+    requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
+    protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
     dra: DraNodes | None = None  # our DRA driver's nodes and claims (prioritize-claims)
 
 
@@ -64,14 +79,23 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
+    capacity: CapacityLimits = DEFAULT_CAPACITY,
+    do_not_disrupt: bool = False,
+    device_failure_action: Action = Action.REPORT,
     dra: ClaimClasses | None = None,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
-    on; `dra`: our DRA driver and classes, whose pods prioritize-claims scores (None: none)."""
+    on; `do_not_disrupt`: mark the bound pods no other node has a block for with
+    karpenter.sh/do-not-disrupt; `dra`: our DRA driver and classes, whose pods
+    prioritize-claims scores (None: none)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
-    units = UnitPlacement(occupancy, lambda pod, node: member_unusable(ledger, pod, policy, node))
+    units = UnitPlacement(
+        occupancy,
+        lambda pod, node: member_unusable(ledger, pod, policy, node),
+        lambda pod, node: member_excluded(ledger, pod, node),
+    )
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()
@@ -100,6 +124,31 @@ def wire(
         policy=policy,
         filters=[units],
     )
+    placeholders = Placeholders()
+    requester = CapacityRequester(
+        ledger,
+        catalog,
+        placeholders,
+        plans,
+        pending,
+        consolidator,
+        api,
+        metrics.registry,
+        limits=capacity,
+        report=events.record,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
+    bound = Bound(scheduler_names)
+    protector = Protector(
+        ledger,
+        bound,
+        api,
+        metrics.registry,
+        on=do_not_disrupt,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
     waker = Waker(
         ledger,
         api,
@@ -119,7 +168,18 @@ def wire(
         scheduler_names,
         claim_seconds,
         policy=policy,
+        report=events.record,
+        metrics=metrics,
     )
+    failures = DeviceFailures(
+        ledger,
+        movability,
+        api,
+        events.record,
+        device_failure_action,
+        on_evict=lambda result: metrics.failed_device_evictions.labels(result).inc(),
+    )
+    ledger.on_health = failures.changed
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
@@ -131,6 +191,7 @@ def wire(
         synced,
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
+        # The requester only wakes up on pods and nodes: after the ledger and `pending`.
         (
             ledger,
             occupancy,
@@ -139,6 +200,8 @@ def wire(
             plans,
             pending,
             consolidator,
+            bound,
+            requester,
             *([dra_nodes] if dra_nodes is not None else []),
         ),
         budgets,
@@ -155,11 +218,15 @@ def wire(
             quiet=waker.quiet,
             pending=pending.get,
         ),
-        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned),
+        Preemptor(ledger, budgets, metrics, policy, planned=plans.planned, occupancy=occupancy),
         waker,
         occupancy,
         reservations,
         consolidator,
+        failures,
         pending,
+        placeholders,
+        requester,
+        protector,
         dra_nodes,
     )

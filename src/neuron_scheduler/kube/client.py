@@ -226,6 +226,16 @@ class KubeAPI:
             raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
         return version
 
+    async def patch_node_annotation(self, name: str, key: str, value: str | None) -> None:
+        """A JSON merge patch of one annotation key of a Node (None deletes it); nothing else of
+        the Node is sent, so other writers' keys, labels and taints are never touched."""
+        await self.request(
+            "PATCH",
+            f"{NODES}/{name}",
+            body={"metadata": {"annotations": {key: value}}},
+            content_type="application/merge-patch+json",
+        )
+
     async def patch_nominated_node(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Sets (or, with "", clears) the pod's status.nominatedNodeName: kube-scheduler tries
         that node first and holds the pod's resources there by count (KEP-5278). A merge patch
@@ -235,6 +245,21 @@ class KubeAPI:
             pod_path(namespace, name) + "/status",
             body={"metadata": {"uid": uid}, "status": {"nominatedNodeName": node or None}},
             content_type="application/merge-patch+json",
+        )
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> Pod:
+        answer = await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+        return msgspec.json.decode(answer, type=Pod)
+
+    async def patch_pod_condition(
+        self, namespace: str, name: str, uid: str, condition: dict[str, str]
+    ) -> None:
+        """Sets one condition in the pod's status (a strategic merge patch keyed by type)."""
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
         )
 
     async def evict(self, namespace: str, name: str, uid: str) -> None:
@@ -250,6 +275,34 @@ class KubeAPI:
                 "metadata": {"name": name, "namespace": namespace},
                 "deleteOptions": {"preconditions": {"uid": uid}},
             },
+        )
+
+    async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None:
+        """The pod's DisruptionTarget condition, reason PreemptionByScheduler, as kube-scheduler
+        sets it on its victims before deleting them (a strategic merge of that one condition,
+        the uid as precondition)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": message[:1024],
+            "lastTransitionTime": now,
+        }
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """A graceful delete (the pod's own grace period) of only the pod with this uid (a pod
+        recreated under the name is left alone: Conflict)."""
+        await self.request(
+            "DELETE",
+            pod_path(namespace, name),
+            body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
         )
 
     async def bind(
@@ -274,7 +327,11 @@ class KubeAPI:
             },
         )
 
-    async def create_event(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+    async def create_event(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str = ""
+    ) -> None:
+        """`name`: the event's own name (a second event of that name is a Conflict); "" for a
+        generated one."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # Events about cluster-scoped objects (Nodes) live in "default", as kubelet's do.
         namespace = ref.namespace or "default"
@@ -287,7 +344,11 @@ class KubeAPI:
             body={
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+                "metadata": (
+                    {"name": name, "namespace": namespace}
+                    if name
+                    else {"generateName": f"{ref.name}.", "namespace": namespace}
+                ),
                 "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],

@@ -293,6 +293,8 @@ class ClaimSpec(msgspec.Struct, omit_defaults=True):
     scheduler: str = ""
     renewTime: str = ""  # RFC 3339
     seconds: int = 0
+    # Pods (uids) evicted for this job by preemption (issue 40), until its members are bound.
+    victims: list[str] = []
 
 
 class ClaimMeta(msgspec.Struct, omit_defaults=True):
@@ -300,6 +302,7 @@ class ClaimMeta(msgspec.Struct, omit_defaults=True):
     uid: str = ""
     resourceVersion: str = ""
     labels: dict[str, str] = {}
+    creationTimestamp: str = ""  # the API server's (never written by us)
 
 
 class UltraServerClaim(msgspec.Struct):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from neuron_scheduler.core import health
 from neuron_scheduler.core.catalog import CapacityError, Catalog, Resolved
 from neuron_scheduler.core.handoff import Assignment
 from neuron_scheduler.core.handoff import decode as decode_annotations
@@ -80,8 +81,15 @@ def node_topology(node: Node, catalog: Catalog) -> Resolved | None:
     return catalog.resolve(node.instance_type, devices, cores)
 
 
-def held_by_others(node: Node, topology: Topology) -> int:
-    """Cores the node does not offer (capacity above allocatable: unhealthy or reserved devices).
+def unhealthy_devices(node: Node, topology: Topology) -> int:
+    """The node's failed devices (a mask), as its device plugin publishes them (core/health).
+    HealthError when the annotation cannot be this node's."""
+    return health.decode(node.metadata.annotations.get(health.UNHEALTHY_DEVICES), topology.devices)
+
+
+def held_by_others(node: Node, topology: Topology, unhealthy: int = 0) -> int:
+    """Cores the node does not offer (capacity above allocatable) beyond those of the known
+    `unhealthy` devices: devices whose failure was not published, or reserved.
 
     We do not know which ids those are, so they are kept free in count, like pods placed by
     another scheduler. Allocatable that cannot be read or exceeds capacity withholds nothing."""
@@ -94,6 +102,7 @@ def held_by_others(node: Node, topology: Topology) -> int:
         missing = max(missing, topology.total_cores - alloc_cores)
     if alloc_devices is not None:
         missing = max(missing, (topology.devices - alloc_devices) * topology.cores_per_device)
+    missing -= unhealthy.bit_count() * topology.cores_per_device
     return min(max(missing, 0), topology.total_cores)
 
 

@@ -111,7 +111,11 @@ def status(
 
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
     from neuron_scheduler.kube.errors import READ_ERRORS
-    from neuron_scheduler.live.consolidation import consolidation_json, consolidation_view
+    from neuron_scheduler.live.consolidation import (
+        capacity_json,
+        consolidation_json,
+        consolidation_view,
+    )
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
     from neuron_scheduler.live.snapshot import Budget, read_budget, read_cluster
     from neuron_scheduler.live.terminal import (
@@ -133,7 +137,7 @@ def status(
         snapshot, budget = asyncio.run(read())
     except unreadable as error:
         _read_failed(error, config)
-    plans = consolidation_view(snapshot.plans, budget, time.time())
+    plans = consolidation_view(snapshot.plans, budget, time.time(), snapshot.placeholders)
     ledger = snapshot.ledger
     ultraservers = ultraserver_view(snapshot.occupancy, ledger, time.time(), snapshot.claims_unread)
     names = None
@@ -144,7 +148,10 @@ def status(
         names = [node]
     fleet = fleet_view(ledger, names, snapshot.other_nodes if node is None else 0)
     if as_json:
-        document = fleet_json(fleet) | {"consolidation": consolidation_json(plans)}
+        document = fleet_json(fleet) | {
+            "consolidation": consolidation_json(plans),
+            "capacity_requests": capacity_json(plans),
+        }
         if node is None:
             document["ultraservers"] = ultraserver_json(ultraservers)
         print(json.dumps(document, indent=2))
@@ -197,6 +204,8 @@ def why(
         NotPending,
         diagnose,
         diagnosis_json,
+        failed_devices_of,
+        on_failed_devices_text,
         pending_request,
     )
     from neuron_scheduler.live.snapshot import read_cluster
@@ -220,14 +229,30 @@ def why(
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
             return await read_cluster(api, catalog)
 
+    async def failed_on(bound: Pod) -> tuple[int, ...]:
+        """The failed devices the bound pod runs on; none when its node cannot be read."""
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            try:
+                node = await api.get_node(bound.spec.nodeName)
+            except READ_ERRORS:
+                return ()
+        return failed_devices_of(bound, node, catalog)
+
     try:
         found = asyncio.run(read_pod())
     except NotFound:
         fail(f"pod {ns}/{name} not found", 1)
     except READ_ERRORS as error:
         _read_failed(error, config)
-    with user_errors(NotPending, code=1):
+    try:
         pending_request(found)  # before listing the whole cluster
+    except NotPending as error:
+        text = str(error)
+        if found.spec.nodeName:
+            failed = asyncio.run(failed_on(found))
+            if failed:
+                text = f"{text}; {on_failed_devices_text(found, failed)}"
+        fail(text, 1)
     try:
         snapshot = asyncio.run(read())
     except unreadable as error:
@@ -240,6 +265,9 @@ def why(
         occupancy=snapshot.occupancy,
         plans=snapshot.plans,
         movability=snapshot.movability,
+        placeholders=snapshot.placeholders,
+        catalog=catalog,
+        now=time.time(),
     )
     if as_json:
         print(json.dumps(diagnosis_json(diagnosis), indent=2))

@@ -45,6 +45,8 @@ HELD_LABEL = "(held for a nominated pod)"  # the held block's name in the pictur
 HELD = "▨"
 FREE = "□"
 USED = "■"
+FAILED = "✗"  # a core of a failed device, in its pod's colour if a pod still holds it
+FAILED_COLOUR = "red"
 LINK_STYLE = "grey50"
 GAP = 3  # columns between two cells: the link
 SWITCH_COLUMNS = 8
@@ -123,9 +125,10 @@ def draw(
     owners: Mapping[int, str],
     colours: Mapping[str, str],
     held: int = 0,
+    failed: int = 0,
 ) -> list[Text]:
     """The node's map. `owners`: core id -> pod; `held`: mask of cores in use by no pod shown
-    (blocks held for nominated pods)."""
+    (blocks held for nominated pods); `failed`: mask of the devices its plugin reports failed."""
     shape = layout(topology)
     per_device = topology.cores_per_device
     label = len(str(topology.devices - 1))
@@ -159,7 +162,9 @@ def draw(
         canvas.put(x(column), y(row), f"{device:>{label}} ", "bold" if busy else "")
         for i, core in enumerate(cores):
             pod = owners.get(core)
-            if pod is not None:
+            if failed >> device & 1:
+                mark, style = FAILED, colours.get(pod, "") if pod is not None else FAILED_COLOUR
+            elif pod is not None:
                 mark, style = USED, colours.get(pod, "")
             elif held >> core & 1:
                 mark, style = HELD, HELD_COLOUR

@@ -47,6 +47,7 @@ class PodIds:
     cores: tuple[int, ...]
     priority: int
     terminating: bool
+    failed: tuple[int, ...] = ()  # its devices its node reports failed: it runs on without them
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -68,12 +69,17 @@ class PodCount:
 class NodeView:
     name: str
     topology: Topology
-    used_cores: int  # mask, as the allocator sees it
+    used_cores: int  # mask, as the allocator sees it (failed devices' cores included)
     unattributed_cores: int  # cores held somewhere without known ids (pods, withheld capacity)
-    withheld_cores: int  # capacity the node does not offer (allocatable below capacity)
+    withheld_cores: int  # capacity the node does not offer beyond its failed devices
+    unhealthy_devices: int  # mask: devices its device plugin reports failed; never free
+    # Cores of failed devices that running pods still request: counted once more, in count, as
+    # kube-scheduler counts them (part of unattributed_cores).
+    failed_cores_requested: int
     pods: tuple[PodIds, ...]  # by first core
     unknown: tuple[PodCount, ...]
-    # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight.
+    # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight
+    # (failed devices are not held: they are `unhealthy_devices`).
     held_cores: int
     nominated: tuple[str, ...]  # pods preemption nominated to this node, waiting for it
     planned: tuple[str, ...]  # what consolidation plans hold here: a pod's block, or a place
@@ -127,15 +133,21 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
     state = ledger.state(name)
     pods: list[PodIds] = []
     unknown: list[PodCount] = []
-    attributed = 0
+    attributed = entry.unhealthy_cores
+    failed = mask_ids(entry.unhealthy_devices)
+    requested = 0
     for uid, holding in ledger.pods_holding(name).items():
         key = ledger.pod_key(uid)
         if holding.ours and not holding.cores >> topology.total_cores:
             cores = tuple(mask_ids(holding.cores))
             devices = devices_of_cores(cores, topology.cores_per_device)
             unit = holding.unknown_unit
-            pods.append(PodIds(key, unit, devices, cores, holding.priority, holding.terminating))
+            on_failed = tuple(d for d in devices if d in failed)
+            pods.append(
+                PodIds(key, unit, devices, cores, holding.priority, holding.terminating, on_failed)
+            )
             attributed |= holding.cores
+            requested += (holding.cores & entry.unhealthy_cores).bit_count()
         else:
             unknown.append(PodCount(key, holding.unknown_unit, holding.unknown_count))
     nominated = sorted(
@@ -150,6 +162,8 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
         used_cores=state.used_cores,
         unattributed_cores=state.unattributed_cores,
         withheld_cores=entry.withheld_cores,
+        unhealthy_devices=entry.unhealthy_devices,
+        failed_cores_requested=requested,
         pods=tuple(sorted(pods, key=lambda p: (p.cores[:1], p.pod))),
         unknown=tuple(sorted(unknown, key=lambda p: p.pod)),
         held_cores=state.used_cores & ~attributed,
@@ -205,6 +219,8 @@ def fleet_json(fleet: Fleet) -> dict[str, Any]:
             "unusable_nodes": len(fleet.unusable),
             "nodes_without_neuron": fleet.other_nodes,
             "devices": sum(n.topology.devices for n in fleet.nodes),
+            "unhealthy_devices": sum(n.unhealthy_devices.bit_count() for n in fleet.nodes),
+            "pods_on_unhealthy_devices": sum(1 for n in fleet.nodes for p in n.pods if p.failed),
             "free_devices": sum(n.free_devices for n in fleet.nodes),
             "cores": sum(n.topology.total_cores for n in fleet.nodes),
             "free_cores": sum(n.free_cores for n in fleet.nodes),
@@ -236,6 +252,8 @@ def _node_json(node: NodeView) -> dict[str, Any]:
         "largest_free_block": node.largest_free_block,
         "unattributed_cores": node.unattributed_cores,
         "withheld_cores": node.withheld_cores,
+        "unhealthy_devices": mask_ids(node.unhealthy_devices),
+        "failed_cores_requested": node.failed_cores_requested,
         "pods": [
             {
                 "pod": p.pod,
@@ -245,6 +263,7 @@ def _node_json(node: NodeView) -> dict[str, Any]:
                 "cores": list(p.cores),
                 "priority": p.priority,
                 "terminating": p.terminating,
+                "on_unhealthy_devices": list(p.failed),
             }
             for p in node.pods
         ],

@@ -16,9 +16,12 @@ from rich.table import Table
 from rich.text import Text
 
 from neuron_scheduler.core.ids import format_ids, mask_ids
+from neuron_scheduler.core.planrecord import PlanKind
 from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.live.consolidation import ConsolidationView
 from neuron_scheduler.live.devicemap import (
+    FAILED,
+    FAILED_COLOUR,
     HELD,
     HELD_COLOUR,
     HELD_LABEL,
@@ -76,6 +79,19 @@ def node_header(node: NodeView) -> Text:
         text.append(f"; {node.unattributed_cores} cores held with ids unknown")
         if node.withheld_cores:
             text.append(f" ({node.withheld_cores} not offered by the node)")
+        if node.failed_cores_requested:
+            text.append(
+                f" ({node.failed_cores_requested} of failed devices that running pods still "
+                "request: counted against the node until they end)"
+            )
+    if node.unhealthy_devices:
+        failed = mask_ids(node.unhealthy_devices)
+        text.append(
+            f"\n  {FAILED} failed: device{'s' if len(failed) != 1 else ''} {format_ids(failed)}"
+            f" (its device plugin reports {'it' if len(failed) == 1 else 'them'} unhealthy;"
+            " never placed on)",
+            FAILED_COLOUR,
+        )
     return text
 
 
@@ -88,7 +104,8 @@ def node_block(node: NodeView) -> RenderableType:
     owners = {core: p.pod for p in node.pods for core in p.cores}
     parts: list[RenderableType] = [node_header(node)]
     parts.extend(
-        Text("  ") + line for line in draw(node.topology, owners, colours, node.held_cores)
+        Text("  ") + line
+        for line in draw(node.topology, owners, colours, node.held_cores, node.unhealthy_devices)
     )
     for p in node.pods[:MAX_PODS_LISTED]:
         line = Text.assemble(
@@ -102,6 +119,8 @@ def node_block(node: NodeView) -> RenderableType:
             line.append(f"  priority {p.priority}")
         if p.terminating:
             line.append("  terminating", "italic")
+        if p.failed:
+            line.append(f"  runs on failed device {format_ids(list(p.failed))}", FAILED_COLOUR)
         parts.append(line)
     if len(node.pods) > MAX_PODS_LISTED:
         parts.append(Text(f"  ... and {len(node.pods) - MAX_PODS_LISTED} more pods"))
@@ -138,11 +157,16 @@ def fleet_summary(fleet: Fleet) -> RenderableType:
     free = sum(n.free_devices for n in fleet.nodes)
     cores = sum(n.topology.total_cores for n in fleet.nodes)
     free_cores = sum(n.free_cores for n in fleet.nodes)
+    failed = sum(n.unhealthy_devices.bit_count() for n in fleet.nodes)
+    on_failed = sum(1 for n in fleet.nodes for p in n.pods if p.failed)
     line = Text.assemble(
         ("Fleet: ", "bold"),
         f"{len(fleet.nodes)} Neuron nodes",
         f" ({len(fleet.unusable)} unusable)" if fleet.unusable else "",
         f", {fleet.other_nodes} without Neuron resources" if fleet.other_nodes else "",
+        (f"; {failed} failed devices ({on_failed} pods run on one)", FAILED_COLOUR)
+        if failed
+        else "",
         f"; {free} of {devices} devices free, {free_cores} of {cores} cores; "
         f"fragmentation {100 * fleet.fragmentation:.1f}% (free devices outside their node's "
         "largest free block)",
@@ -177,6 +201,15 @@ def consolidation_block(view: ConsolidationView) -> RenderableType:
         head.append(f" (Lease {shown(view.budget.lease)})")
     parts: list[RenderableType] = [head]
     for plan in view.plans:
+        if plan.kind is PlanKind.CAPACITY:
+            parts.append(
+                Text(
+                    f"  {shown(plan.pod)}: {shown(plan.node)} devices "
+                    f"{format_ids(list(plan.devices))} held (a node added at a capacity "
+                    f"request); {plan.seconds_left:.0f}s left"
+                )
+            )
+            continue
         moved = ", ".join(shown(m) for m in plan.moved[:5])
         more = f" and {len(plan.moved) - 5} more" if len(plan.moved) > 5 else ""
         parts.append(
@@ -185,6 +218,21 @@ def consolidation_block(view: ConsolidationView) -> RenderableType:
                 f"{format_ids(list(plan.devices))} freed by moving {moved}{more}; "
                 f"{plan.places_held} replacement places held; "
                 f"{plan.seconds_left:.0f}s left"
+            )
+        )
+    if view.requests:
+        parts.append(
+            Text.assemble(
+                ("Capacity requests: ", "bold"),
+                f"{len(view.requests)} placeholders waiting for a node (docs/autoscaling.md)",
+            )
+        )
+    for request in view.requests:
+        what = shown(request.instance_type) if request.instance_type else "an unreadable request"
+        parts.append(
+            Text(
+                f"  {shown(request.pod) or '?'}: {what} (placeholder {shown(request.placeholder)}),"
+                f" asked {request.seconds_asked:.0f}s ago, {request.seconds_left:.0f}s left"
             )
         )
     return Group(*parts)
@@ -243,6 +291,12 @@ def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
                 Text("-" if claim.ends_in is None else f"{claim.ends_in:.0f}s"),
             )
         yield claims
+    for claim in view.claims:
+        if claim.progress:
+            leaving = (
+                f"; {claim.victims} pods evicted for it still leaving" if claim.victims else ""
+            )
+            yield Text(f"{shown(claim.progress, REASON_LIMIT)}{leaving}")
     for job, reason in view.waiting:
         yield Text(f"job {shown(job)} waits: {shown(reason, REASON_LIMIT)}")
 
@@ -332,8 +386,12 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
             "(kube-scheduler's preemption does not act on such nodes; consolidation may: "
             "docs/consolidation.md)",
         )
+    if diagnosis.job:
+        yield Text(f"  training job: {shown(diagnosis.job, REASON_LIMIT)}")
     if diagnosis.consolidation:
         yield Text(f"  consolidation: {shown(diagnosis.consolidation, REASON_LIMIT)}")
+    if diagnosis.capacity:
+        yield Text(f"  capacity: {shown(diagnosis.capacity, REASON_LIMIT)}")
     for node in diagnosis.nodes[:MAX_NODES_EXPLAINED]:
         yield node_diagnosis(node, diagnosis.priority)
     rest = diagnosis.nodes[MAX_NODES_EXPLAINED:]

@@ -9,10 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_scheduler.core.allocation import Policy
-from neuron_scheduler.extender.loops.reserving import member_unusable
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.ultraserver.claims import PENDING
-from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, job_text, plan
+from neuron_scheduler.ultraserver.placement import (
+    Occupancy,
+    Shortfall,
+    job_progress,
+    job_text,
+    plan,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,8 @@ class ClaimView:
     nodes: tuple[str, ...]
     bound: int  # members of the job bound on those nodes
     ends_in: float | None  # seconds (Pending), None (Bound: while the job runs)
+    progress: str | None = None  # "job x has 4 of its 8 members, holding ..." until all are
+    victims: int = 0  # pods its preemption evicted that are still leaving
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,8 @@ def ultraserver_view(
                 tuple(sorted(nodes)),
                 bound,
                 None if ends is None else max(0.0, ends - now),
+                job_progress(occupancy, job, now),
+                sum(1 for v in {v for c in pending for v in c.victims} if ledger.holding(v)),
             )
         )
     waiting = []
@@ -97,7 +107,8 @@ def ultraserver_view(
         oldest = members[0]
         size = max(occupancy.size(oldest.member, job), 1)
         usable = functools.partial(member_unusable, ledger, oldest.pod, policy)
-        planned = plan(occupancy, job, oldest.config, size, usable)
+        excluded = functools.partial(member_excluded, ledger, oldest.pod)
+        planned = plan(occupancy, job, oldest.config, size, usable, excluded)
         reason = (
             planned.reason
             if isinstance(planned, Shortfall)
@@ -128,6 +139,8 @@ def ultraserver_json(view: UltraServers) -> dict[str, Any]:
                 "nodes": list(c.nodes),
                 "bound": c.bound,
                 "ends_in_seconds": None if c.ends_in is None else round(c.ends_in, 1),
+                "progress": c.progress,
+                "victims_leaving": c.victims,
             }
             for c in view.claims
         ],

@@ -11,8 +11,11 @@ narrow it to a label), lets the API server check the fields (schema), and `kubec
 ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says more.
 
 A claim is Pending from when the job's units are reserved until all its members are bound, and
-ends if its job does nothing for `seconds` (kube-scheduler asked about none of its members since
-renewTime); Bound while any member runs; gone when the job is.
+ends if its job does nothing for `seconds` (renewTime is the last time kube-scheduler asked about
+one of its members, or when the claim was made); Bound while any member runs; gone when the job
+is. A claim made by preemption (issue 40) lists the pods evicted for it (`victims`, by uid) while
+it is Pending, so whichever replica leads next finishes evicting them, and the claim does not end
+while they are still leaving.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from neuron_scheduler.kube.objects import ClaimMeta, ClaimSpec, UltraServerClaim
+from neuron_scheduler.kube.reading import epoch
 from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "neuron-scheduler"}
 PENDING = "Pending"
 BOUND = "Bound"
 MAX_NAME = 253
+MAX_VICTIMS = 1024  # pods one preemption may evict (a job's members at most, MAX_GANG)
+MAX_UID = 128
 
 
 class ClaimError(ValueError):
@@ -45,6 +51,8 @@ class NodeClaim:
     scheduler: str = ""  # the schedulerName of the job's members: whose extender tends it
     version: str = ""  # the object's resourceVersion ("" until written)
     uid: str = ""  # the object's (a claim created again for the node has another)
+    victims: tuple[str, ...] = ()  # pods evicted for the job by preemption (uids), while Pending
+    created: float = 0.0  # wall clock: when the object was made (0: not known)
 
     @property
     def job_text(self) -> str:
@@ -70,6 +78,7 @@ def to_object(claim: NodeClaim) -> UltraServerClaim:
             scheduler=claim.scheduler,
             renewTime=renewed,
             seconds=claim.seconds,
+            victims=list(claim.victims),
         ),
     )
 
@@ -96,6 +105,8 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r}") from None
     if renewed.tzinfo is None:
         raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r} has no zone")
+    if len(spec.victims) > MAX_VICTIMS or any(not 0 < len(v) <= MAX_UID for v in spec.victims):
+        raise ClaimError(f"claim {meta.name}: more than {MAX_VICTIMS} victims, or one no uid")
     return NodeClaim(
         spec.node,
         (spec.namespace, spec.job),
@@ -107,4 +118,6 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         spec.scheduler,
         meta.resourceVersion,
         meta.uid,
+        tuple(spec.victims),
+        epoch(meta.creationTimestamp),  # the API server's own: 0 when unreadable
     )

@@ -17,7 +17,14 @@ config`, else a label of that name, else 4. A unit is the set of nodes sharing
   Until then nothing is reserved and its members are refused with the reason
   ("needs 2 free UltraServers of 4 nodes, 1 free");
 - a member that comes back (its pod deleted, its node drained) returns to a node of its job's
-  claim; if none can take it, it waits and the rest of the job keeps its nodes.
+  claim; if none can take it, it waits and the rest of the job keeps its nodes;
+- members fill one unit of the claim before the next, so a job that never becomes whole holds
+  as few units as it can once its claim ends;
+- a job whose size needs more units than there are with nodes its members could ever run on
+  (its nodeSelector, affinity, tolerations, the devices it asks for) can never run here, and its
+  members are refused with that;
+- a job of higher priority may take units from whole jobs of lower priority
+  (ultraserver/preemption.py).
 
 Nodes without UltraServer labels are left alone: the pod's nodeSelector picks the type.
 """
@@ -27,8 +34,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -36,7 +44,7 @@ from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.reading import epoch, neuron_request
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
 from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey, Member, MembershipError, member_of
@@ -76,11 +84,13 @@ def job_text(job: JobKey) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Worker:
-    """A member bound (or being bound) to a node."""
+    """A member bound (or being bound) to a node, with what preemption weighs it by."""
 
     node: str
     job: JobKey
     config: int
+    priority: int = 0
+    started: float = 0.0  # seconds since the epoch: status.startTime, else creation (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +128,9 @@ class Occupancy:
     rejected: dict[str, str] = field(default_factory=dict)  # claim name -> why it is ignored
     # Why claims cannot be kept at all (the cluster has no UltraServerClaim CRD), or None.
     unavailable: str | None = None
+    # Jobs kube-scheduler asked the preempt verb for (a member of each), by when (the verb's
+    # clock): the reservation loop works out and carries out the preemption.
+    preemption_asks: dict[JobKey, float] = field(default_factory=dict)
 
     # --- feeding: nodes ----------------------------------------------------------------------
 
@@ -178,7 +191,8 @@ class Occupancy:
                 self._changed()
             return
         self.pending.pop(uid, None)
-        worker = Worker(node, member.job, config)
+        started = epoch(pod.status.startTime or pod.metadata.creationTimestamp or "")
+        worker = Worker(node, member.job, config, pod.spec.priority or 0, started)
         if self.workers.get(uid) == worker:
             return
         self._drop_worker(uid)
@@ -378,6 +392,19 @@ class Occupancy:
     def blocker(self, job: JobKey, area: set[str]) -> str | None:
         """Why another job keeps `job` out of these nodes (its members or its claim are on the
         same UltraServer in a way that overlaps), or None."""
+        for _, claimed, other in self.others(job, area):
+            if other is None:
+                return "has an UltraServerClaim this extender cannot read"
+            if claimed:
+                return f"is reserved for job {job_text(other)}"
+            return f"holds members of job {job_text(other)}"
+        return None
+
+    def others(self, job: JobKey, area: set[str]) -> Iterator[tuple[str, bool, JobKey | None]]:
+        """What keeps `job` out of these nodes, node by node: another job's members (False) or
+        claim (True) on the same UltraServer, in either job's node config, so that it overlaps
+        (a 2-node job's pair inside a 4-node unit counts); None for a claim this extender cannot
+        read."""
         near: set[str] = set()
         for name in area:
             for config in (1, 2, 4):
@@ -385,13 +412,38 @@ class Occupancy:
         for name in sorted(near):
             for worker in self.on_node.get(name, {}).values():
                 if worker.job != job and self.footprint(worker.node, worker.config) & area:
-                    return f"holds members of job {job_text(worker.job)}"
+                    yield name, False, worker.job
             claim = self.claims.get(name)
             if claim is not None and claim.job != job and self.footprint(name, claim.config) & area:
-                return f"is reserved for job {claim.job_text}"
+                yield name, True, claim.job
             if name in self.rejected and name in area:
-                return "has an UltraServerClaim this extender cannot read"
+                yield name, True, None
+
+
+def job_progress(occupancy: Occupancy, job: JobKey, now: float) -> str | None:
+    """For a job whose claim holds more members than are bound: "job ns/x has 4 of its 8
+    members, holding UltraServers b, c since ..." (`now`: wall clock); None otherwise."""
+    nodes = occupancy.claimed(job)
+    if not nodes:
         return None
+    size = occupancy.claimed_size(job)
+    bound = sum(1 for w in occupancy.job_workers(job) if w.node in nodes)
+    if bound >= size:
+        return None
+    config = occupancy.claims[next(iter(nodes))].config
+    units = sorted({(occupancy.unit(n, config) or (config, n))[1] for n in nodes})
+    shown = ", ".join(units[:6]) + (f" and {len(units) - 6} more" if len(units) > 6 else "")
+    kind = "UltraServer" if config == 4 else "UltraServer pair" if config == 2 else "node"
+    created = [occupancy.claims[n].created for n in nodes if occupancy.claims[n].created]
+    since = ""
+    if created:
+        first = min(created)
+        stamp = datetime.fromtimestamp(first, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        since = f" since {stamp} ({max(0.0, now - first):.0f}s ago)"
+    return (
+        f"job {job_text(job)} has {bound} of its {size} members, holding {kind}"
+        f"{'s' if len(units) != 1 else ''} {shown}{since}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,12 +453,37 @@ class Shortfall:
     reason: str
 
 
-def unit_words(config: int, count: int) -> str:
+def unit_words(config: int, count: int, free: str = "free ") -> str:
     if config == 4:
-        return f"{count} free UltraServer{'s' if count != 1 else ''} of 4 nodes"
+        return f"{count} {free}UltraServer{'s' if count != 1 else ''} of 4 nodes"
     if config == 2:
-        return f"{count} free UltraServer pair{'s' if count != 1 else ''} (2 nodes)"
-    return f"{count} free UltraServer node{'s' if count != 1 else ''}"
+        return f"{count} {free}UltraServer pair{'s' if count != 1 else ''} (2 nodes)"
+    return f"{count} {free}UltraServer node{'s' if count != 1 else ''}"
+
+
+def never_fits(
+    occupancy: Occupancy,
+    job: JobKey,
+    config: int,
+    size: int,
+    excluded: Callable[[str], str | None],
+) -> Shortfall | None:
+    """Why the job can never run here, or None: its size needs more units than there are with
+    nodes its members could all run on, whatever runs there (`excluded(node)`: why a member
+    never can, from its spec and the devices it asks for)."""
+    needed = math.ceil(size / config)
+    admitted = 0
+    for unit, nodes in occupancy.members.items():
+        if unit[0] == config and len(nodes) == config:
+            admitted += all(excluded(n) is None for n in nodes)
+            if admitted >= needed:
+                return None
+    return Shortfall(
+        f"job {job_text(job)} can never run here: it needs {unit_words(config, needed, '')} for "
+        f"its {size} members, and {admitted} {'has' if admitted == 1 else 'have'} nodes all of "
+        "which its members may use (their nodeSelector, affinity, tolerations and the devices "
+        "they ask for, on the nodes as they are now)"
+    )
 
 
 def plan(
@@ -415,10 +492,12 @@ def plan(
     config: int,
     size: int,
     usable: Callable[[str], str | None],
+    excluded: Callable[[str], str | None] | None = None,
 ) -> list[str] | Shortfall:
     """The nodes to claim for `job` so all `size` of its members have one (whole units, added
-    to what it holds already), or why not. `usable(node)`: why a member cannot run there, or
-    None. Units holding the job's own bound members come first, then the lowest server ids."""
+    to what it holds already), or why not (with `excluded`, saying so when it never can: see
+    `never_fits`). `usable(node)`: why a member cannot run there now, or None. Units holding the
+    job's own bound members come first, then the lowest server ids."""
     held_units = occupancy.held_units(job)
     needed = math.ceil(size / config) - len(held_units)
     if needed <= 0:
@@ -434,7 +513,8 @@ def plan(
             continue
         free.append((0 if nodes & own else 1, unit[1], unit))
     if len(free) < needed:
-        return shortfall(job, config, size, needed, len(free), bool(held_units))
+        never = never_fits(occupancy, job, config, size, excluded) if excluded else None
+        return never or shortfall(job, config, size, needed, len(free), bool(held_units))
     chosen = [unit for _, _, unit in sorted(free)[:needed]]
     return sorted(n for unit in chosen for n in occupancy.nodes_of(unit))
 
@@ -517,7 +597,41 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
                 f"job {job_text(job)}'s members go to the UltraServer nodes reserved for it "
                 f"({shown})"
             )
+    _one_unit_at_a_time(occupancy, job, config, own, decision)
     return decision
+
+
+def _one_unit_at_a_time(
+    occupancy: Occupancy, job: JobKey, config: int, own: set[str], decision: UnitChoice
+) -> None:
+    """Of the claim's nodes that passed, only those of one unit: the one with the most of the
+    job's members already (then the lowest server id), so members fill a unit before the next
+    and a job that never becomes whole leaves the others free once its claim ends. (A unit of
+    config 1 is one node: nothing to fill.)"""
+    if config == 1:
+        return
+    by_unit: dict[UnitKey, list[str]] = {}
+    for name in decision.passed:
+        unit = occupancy.unit(name, config)
+        if unit is not None and name in occupancy.claims:
+            by_unit.setdefault(unit, []).append(name)
+    if len(by_unit) < 2:
+        return
+    members: dict[UnitKey, int] = {}
+    for name in own:
+        unit = occupancy.unit(name, config)
+        if unit is not None:
+            members[unit] = members.get(unit, 0) + 1
+    first = min(by_unit, key=lambda unit: (-members.get(unit, 0), unit))
+    for unit, names in by_unit.items():
+        if unit == first:
+            continue
+        for name in names:
+            decision.passed.remove(name)
+            decision.failed[name] = (
+                f"job {job_text(job)} fills UltraServer {first[1]} first (one unit at a time, "
+                "so a job that never becomes whole holds as few as it can)"
+            )
 
 
 class UnitPlacement:
@@ -529,12 +643,15 @@ class UnitPlacement:
         self,
         occupancy: Occupancy,
         unusable: Callable[[Pod, str], str | None] | None = None,
+        excluded: Callable[[Pod, str], str | None] | None = None,
     ) -> None:
         """`unusable(pod, node)`: why the member cannot run on the node (the ledger's view), so
         the first refusal of a job without a claim says why it has none (the reservation loop
-        says it after, and kube-scheduler retries a refused pod only on an event)."""
+        says it after, and kube-scheduler retries a refused pod only on an event);
+        `excluded(pod, node)`: why it never can (then it says the job can never run here)."""
         self.occupancy = occupancy
         self.unusable = unusable
+        self.excluded = excluded
         # Jobs whose members kube-scheduler asked about (the reservation loop renews their
         # claims and plans for them first), by the time of the last ask (filter's clock).
         self.asked: dict[JobKey, float] = {}
@@ -568,8 +685,14 @@ class UnitPlacement:
     def _why_no_claim(self, pod: Pod, member: Member, config: int) -> str:
         assert self.unusable is not None
         size = max(self.occupancy.size(member, member.job), 1)
+        excluded = functools.partial(self.excluded, pod) if self.excluded else None
         planned = plan(
-            self.occupancy, member.job, config, size, functools.partial(self.unusable, pod)
+            self.occupancy,
+            member.job,
+            config,
+            size,
+            functools.partial(self.unusable, pod),
+            excluded,
         )
         if isinstance(planned, Shortfall):
             return planned.reason

@@ -7,4 +7,6 @@
 - consolidation (docs/consolidation.md): `movers` (who is stranded by fragmentation, what to move;
   no I/O), `evictionbudget` (evictions of the last hour on a Lease), `consolidating` (the loop:
   plan, hold, evict).
+- `devicefailures`: pods running on a device that failed: told, and evicted when asked for.
+- `stepping`: how a loop runs its steps (no bug in a step ends it).
 """

@@ -3,18 +3,24 @@ writer of claims (one UltraServerClaim per node, ultraserver/claims.py says why)
 
 Each step, as leader, once the watches have listed pods, nodes and claims:
 1. ends what should end: the claims of a job that is gone (no member left) and of a job that
-   did nothing for `claim_seconds` while Pending (kube-scheduler asked about none of its
-   members), and the part
-   of a claim a crash left half written when it can no longer be completed; marks Bound a claim
-   whose members are all bound; renews a Pending claim its job is still working on;
+   did nothing for `claim_seconds` while Pending (counted from the last time kube-scheduler asked
+   about one of its members, or from the claim's making), and the part of a claim a crash left
+   half written when it can no longer be completed; marks Bound a claim whose members are all
+   bound; renews a Pending claim its job is still working on, or whose victims are still
+   leaving (and evicts those of them a restart left behind);
 2. plans, highest priority first and then oldest, for each job with members waiting and no
    complete claim (`ultraserver.placement.plan`): either the nodes of every unit its members
-   need, claimed at once, or the reason its members are refused with until they fit.
+   need, claimed at once, or, when kube-scheduler asked the preempt verb for one of its members,
+   the units preemption frees (`ultraserver.preemption`: whole jobs of lower priority, or
+   nothing), claimed at once with the victims listed on the claim and then evicted, or the
+   reason its members are refused with until they fit (a job that can never run here is told so
+   in a FailedScheduling event on its members: kube-scheduler itself says only that nodes are
+   full when they are).
 
 A claim is written node by node; until every node is written it admits nobody, and a conflict
-(another writer holds a node) deletes what this attempt wrote. The waker hears of each claim
-made and ended (`Occupancy.hold` / `release`), so the job's members, and the next job's, are
-retried at once.
+(another writer holds a node) undoes what this attempt wrote (a node taken from a victim job is
+given back). The waker hears of each claim made and ended (`Occupancy.hold` / `release`), so the
+job's members, and the next job's, are retried at once.
 """
 
 from __future__ import annotations
@@ -28,14 +34,20 @@ import time
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from neuron_scheduler.core.allocation import Placement, Policy, allocate
+from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
-from neuron_scheduler.core.resources import RequestError
-from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.loops.evicting import Evictions
+from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.members import (
+    member_excluded,
+    member_unusable,
+    preemption_for,
+)
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
-from neuron_scheduler.kube.nodefit import placement_kind, why_not
-from neuron_scheduler.kube.objects import Pod, UltraServerClaim
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.nodefit import placement_kind
+from neuron_scheduler.kube.objects import ObjectRef, UltraServerClaim
 from neuron_scheduler.ultraserver.claims import (
     BOUND,
     PENDING,
@@ -52,10 +64,12 @@ from neuron_scheduler.ultraserver.placement import (
     UnitKey,
     UnitPlacement,
     job_text,
+    never_fits,
     openings,
     plan,
     shortfall,
 )
+from neuron_scheduler.ultraserver.preemption import Preemption
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
@@ -64,6 +78,7 @@ TICK = 1.0  # seconds between steps when nothing changes (claims end by the cloc
 # UltraServers per waiting job (16 ms for 20 jobs on 100 UltraServers, tests/unit/test_reserving).
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
+NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
 
 
 class ClaimWriter(Protocol):
@@ -75,26 +90,9 @@ class ClaimWriter(Protocol):
 
     async def delete_claim(self, name: str, uid: str, resource_version: str) -> None: ...
 
+    async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None: ...
 
-def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str | None:
-    """Why this member cannot run on the node now (its spec keeps it off, or its devices do
-    not fit there), or None."""
-    entry = ledger.nodes.get(node)
-    if entry is None:
-        return "not a usable Neuron node"
-    facts = ledger.facts.get(node)
-    excluded = why_not(pod, facts) if facts is not None else None
-    if excluded is not None:
-        return excluded
-    try:
-        request = neuron_request(pod)
-    except RequestError as error:
-        return str(error)
-    if request is None:
-        return None
-    state = ledger.state_for(Claimant.of(pod, request), node)
-    decision = allocate(entry.topology, state, request, policy)
-    return None if isinstance(decision, Placement) else decision.reason
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
 
 class Reservations:
@@ -111,10 +109,15 @@ class Reservations:
         is_leader: Callable[[], bool] = lambda: True,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        report: Report | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`units`: the filter, whose `asked` says which jobs kube-scheduler is working on (by
-        `clock`)."""
+        `clock`); `report`: events on pods (victims, members of a job that can never run)."""
         self.api = api
+        self.evictions = Evictions(api, ledger, report)
+        self.report = report
+        self.metrics = metrics
         self.occupancy = occupancy
         self.units = units
         self.ledger = ledger
@@ -171,9 +174,19 @@ class Reservations:
             if not waiting and not workers:
                 await self._release(job, claims, "its job has no member left")
                 continue
+            victims = self._victims_left(job, claims)
+            if victims:  # its preemption goes on (a restart finishes the evictions)
+                await self.evictions.evict(victims, self._preempted_text(job))
+            asked = self._asked_at(job)
             if any(c.expired(now) for c in claims):
-                if self._asked_within(job, self.claim_seconds):
-                    await self._rewrite(claims, PENDING)
+                if victims:
+                    await self._rewrite(claims, PENDING, now)  # waiting for its victims to go
+                elif (
+                    asked is not None
+                    and asked + self.claim_seconds > now
+                    and asked > min(c.renewed for c in claims)
+                ):
+                    await self._rewrite(claims, PENDING, asked)
                 else:
                     self._idle[job] = self.clock()
                     await self._release(
@@ -186,7 +199,7 @@ class Reservations:
             size = self.occupancy.claimed_size(job)
             if self.occupancy.complete(job) and sum(w.node in claimed for w in workers) >= size:
                 if any(c.phase == PENDING for c in claims):
-                    await self._rewrite(claims, BOUND)
+                    await self._rewrite(claims, BOUND, now)
                     log.info(
                         "the claim of job %s is Bound: its %d members run on %s",
                         loggable(job_text(job), NAME_LIMIT),
@@ -194,30 +207,45 @@ class Reservations:
                         ", ".join(sorted(claimed)),
                     )
                 continue
+            # Renewed to the last time kube-scheduler asked about a member, so a claim ends
+            # `claim_seconds` after that, not after the last renewal.
             pending = [c for c in claims if c.phase == PENDING]
-            stale = [c for c in pending if c.renewed + c.seconds / 3 <= now]
-            if stale and self._asked_within(job, self.claim_seconds):
-                await self._rewrite(stale, PENDING)
+            renewed_to = now if victims else asked
+            stale = [
+                c
+                for c in pending
+                if renewed_to is not None and renewed_to - c.renewed >= c.seconds / 3
+            ]
+            if stale and renewed_to is not None:
+                await self._rewrite(stale, PENDING, renewed_to)
 
-    def _asked_within(self, job: JobKey, seconds: float) -> bool:
+    def _asked_at(self, job: JobKey) -> float | None:
+        """When kube-scheduler last asked about one of the job's members, by the wall clock."""
         asked = self.units.asked.get(job)
-        return asked is not None and self.clock() - asked < seconds
+        if asked is None:
+            return None
+        return self.wall_clock() - (self.clock() - asked)
 
-    async def _rewrite(self, claims: list[NodeClaim], phase: str) -> None:
-        """The claims again, in `phase`, renewed now (each conditioned on what we read)."""
-        now = self.wall_clock()
+    def _victims_left(self, job: JobKey, claims: list[NodeClaim]) -> list[str]:
+        """The pods a Pending claim's preemption evicts that still hold their devices."""
+        listed = dict.fromkeys(v for c in claims if c.phase == PENDING for v in c.victims)
+        return self.evictions.leaving(listed)
+
+    def _preempted_text(self, job: JobKey) -> str:
+        return (
+            f"neuron-scheduler: evicted whole with its job, by preemption for job "
+            f"{job_text(job)} of higher priority"
+        )
+
+    async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
+        """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
+        read). A Bound claim lists no victims: they are gone, its members run."""
         for claim in claims:
-            fresh = NodeClaim(
-                claim.node,
-                claim.job,
-                claim.config,
-                claim.size,
-                phase,
-                now,
-                claim.seconds,
-                claim.scheduler,
-                claim.version,
-                claim.uid,
+            fresh = dataclasses.replace(
+                claim,
+                phase=phase,
+                renewed=renewed,
+                victims=claim.victims if phase == PENDING else (),
             )
             try:
                 written = await self.api.replace_claim(to_object(fresh))
@@ -268,6 +296,9 @@ class Reservations:
             del self.occupancy.shortfalls[job]  # gone, or all its members bound
         for job in [j for j in self._said if j not in jobs]:
             del self._said[job]
+        asks = self.occupancy.preemption_asks
+        for job in [j for j, at in asks.items() if self.clock() - at >= self.claim_seconds]:
+            del asks[job]  # kube-scheduler has not asked again: what it asked for is stale
         order = sorted(
             jobs.items(),
             key=lambda item: (
@@ -278,6 +309,7 @@ class Reservations:
         )
         opened: dict[tuple[int, bytes], list[UnitKey]] = {}  # what new jobs of a kind may take
         usable: dict[tuple[str, bytes], str | None] = {}
+        excluded: dict[tuple[str, bytes], str | None] = {}
         for count, (job, waiting) in enumerate(order):
             if count % 64 == 63:
                 await asyncio.sleep(0)  # filter and bind are answered in between
@@ -295,6 +327,12 @@ class Reservations:
                     usable[key] = member_unusable(self.ledger, first.pod, self.policy, node)
                 return usable[key]
 
+            def never(node: str, first: Pending = first, kind: bytes = kind) -> str | None:
+                key = (node, kind)
+                if key not in excluded:
+                    excluded[key] = member_excluded(self.ledger, first.pod, node)
+                return excluded[key]
+
             own = bool(self.occupancy.by_job.get(job)) or any(
                 w.job == job for w in self.occupancy.workers.values()
             )
@@ -311,18 +349,55 @@ class Reservations:
                     if len(units) >= needed
                     else shortfall(job, first.config, size, needed, len(units), False)
                 )
+            if isinstance(chosen, Shortfall) and self._preempting(job):
+                asks.pop(job, None)
+                planned = preemption_for(
+                    self.ledger,
+                    self.occupancy,
+                    first.pod,
+                    first.member,
+                    first.config,
+                    self.wall_clock(),
+                )
+                if isinstance(planned, Preemption):
+                    if await self._preempt(first, size, planned):
+                        opened.clear()
+                    continue
+                self._count("impossible")
             if isinstance(chosen, Shortfall):
                 if own and self.occupancy.by_job.get(job) and not self.occupancy.complete(job):
                     # What a crash left half written, and cannot be completed now.
                     claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its other nodes are no longer free")
-                self.occupancy.shortfalls[job] = chosen.reason
-                if self._said.get(job) != chosen.reason:
-                    self._said[job] = chosen.reason
-                    log.info("%s", loggable(chosen.reason))
+                cannot = never_fits(self.occupancy, job, first.config, size, never)
+                self._refuse(job, waiting, cannot or chosen, cannot is not None)
                 continue
             if chosen and await self._claim(job, first, size, chosen):
                 opened.clear()  # those units are taken: what is open is worked out again
+
+    def _preempting(self, job: JobKey) -> bool:
+        """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
+        preemption's claim for it is half written (a crash): the loop works it out now."""
+        if job in self.occupancy.preemption_asks:
+            return True
+        return any(self.occupancy.claims[n].victims for n in self.occupancy.by_job.get(job, ()))
+
+    def _refuse(self, job: JobKey, waiting: list[Pending], why: Shortfall, never: bool) -> None:
+        """What its members are refused with; said once per change (logged; and, when it can
+        never run here, a FailedScheduling event on its members, as kube-scheduler refuses them
+        itself while every node is full, without asking the extender)."""
+        self.occupancy.shortfalls[job] = why.reason
+        if self._said.get(job) == why.reason:
+            return
+        self._said[job] = why.reason
+        log.info("%s", loggable(why.reason))
+        if never and self.report is not None:
+            for member in waiting[:NEVER_EVENTS]:
+                self.report(ObjectRef.of_pod(member.pod), "FailedScheduling", why.reason, True)
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.job_preemptions.labels(outcome).inc()
 
     def _idle_now(self, job: JobKey) -> bool:
         """Whether the job's claim ended unused and kube-scheduler has not asked since."""
@@ -340,7 +415,7 @@ class Reservations:
         size now); on a conflict or an error, deletes what it wrote. Whether it claimed them."""
         now = self.wall_clock()
         config, scheduler = first.config, first.pod.spec.schedulerName
-        written: list[NodeClaim] = []
+        written: list[tuple[NodeClaim, NodeClaim | None]] = []
         for node in nodes:
             known = self.occupancy.claims.get(node)
             if known is not None and known.job == job and known.size >= size:
@@ -351,21 +426,12 @@ class Reservations:
                     grown = dataclasses.replace(claim, version=known.version, uid=known.uid)
                     self._hold(await self.api.replace_claim(to_object(grown)))
                     continue  # (not undone: the node was the job's before this attempt)
-                written.append(from_object(await self.api.create_claim(to_object(claim))))
+                written.append((from_object(await self.api.create_claim(to_object(claim))), None))
             except CLAIM_WRITE_ERRORS as error:
-                why = (
-                    f"node {node} is claimed already (a claim this replica had not seen)"
-                    if isinstance(error, Conflict)
-                    else f"cannot write the claim on {node}: {error_text(error)}"
-                )
-                log.warning(
-                    "reserving for job %s: %s; undoing this attempt",
-                    loggable(job_text(job), NAME_LIMIT),
-                    loggable(why),
-                )
+                self._undoing(job, node, error)
                 await self._undo(written)
                 return False
-        for claim in written:
+        for claim, _ in written:
             self.occupancy.hold(claim)
         self._said.pop(job, None)
         log.info(
@@ -377,10 +443,94 @@ class Reservations:
         )
         return True
 
-    async def _undo(self, written: list[NodeClaim]) -> None:
-        for claim in written:
+    async def _preempt(self, first: Pending, size: int, planned: Preemption) -> bool:
+        """Preemption for the job: its claim on the units first, node by node, taking the nodes
+        of the victim jobs' claims (conditioned on what was read) and listing the victims; then
+        the victims evicted; then what is left of the victim jobs' claims ended. On a conflict
+        or an error while claiming, what was written is undone and nobody is evicted."""
+        job, now = planned.job, self.wall_clock()
+        config, scheduler = first.config, first.pod.spec.schedulerName
+        victims = planned.victims
+        written: list[tuple[NodeClaim, NodeClaim | None]] = []
+        for node in planned.nodes:
+            known = self.occupancy.claims.get(node)
+            claim = NodeClaim(
+                node,
+                job,
+                config,
+                size,
+                PENDING,
+                now,
+                self.claim_seconds,
+                scheduler,
+                victims=victims,
+            )
             try:
-                await self.api.delete_claim(claim.node, claim.uid, claim.version)
+                if known is None:
+                    ours = from_object(await self.api.create_claim(to_object(claim)))
+                elif known.job == job or known.job in planned.jobs:
+                    taken = dataclasses.replace(claim, version=known.version, uid=known.uid)
+                    ours = from_object(await self.api.replace_claim(to_object(taken)))
+                else:
+                    raise Conflict("PUT", node, 409, b"claimed since the plan was made")
+            except CLAIM_WRITE_ERRORS as error:
+                self._undoing(job, node, error)
+                await self._undo(written)
+                self._count("failed")
+                return False
+            written.append((ours, known))
+        for claim, _ in written:
+            self.occupancy.hold(claim)
+        self._said.pop(job, None)
+        self._count("carried_out")
+        log.info(
+            "preemption for job %s (%d members, units of %d nodes, priority %d): reserved %s; "
+            "evicting %s (%d pods)",
+            loggable(job_text(job), NAME_LIMIT),
+            size,
+            config,
+            first.pod.spec.priority or 0,
+            ", ".join(planned.nodes),
+            loggable(planned.summary),
+            len(victims),
+        )
+        evicted = await self.evictions.evict(victims, self._preempted_text(job))
+        if self.metrics is not None:
+            self.metrics.job_preemption_victims.inc(evicted)
+        leftover = [
+            c
+            for c in self.occupancy.claims.values()
+            if c.job in planned.jobs and c.node not in planned.nodes
+        ]
+        for victim in planned.jobs:
+            mine = [c for c in leftover if c.job == victim]
+            if mine:
+                why = f"its job is evicted whole by preemption for job {job_text(job)}"
+                await self._release(victim, mine, why)
+        return True
+
+    def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
+        why = (
+            f"node {node} is claimed already (a claim this replica had not seen)"
+            if isinstance(error, Conflict)
+            else f"cannot write the claim on {node}: {error_text(error)}"
+        )
+        log.warning(
+            "reserving for job %s: %s; undoing this attempt",
+            loggable(job_text(job), NAME_LIMIT),
+            loggable(why),
+        )
+
+    async def _undo(self, written: list[tuple[NodeClaim, NodeClaim | None]]) -> None:
+        """Deletes the claims this attempt created and gives back the nodes it took from
+        another job's claim (as that claim was)."""
+        for claim, taken_from in written:
+            try:
+                if taken_from is None:
+                    await self.api.delete_claim(claim.node, claim.uid, claim.version)
+                else:
+                    back = dataclasses.replace(taken_from, version=claim.version, uid=claim.uid)
+                    self._hold(await self.api.replace_claim(to_object(back)))
             except NotFound:
                 pass
             except READ_ERRORS as error:

@@ -22,17 +22,30 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from neuron_scheduler.core.allocation import Decision, NodeState, Placement, Policy, allocate
+from neuron_scheduler.core import health
+from neuron_scheduler.core.allocation import (
+    Decision,
+    NodeState,
+    Placement,
+    Policy,
+    Refusal,
+    allocate,
+)
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.eviction import Occupant
 from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
 from neuron_scheduler.core.handoff import decode as decode_annotations
-from neuron_scheduler.core.ids import format_ids, mask_ids
+from neuron_scheduler.core.ids import (
+    core_mask_of_devices,
+    devices_touched,
+    format_ids,
+    mask_ids,
+)
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
@@ -45,6 +58,7 @@ from neuron_scheduler.kube.reading import (
     held_by_others,
     neuron_request,
     node_topology,
+    unhealthy_devices,
 )
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
@@ -68,7 +82,16 @@ class NodeEntry:
     name: str
     topology: Topology
     warning: str | None
-    withheld_cores: int  # capacity the node does not offer (allocatable below capacity)
+    # Capacity the node does not offer (allocatable below capacity) beyond its failed devices:
+    # held in count, as its ids are unknown.
+    withheld_cores: int
+    # Devices its device plugin reports failed (a mask; core/health): in use for every decision,
+    # neither free nor any pod's.
+    unhealthy_devices: int = 0
+
+    @property
+    def unhealthy_cores(self) -> int:
+        return core_mask_of_devices(self.unhealthy_devices, self.topology.cores_per_device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +217,7 @@ class Ledger:
         self.nodes: dict[str, NodeEntry] = {}
         self.facts: dict[str, NodeFacts] = {}  # labels and taints, for bind's re-check
         self.unusable: dict[str, Unusable] = {}
+        self._health_problems: dict[str, str] = {}  # node -> why its health annotation is unread
         self.rejected_assignments: Counter[str] = Counter()  # by reason code, for metrics
         self._holdings: dict[str, Holding] = {}  # pod uid -> holding
         self._by_node: dict[str, dict[str, Holding]] = {}
@@ -226,6 +250,8 @@ class Ledger:
         self.on_freed: Callable[[Iterable[str], str], None] | None = None
         # Told when a hold with a deadline starts (the waker ends it when due).
         self.on_deadline: Callable[[], None] | None = None
+        # Told when a node's failed devices change (pods on them are told at once).
+        self.on_health: Callable[[], None] | None = None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -244,11 +270,47 @@ class Ledger:
         if resolved.warning and (name not in self.nodes or self.nodes[name].warning is None):
             log.warning("node %s: %s", loggable(name), loggable(resolved.warning))
         topology = resolved.topology
-        entry = NodeEntry(name, topology, resolved.warning, held_by_others(node, topology))
+        unhealthy = self._read_health(node, topology)
+        entry = NodeEntry(
+            name,
+            topology,
+            resolved.warning,
+            held_by_others(node, topology, unhealthy),
+            unhealthy,
+        )
+        if unhealthy != (self.nodes[name].unhealthy_devices if name in self.nodes else 0):
+            if unhealthy:
+                log.warning(
+                    "node %s: %s failed (its device plugin says): never placed on",
+                    loggable(name),
+                    health.describe(unhealthy),
+                )
+            else:
+                log.info("node %s: every device is healthy again", loggable(name))
+            if self.on_health is not None:
+                self.on_health()
         self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
             self._invalidate(name, NODE_CHANGED)
+
+    def _read_health(self, node: Node, topology: Topology) -> int:
+        """The node's failed devices; none when what its plugin published cannot be read (then
+        the capacity the node withholds is held in count, as without the annotation)."""
+        name = node.metadata.name
+        try:
+            unhealthy = unhealthy_devices(node, topology)
+        except health.HealthError as error:
+            problem = str(error)
+            if self._health_problems.get(name) != problem:
+                self._health_problems[name] = problem
+                text = f"{problem}; its withheld capacity is held in count instead"
+                log.warning("node %s: %s", loggable(name), loggable(text))
+                if self.report is not None:
+                    self.report(ObjectRef.of_node(node), "NeuronHealthUnreadable", text, True)
+            return 0
+        self._health_problems.pop(name, None)
+        return unhealthy
 
     def _set_unusable(self, node: Node, problem: Unusable) -> None:
         name = node.metadata.name
@@ -265,6 +327,7 @@ class Ledger:
 
     def remove_node(self, name: str) -> None:
         self.unusable.pop(name, None)
+        self._health_problems.pop(name, None)
         self.facts.pop(name, None)
         if self.nodes.pop(name, None) is not None:
             self._invalidate(name)
@@ -639,6 +702,8 @@ class Ledger:
                 continue
             state = self.state_for(claimant, name)
             decision = allocate(entry.topology, state, request, policy, self.demand.weights)
+            if entry.unhealthy_devices and isinstance(decision, Refusal):
+                decision = self.failed_devices_refusal(name, request, decision)
             self.decisions += 1
             decisions[name] = decision
             if isinstance(decision, Placement):
@@ -685,6 +750,21 @@ class Ledger:
             for key, n in self.plan_holds.items()
         )
 
+    def failed_devices_refusal(
+        self, node: str, request: NeuronRequest, refusal: Refusal
+    ) -> Refusal:
+        """A refusal on a node with failed devices says so, and is unresolvable when the node
+        could not take the request with every pod gone: the failed devices alone are in the way
+        (kube-scheduler then preempts nothing there for it)."""
+        entry = self.nodes.get(node)
+        if entry is None or not entry.unhealthy_devices:
+            return refusal
+        note = f"{refusal.reason} ({health.describe(entry.unhealthy_devices)} failed)"
+        if refusal.unresolvable:
+            return Refusal(note, True)
+        alone = NodeState(entry.unhealthy_cores, entry.withheld_cores)
+        return Refusal(note, isinstance(allocate(entry.topology, alone, request), Refusal))
+
     def hold_reason(
         self, claimant: Claimant, node: str, request: NeuronRequest, policy: Policy
     ) -> str | None:
@@ -712,15 +792,24 @@ class Ledger:
         entry = self.nodes.get(node)
         per_device = entry.topology.cores_per_device if entry else 1
         total = entry.topology.total_cores if entry else 0
-        used = 0
+        failed = entry.unhealthy_cores if entry else 0
+        used = failed
         going = 0  # cores of terminating pods: free soon, so a nominated pod's block may use them
+        going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
         for uid, holding in holdings.items():
             if holding.ours and not holding.cores >> total:
                 used |= holding.cores
+                # A pod on a failed device still requests it, while allocatable no longer counts
+                # it: kube-scheduler and the kubelet count that device twice until the pod ends,
+                # so one more device's worth stays held here too, in count (never freed by
+                # evicting anyone but that pod).
+                twice = (holding.cores & failed).bit_count()
+                unknown += twice
                 if holding.terminating:
-                    going |= holding.cores
+                    going |= holding.cores & ~failed
+                    going_count += twice
                 continue
             if holding.ours:  # ids read before the node was listed, which it does not have
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
@@ -735,7 +824,8 @@ class Ledger:
             if announced.holding.node == node and uid not in excluded:
                 used |= announced.holding.cores
         if entry is not None:
-            used |= self._held_blocks(node, entry.topology, used, going, unknown, excluded)
+            soon = unknown - going_count
+            used |= self._held_blocks(node, entry.topology, used, going, soon, excluded)
         return NodeState(used, unknown)
 
     def _held_blocks(
@@ -795,7 +885,8 @@ class Ledger:
         used, unknown = state.used_cores, state.unattributed_cores
         occupants: dict[str, Occupant] = {}
         for uid, holding in self._by_node.get(node, {}).items():
-            occupant = _occupant(entry.topology, holding)
+            # A pod's cores on a failed device stay in use when it leaves: not freed by evicting.
+            occupant = _occupant(entry.topology, holding, entry.unhealthy_cores)
             if holding.terminating:
                 used &= ~occupant.cores
                 unknown -= occupant.unknown_cores
@@ -806,6 +897,21 @@ class Ledger:
     def pods_holding(self, node: str) -> dict[str, Holding]:
         """The pods holding Neuron resources on the node, by uid."""
         return dict(self._by_node.get(node, {}))
+
+    def on_failed_devices(self) -> Iterator[tuple[str, str, int]]:
+        """(pod uid, node, the failed devices among its ids) for each pod whose annotated ids
+        include a device its node reports failed: it runs on, with a device it cannot use."""
+        for name, entry in self.nodes.items():
+            if not entry.unhealthy_devices:
+                continue
+            failed = entry.unhealthy_cores
+            per_device = entry.topology.cores_per_device
+            for uid, holding in self._by_node.get(name, {}).items():
+                if holding.ours and holding.cores & failed:
+                    devices = devices_touched(
+                        holding.cores & failed, per_device, entry.topology.devices
+                    )
+                    yield uid, name, devices
 
     def pod_key(self, uid: str) -> str:
         return self._pod_keys.get(uid, uid)
@@ -831,9 +937,12 @@ def _placement(topology: Topology, cores: int) -> Placement:
     return Placement(tuple(sorted({c // per_device for c in ids})), ids, 0)
 
 
-def _occupant(topology: Topology, holding: Holding) -> Occupant:
+def _occupant(topology: Topology, holding: Holding, unhealthy_cores: int = 0) -> Occupant:
+    """The pod as eviction weighs it: evicting it frees its healthy cores, and the cores of its
+    failed devices that `_state` holds in count for it, never the failed devices themselves."""
     if holding.ours and not holding.cores >> topology.total_cores:
-        cores, unknown = holding.cores, 0
+        failed = holding.cores & unhealthy_cores
+        cores, unknown = holding.cores & ~failed, failed.bit_count()
     else:
         size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
         cores, unknown = 0, holding.unknown_count * size

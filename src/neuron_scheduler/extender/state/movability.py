@@ -63,6 +63,7 @@ class Facts:
     created: str  # RFC 3339
     bound: str  # its node; "" while pending
     placement: Pod = field(compare=False)  # its spec's node rules, for its replacement
+    opted_out: bool = False  # neuron-scheduler.io/do-not-disrupt: never evicted by us
 
     @classmethod
     def of(cls, pod: Pod, request: NeuronRequest) -> Facts:
@@ -80,6 +81,7 @@ class Facts:
             spec.nodeName,
             # Only what kube.nodefit reads: the rest of the pod is not kept.
             Pod(spec=_node_rules(spec.nodeSelector, spec.affinity, spec.tolerations)),
+            opted_out(pod),
         )
 
 
@@ -89,10 +91,14 @@ def _node_rules(
     return PodSpec(nodeSelector=selector, affinity=affinity, tolerations=tolerations)
 
 
+def opted_out(pod: Pod) -> bool:
+    return pod.metadata.annotations.get(DO_NOT_DISRUPT, "").lower() == "true"
+
+
 def never_moved(pod: Pod) -> str:
     """Why consolidation never moves this pod, or "" when it may."""
     meta = pod.metadata
-    if meta.annotations.get(DO_NOT_DISRUPT, "").lower() == "true":
+    if opted_out(pod):
         return f"opted out ({DO_NOT_DISRUPT})"
     gang = gang_of(pod)
     if gang:

@@ -211,7 +211,7 @@ class Binder:
             if isinstance(decision, Refusal) and from_watch:
                 ask_api = True
             elif isinstance(decision, Refusal):
-                reason = decision.reason
+                reason = self.ledger.failed_devices_refusal(args.Node, request, decision).reason
                 held = self.ledger.hold_reason(claimant, args.Node, request, self.policy)
                 self.metrics.binds.labels("failure").inc()
                 self._warn(pod, "FailedNeuronAllocation", f"{args.Node}: {held or reason}")

@@ -11,12 +11,21 @@ is better. A node where no set of lower-priority pods helps is dropped from the 
 Only devices are weighed here. kube-scheduler's victims that hold no Neuron device were chosen for
 its other resources (CPU, memory, ports) and stay in the answer; where the preemptor's devices
 already fit, devices are not what is short and kube-scheduler's answer stands unchanged.
+
+Training jobs (issue 40): a job's member is never a victim of a node's answer (kube-scheduler
+evicts on one node only, and a job goes whole or not at all), so such nodes are dropped. For a
+preemptor that is itself a member of a job on UltraServer nodes, its whole job is the preemptor
+(ultraserver/preemption.py): when evicting whole jobs of lower priority gives it units for all
+its members, the verb asks the reservation loop to carry that out (its claim first, then the
+evictions, all done by the extender, on every node at once); kube-scheduler is answered no
+UltraServer node, so it evicts nothing there itself. When nothing would, nobody is evicted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +38,7 @@ from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.members import preemption_for
 from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
     ExtenderPreemptionArgs,
@@ -39,8 +49,18 @@ from neuron_scheduler.extender.verbs.wire import (
 )
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.ultraserver.jobs import JobKey, Member, MembershipError, member_of
+from neuron_scheduler.ultraserver.labels import NodeConfigError
+from neuron_scheduler.ultraserver.placement import (
+    Occupancy,
+    Shortfall,
+    job_text,
+    pod_node_config,
+)
 
 log = logging.getLogger("neuron_scheduler.extender")
+INVALID = (Member(("", ""), "invalid", None), 0)  # a member whose size or node config is bad
+MAX_JOBS_SAID = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +79,24 @@ class Preemptor:
         metrics: Metrics,
         policy: Policy = Policy.BEST_FIT,
         planned: Callable[[str], bool] = lambda uid: False,
+        occupancy: Occupancy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`planned(uid)`: the pod has a consolidation plan in flight, which frees its block:
-        no node is answered for it, so kube-scheduler evicts nothing more for it."""
+        no node is answered for it, so kube-scheduler evicts nothing more for it. `occupancy`:
+        the UltraServer units, training jobs' members and claims (preemption asks the
+        reservation loop through it, by `clock`); `wall_clock`: work lost is counted to it."""
         self.ledger = ledger
         self.budgets = budgets
         self.metrics = metrics
         self.policy = policy
         self.planned = planned
+        self.occupancy = occupancy if occupancy is not None else Occupancy()
+        self.clock = clock
+        self.wall_clock = wall_clock
+        # Why a job gets no preemption, as last logged (each member asks, again and again).
+        self._said: dict[JobKey, str] = {}
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         if args.Pod is None:
@@ -89,18 +119,93 @@ class Preemptor:
             )
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
+        member = self._member(pod) if request is not None else None  # (members ask devices)
+        servers = self.occupancy.servers
+        if member is not None and any(node in servers for node in candidates):
+            self._for_job(pod, member[0], member[1])
         answer: dict[str, MetaVictims] = {}
         for node, (given, violations) in candidates.items():
+            if member is not None and node in servers:
+                self.metrics.preempt_nodes.labels("dropped").inc()
+                continue  # its whole job preempts (`_for_job`), never a node at a time
             if request is None:  # not ours to judge: kube-scheduler's choice stands
-                answer[node] = MetaVictims([MetaPod(uid) for uid in given], violations)
-                continue
-            victims = self._answer(pod, request, node, given, violations)
+                victims: MetaVictims | None = MetaVictims([MetaPod(u) for u in given], violations)
+            else:
+                victims = self._answer(pod, request, node, given, violations)
+            if victims is not None and not self._spares_jobs(pod, node, victims, request):
+                self.metrics.preempt_nodes.labels("dropped").inc()
+                victims = None
             if victims is not None:
                 answer[node] = victims
             # A node takes milliseconds and kube-scheduler may send hundreds: filter and bind
             # are answered in between.
             await asyncio.sleep(0)
         return ExtenderPreemptionResult(answer)
+
+    def _member(self, pod: Pod) -> tuple[Member, int] | None:
+        """The pod's job membership and node config, when it is a member (one that gives a bad
+        size or config is refused every UltraServer node by filter: treated as a member, so no
+        node of them is answered)."""
+        try:
+            member = member_of(pod)
+            return (member, pod_node_config(pod)) if member is not None else None
+        except (MembershipError, NodeConfigError):
+            return INVALID
+
+    def _for_job(self, pod: Pod, member: Member, config: int) -> None:
+        """Preemption for the member's whole job: asks the reservation loop to carry it out
+        when whole jobs of lower priority give it units for all its members."""
+        if not config or self.occupancy.complete(member.job):
+            return  # a bad size or config; or it holds its units: it waits for them to free
+        planned = preemption_for(
+            self.ledger, self.occupancy, pod, member, config, self.wall_clock()
+        )
+        if isinstance(planned, Shortfall):
+            self.metrics.job_preemptions.labels("impossible").inc()
+            if self._said.get(member.job) != planned.reason:
+                if len(self._said) >= MAX_JOBS_SAID:
+                    del self._said[next(iter(self._said))]
+                self._said[member.job] = planned.reason
+                log.info("preemption for %s: %s", loggable(pod.key), loggable(planned.reason))
+            return
+        self._said.pop(member.job, None)
+        first = member.job not in self.occupancy.preemption_asks
+        self.occupancy.preemption_asks[member.job] = self.clock()
+        self.metrics.job_preemptions.labels("asked").inc()
+        if first:
+            log.info(
+                "preemption for %s: its job %s gets %s by evicting %s; the extender carries it "
+                "out (kube-scheduler evicts nothing for it)",
+                loggable(pod.key),
+                loggable(job_text(member.job)),
+                ", ".join(planned.nodes),
+                loggable(planned.summary),
+            )
+        if self.occupancy.on_change is not None:
+            self.occupancy.on_change()  # the reservation loop steps now
+
+    def _spares_jobs(
+        self, pod: Pod, node: str, victims: MetaVictims, request: NeuronRequest | None
+    ) -> bool:
+        """Whether the answer on a node evicts no member of a training job (kube-scheduler
+        evicts on this node only: a job would lose some members, not go whole) and, for a pod
+        asking for devices, does not send it to a node claimed for a job (filter refuses it
+        there)."""
+        workers = self.occupancy.workers
+        caught = [v.UID for v in victims.Pods if v.UID in workers]
+        if caught:
+            log.info(
+                "preemption for %s on %s: it would evict %s, a member of job %s, alone (a "
+                "job is evicted whole or not at all); node dropped",
+                loggable(pod.key),
+                loggable(node),
+                loggable(self.ledger.pod_key(caught[0])),
+                loggable(job_text(workers[caught[0]].job)),
+            )
+            return False
+        if request is None:
+            return True
+        return node not in self.occupancy.claims and node not in self.occupancy.rejected
 
     def _answer(
         self, pod: Pod, request: NeuronRequest, node: str, given: list[str], violations: int

@@ -1,0 +1,151 @@
+"""Which whole jobs to evict so a training job gets the units it needs. Pure.
+
+Shared by the extender's UltraServer preemption (ultraserver/preemption.py) and the gang
+simulator (sim/gangs.py). The caller lists the units the preemptor could have (`Opening`): each
+with the lower-priority jobs to evict whole for it (none for a free unit) and the pods of no job
+on it. Evicting a job frees every unit it holds, so a job spread over three units frees three;
+a unit shared by two jobs (a 2-node job's pair beside another's, under a 4-node preemptor) needs
+both. The choice is the cheapest set of units by, in order:
+
+1. the fewest whole jobs evicted;
+2. then the fewest pods of no job evicted;
+3. then the least work lost (what the victims have run: the jobs' and the pods of no job's).
+
+Exact, by dynamic programming over groups (a multiple-choice knapsack): each unit no job holds is
+a group of its own (taken or not); jobs linked by a shared unit, with their units, are one group,
+whose options are each set of its jobs with each number of the units they free (those with the
+fewest pods of no job). A group of more than `MAX_LINKED` linked jobs (a fleet of 1-node jobs
+sharing units in a chain) is offered whole only: never a wrong answer, at worst a dearer one.
+A property test checks the choice against brute force (tests/property).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Generic, TypeVar
+
+U = TypeVar("U", bound=Hashable)  # a unit
+J = TypeVar("J", bound=Hashable)  # a job
+
+Cost = tuple[int, int, float]  # jobs evicted, pods of no job evicted, work lost
+MAX_LINKED = 10  # jobs of one group whose every subset is an option (2**10 sets)
+
+
+@dataclass(frozen=True, slots=True)
+class Opening(Generic[U, J]):
+    """A unit the preemptor could have: the jobs to evict whole for it, the pods of no job on it
+    (`loose`) and their work."""
+
+    unit: U
+    jobs: frozenset[J]
+    loose: int = 0
+    loose_work: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[U, J]):
+    openings: tuple[Opening[U, J], ...]  # exactly the units asked for, in the openings' order
+    jobs: tuple[J, ...]  # evicted whole
+    cost: Cost
+
+
+@dataclass(frozen=True, slots=True)
+class _Option(Generic[U, J]):
+    """One way to take from a group: these units (and their jobs evicted)."""
+
+    openings: tuple[Opening[U, J], ...]
+    cost: Cost
+
+
+def cheapest(
+    openings: Sequence[Opening[U, J]], needed: int, work: Callable[[J], float]
+) -> Choice[U, J] | None:
+    """The cheapest `needed` of the openings (order above; ties go to the earlier openings), or
+    None when even all of them are too few. `work(job)`: what evicting it loses."""
+    if needed <= 0:
+        return Choice((), (), (0, 0, 0.0))
+    if len(openings) < needed:
+        return None
+    order = {id(o): n for n, o in enumerate(openings)}
+    # best[c]: the cheapest options, one per group at most, reaching c units (capped).
+    best: list[tuple[Cost, tuple[_Option[U, J], ...]] | None] = [None] * (needed + 1)
+    best[0] = ((0, 0, 0.0), ())
+    for group in _groups(openings, work, order):
+        reached_before = list(best)
+        for reached, known in enumerate(reached_before):
+            if known is None:
+                continue
+            for option in group:
+                to = min(needed, reached + len(option.openings))
+                cost = _add(known[0], option.cost)
+                current = best[to]
+                if current is None or cost < current[0]:
+                    best[to] = (cost, (*known[1], option))
+    found = best[needed]
+    if found is None:
+        return None
+    chosen = [o for option in found[1] for o in option.openings]
+    # Past `needed` (an option may free more): keep those with the fewest pods of no job.
+    kept = sorted(chosen, key=lambda o: (o.loose, o.loose_work, order[id(o)]))[:needed]
+    kept.sort(key=lambda o: order[id(o)])
+    jobs = tuple(dict.fromkeys(j for o in kept for j in sorted(o.jobs, key=repr)))
+    cost = (
+        len(jobs),
+        sum(o.loose for o in kept),
+        sum(work(j) for j in jobs) + sum(o.loose_work for o in kept),
+    )
+    return Choice(tuple(kept), jobs, cost)
+
+
+def _add(a: Cost, b: Cost) -> Cost:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _groups(
+    openings: Sequence[Opening[U, J]], work: Callable[[J], float], order: dict[int, int]
+) -> list[list[_Option[U, J]]]:
+    """Each group's options (taking nothing from it is always possible, so not listed)."""
+    parent: dict[J, J] = {}
+
+    def root(job: J) -> J:
+        while parent[job] != job:
+            parent[job] = parent[parent[job]]
+            job = parent[job]
+        return job
+
+    for opening in openings:
+        linked = list(opening.jobs)
+        for job in linked:
+            parent.setdefault(job, job)
+        for job in linked[1:]:
+            parent[root(job)] = root(linked[0])
+    linked_units: dict[J, list[Opening[U, J]]] = {}
+    groups: list[list[_Option[U, J]]] = []
+    for opening in openings:
+        if opening.jobs:
+            linked_units.setdefault(root(next(iter(opening.jobs))), []).append(opening)
+        else:
+            groups.append([_Option((opening,), (0, opening.loose, opening.loose_work))])
+    for units in linked_units.values():
+        jobs = sorted({j for o in units for j in o.jobs}, key=repr)
+        sets = (
+            [c for k in range(1, len(jobs) + 1) for c in combinations(jobs, k)]
+            if len(jobs) <= MAX_LINKED
+            else [tuple(jobs)]
+        )
+        options: list[_Option[U, J]] = []
+        for evicted in sets:
+            chosen = set(evicted)
+            freed = [o for o in units if o.jobs <= chosen]
+            freed.sort(key=lambda o: (o.loose, o.loose_work, order[id(o)]))
+            lost = sum(work(j) for j in evicted)
+            for taken in range(1, len(freed) + 1):
+                part = tuple(freed[:taken])
+                loose = sum(o.loose for o in part)
+                options.append(
+                    _Option(part, (len(evicted), loose, lost + sum(o.loose_work for o in part)))
+                )
+        groups.append(options)
+    return groups

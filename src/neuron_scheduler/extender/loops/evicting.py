@@ -1,0 +1,82 @@
+"""Evicting the victims of a training job's preemption (issue 40), as kube-scheduler evicts its
+own: the `DisruptionTarget` condition with reason `PreemptionByScheduler` on the pod (a Job's
+podFailurePolicy, and other controllers, tell a preemption from a failure by it), then a graceful
+delete of exactly that pod (its uid as precondition), then a `Preempted` event on it.
+
+Not the Eviction API: a PodDisruptionBudget could refuse one member of a job and let the others
+go, and a victim job goes whole or not at all. kube-scheduler's preemption does the same (it
+prefers victims that violate no budget, then deletes).
+
+Idempotent: a victim already leaving or gone is skipped, so the reservation loop calls it again
+for a claim's victims on every step until they are gone (a restart in between finishes the job).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+from neuron_scheduler.core.logtext import loggable
+from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound
+from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.objects import ObjectRef
+
+log = logging.getLogger("neuron_scheduler.extender.reserving")
+MAX_REMEMBERED = 10_000
+
+
+class PodEvicter(Protocol):
+    """What evictions need of KubeAPI."""
+
+    async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None: ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+
+class Evictions:
+    def __init__(self, api: PodEvicter, ledger: Ledger, report: Report | None = None) -> None:
+        self.api = api
+        self.ledger = ledger
+        self.report = report
+        self._failed: set[str] = set()  # uids whose eviction failed and was logged
+
+    def leaving(self, uids: Iterable[str]) -> list[str]:
+        """Those still holding devices (bound, not finished), leaving or not."""
+        return [uid for uid in uids if self.ledger.holding(uid) is not None]
+
+    async def evict(self, uids: Iterable[str], message: str) -> int:
+        """Evicts those of `uids` still there and not leaving already; how many it evicted."""
+        evicted = 0
+        for uid in uids:
+            holding = self.ledger.holding(uid)
+            if holding is None or holding.terminating:
+                continue  # gone, or going
+            namespace, _, name = self.ledger.pod_key(uid).partition("/")
+            if not name:
+                continue
+            try:
+                await self.api.mark_preempted(namespace, name, uid, message)
+                await self.api.delete_pod(namespace, name, uid)
+            except NotFound:
+                continue  # gone meanwhile
+            except Conflict:
+                continue  # another pod of that name now: not ours to evict
+            except READ_ERRORS as error:
+                if uid not in self._failed:  # once: every step tries again
+                    if len(self._failed) >= MAX_REMEMBERED:
+                        self._failed.clear()
+                    self._failed.add(uid)
+                    log.warning(
+                        "cannot evict %s/%s (each step tries again): %s",
+                        loggable(namespace),
+                        loggable(name),
+                        loggable(error),
+                    )
+                continue
+            self._failed.discard(uid)
+            evicted += 1
+            if self.report is not None:
+                self.report(ObjectRef("Pod", namespace, name, uid), "Preempted", message, False)
+        return evicted

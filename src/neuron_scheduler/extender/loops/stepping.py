@@ -1,0 +1,29 @@
+"""How a leader's loop runs its steps: one after another for as long as the process lives, each
+after a signal or at the latest after a period, and never ended by a bug in a step (a loop that
+stopped would leave its holds, plans or failures untended until a restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from neuron_scheduler.core.logtext import loggable
+
+
+async def run_steps(
+    step: Callable[[], Awaitable[None]],
+    signal: asyncio.Event,
+    seconds: float,
+    what: str,
+    log: logging.Logger,
+) -> None:
+    while True:
+        try:
+            await step()
+        except Exception as error:  # a bug: logged, and the next step tries again
+            log.exception("%s step failed: %s", what, loggable(error))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), seconds)
+        signal.clear()
