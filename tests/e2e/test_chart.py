@@ -412,9 +412,11 @@ def test_the_dra_driver_adds_a_scoring_entry_and_its_read_rules(mode: str) -> No
     assert "--dra-driver=neuron.neuron-scheduler.io" in args
     assert "--dra-core-class-prefix=neuroncore" in args
     rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
-    assert rendered["rules"] == yaml.safe_load(RULES.read_text()) + yaml.safe_load(
-        RULES.with_name("dra-scoring-rules.yaml").read_text()
-    )
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("dra-scoring-rules.yaml").read_text()),
+    ]
     without = render({"dra": {"enabled": False}})
     assert len(scheduler_config(without)["extenders"]) == 1
     assert not [a for a in extender_args(without) if a.startswith("--dra")]
