@@ -17,7 +17,8 @@ Contenders:
   taking the devices that hold k cores (issue 20); with core windows (the driver's default
   sizes; a larger core request asks for devices), under kube-scheduler's default profile
   without the extender, under a packing profile (MostAllocated over cpu and memory) without it,
-  and with our prioritize-claims (`dra/scoring.py`) at the chart's weight; and the bound of
+  and with our prioritize-claims entries as the chart sets them (`dra/scoring.py`: the best-fit
+  measure at the extender's weight, how full the node is at weight 1); and the bound of
   republishing the order as a node fills (first fit equal to the node's best fit);
 - no-topology bound: counts only, contiguity ignored;
 - clairvoyant: neuron-scheduler that knows when each pod will leave (sim/clairvoyant.py), no
@@ -152,10 +153,13 @@ def dra_first_fit(
     return decision._replace(score=score)
 
 
-# The cluster's own kube-scheduler (default profile) with our prioritize for pods with our
-# claims, at the chart's weight (scheduler.scoring.extenderWeight).
+# The cluster's own kube-scheduler (default profile) with our prioritize entries for pods with
+# our claims, as the chart adds them: prioritize-claims at its weight
+# (scheduler.scoring.extenderWeight) and prioritize-claims-packing at 1 (scoring.packNeuron).
 DRA_PRIORITIZE = Profile(
-    "kube-scheduler defaults, DRA prioritize at the chart's weight", extender_weight=20
+    "kube-scheduler defaults, DRA prioritize entries as the chart sets them",
+    extender_weight=20,
+    packing_weight=1,
 )
 DRA_LABEL = "DRA + our prioritize"
 # Without the extender, the closest kube-scheduler's own scores come to packing: NodeResourcesFit

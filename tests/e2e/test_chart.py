@@ -389,9 +389,10 @@ def test_extender_entry_matches_the_testbed(combo: str) -> None:
 
 @pytest.mark.parametrize("mode", ["custom", "default"])
 def test_the_dra_driver_adds_a_scoring_entry_and_its_read_rules(mode: str) -> None:
-    """With dra.enabled: a prioritize-only entry for pods with the chart's DRA claims (the one
-    the e2e kube-scheduler runs with `dra_prioritize`), the extender told the driver and class
-    names, and the DRA scoring rules added to its ClusterRole."""
+    """With dra.enabled: prioritize-only entries for pods with the chart's DRA claims (the ones
+    the e2e kube-scheduler runs with `dra_prioritize`: the best-fit measure, and the packing
+    tie-break where the profile packs), the extender told the driver and class names, and the
+    DRA scoring rules added to its ClusterRole."""
     values: Doc = {"dra": {"enabled": True}}
     if mode == "default":
         values = {**values, **DEFAULT_MODE}
@@ -401,13 +402,22 @@ def test_the_dra_driver_adds_a_scoring_entry_and_its_read_rules(mode: str) -> No
         entries = yaml.safe_load(snippet)["extenders"]
     else:
         entries = scheduler_config(docs)["extenders"]
-    first, second = entries
+    first, *dra_entries = entries
     expected = manifests.scheduler_config(
         extender_url=first["urlPrefix"], node_cache_capable=True, dra_prioritize=True
-    )["extenders"][1]
-    assert second.pop("tlsConfig") == first["tlsConfig"]
-    assert second.pop("enableHTTPS") is True
-    assert second == expected
+    )["extenders"][1:]
+    for entry in dra_entries:
+        assert entry.pop("tlsConfig") == first["tlsConfig"]
+        assert entry.pop("enableHTTPS") is True
+    assert dra_entries == expected
+    assert [e["prioritizeVerb"] for e in dra_entries] == [
+        "prioritize-claims",
+        "prioritize-claims-packing",
+    ]
+    spreading = render({"dra": {"enabled": True}, "scheduler": {"scoring": {"packNeuron": False}}})
+    assert [e["prioritizeVerb"] for e in scheduler_config(spreading)["extenders"][1:]] == [
+        "prioritize-claims"
+    ]
     args = extender_args(docs)
     assert "--dra-driver=neuron.neuron-scheduler.io" in args
     assert "--dra-core-class-prefix=neuroncore" in args

@@ -134,6 +134,20 @@ def test_a_core_claim_prefers_the_node_where_it_fills_a_broken_device() -> None:
     assert scores(judge, pod_with("made", template=True), SINGLES_AND_CORES) == expected
 
 
+def test_the_packing_entry_scores_how_full_each_node_is_once_placed() -> None:
+    """prioritize-claims' tie-break: cores in use after the scheduler's pick, of 24."""
+    judge, dra = world()
+    dra.apply_claim(claim("big", "neuron-6", [("b", "window-6-at-0")]))
+    dra.apply_claim(claim("mine", "neuroncore-2"))
+    answer = judge.prioritize_claims_packing(
+        ExtenderArgs(Pod=pod_with("mine"), NodeNames=["a", "b", "cpu"])
+    )
+    # a: 1 core held + 2 = 3 of 24 -> 1; b: 12 + 2 = 14 of 24 -> 6; not ours: 0.
+    assert {h.Host: h.Score for h in answer} == {"a": 1, "b": 6, "cpu": 0}
+    other = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod_with("none"), NodeNames=["a"]))
+    assert other[0].Score == 0
+
+
 def test_the_score_follows_the_claims_as_they_come_and_go() -> None:
     judge, dra = world()
     dra.apply_claim(claim("mine", "neuron-2"))

@@ -218,8 +218,9 @@ def test_prioritize_claims_answers_every_node_and_zero_for_pods_without_our_clai
     rest)."""
     base, _ = extender
     for body in (pod_json("p", {DEV: 4}), pod_json("q", {})):
-        scores = post(base, "/prioritize-claims", cache_args(body, ALL))
-        assert {s["Host"]: s["Score"] for s in scores} == dict.fromkeys(ALL, 0)
+        for verb in ("/prioritize-claims", "/prioritize-claims-packing"):
+            scores = post(base, verb, cache_args(body, ALL))
+            assert {s["Host"]: s["Score"] for s in scores} == dict.fromkeys(ALL, 0)
 
 
 @pytest.mark.parametrize(

@@ -252,10 +252,20 @@ def _block_size(topology: Topology, busy: int, chosen: int) -> int:
     return chosen.bit_count()
 
 
+MAX_SCORE = 10  # an extender's scores are 0-10 (kube-scheduler's MaxExtenderPriority)
+
+
 @lru_cache(maxsize=4096)
 def fit_score(requested: int, block: int) -> int:
     """0-10; 10 when the request fills its free block exactly, so big free blocks stay free."""
-    return max(1, min(10, round(10 * requested / max(block, 1))))
+    return max(1, min(MAX_SCORE, round(MAX_SCORE * requested / max(block, 1))))
+
+
+def fullness_score(topology: Topology, used_cores: int) -> int:
+    """0-10: how full a node is (its cores in use, as a share of its cores), as
+    NodeResourcesFit's MostAllocated scores a node by what its pods request: kube-scheduler's
+    tie-break toward fuller nodes, for placements it cannot count (DRA claims)."""
+    return round(MAX_SCORE * used_cores.bit_count() / topology.total_cores)
 
 
 def _ordered(topology: Topology, mask: int) -> tuple[int, ...]:

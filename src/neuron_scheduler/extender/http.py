@@ -171,6 +171,9 @@ def build_apps(
     async def do_prioritize_claims(args: ExtenderArgs, body: bytes) -> Any:
         return judge.prioritize_claims(args, body)
 
+    async def do_prioritize_claims_packing(args: ExtenderArgs, body: bytes) -> Any:
+        return judge.prioritize_claims_packing(args, body)
+
     async def do_bind(args: ExtenderBindingArgs, _: bytes) -> Any:
         if elector is not None and not elector.is_leader:
             metrics.binds.labels("not_leader").inc()
@@ -202,7 +205,7 @@ def build_apps(
         if exc.status_code == 404:
             detail = (
                 "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt, "
-                "/prioritize-claims (and /metrics on its metrics port)"
+                "/prioritize-claims, /prioritize-claims-packing (and /metrics on its metrics port)"
             )
         return _json_error(detail, exc.status_code)
 
@@ -213,9 +216,16 @@ def build_apps(
     verbs = {
         "/filter": Verb("filter", ExtenderArgs, do_filter, metrics, body_limit),
         "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
-        # Pods with our DRA claims (a prioritize-only extender entry without managedResources).
+        # Pods with our DRA claims (prioritize-only extender entries without managedResources).
         "/prioritize-claims": Verb(
             "prioritize-claims", ExtenderArgs, do_prioritize_claims, metrics, body_limit
+        ),
+        "/prioritize-claims-packing": Verb(
+            "prioritize-claims-packing",
+            ExtenderArgs,
+            do_prioritize_claims_packing,
+            metrics,
+            body_limit,
         ),
         "/bind": Verb("bind", ExtenderBindingArgs, do_bind, metrics, body_limit),
         "/preempt": Verb("preempt", ExtenderPreemptionArgs, do_preempt, metrics, body_limit),
