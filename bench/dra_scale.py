@@ -283,12 +283,12 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--pods", type=int, default=1000)
-    parser.add_argument("--probes", type=int, default=4)
+    parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument("--probes", type=int, default=2)
     parser.add_argument("--probe-seconds", type=float, default=30.0)
     parser.add_argument(
         "--configs",
-        default="none;1,2;1,2,4,8,16;1-4;1-8",
+        default="none;1,2;1-4;1,2,4,8,16",
         help="core windows per configuration, ';' between them: counts and ranges (1,2 or 1-4)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/out/dra_scale.json"))

@@ -27,19 +27,13 @@ import quality
 from neuron_scheduler.core.allocation import (
     Decision,
     NodeState,
-    Placement,
     Policy,
-    Refusal,
-    allocate,
-    placement_score,
 )
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DemandWeights
-from neuron_scheduler.core.ids import ids_mask
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra import firstfit, scoring, shapes
-from neuron_scheduler.dra.firstfit import published_for
 from neuron_scheduler.sim.contenders import Contender
 from neuron_scheduler.sim.workloads import STANDARD
 
@@ -61,16 +55,8 @@ def by_demand(
     demand: DemandWeights,
 ) -> Decision:
     del policy
-    windows = quality.CORE_WINDOWS[0]
-    request = quality.as_published(request, topology, windows)
-    if not published_for(topology, request.unit, request.count, windows):
-        return Refusal("not published", True)
-    decision = allocate(topology, state, request, Policy.BEST_FIT, demand)
-    if not isinstance(decision, Placement):
-        return decision
-    taken = ids_mask(decision.cores)
-    score = placement_score(topology, state, request.unit, taken, Policy.BEST_FIT, demand)
-    return decision._replace(score=score)
+    request = quality.as_published(request, topology, quality.CORE_WINDOWS[0])
+    return quality.republished(topology, state, request, demand, by_demand=True)
 
 
 AS_BUILT = next(c for c in quality.CONTENDERS if c.label == quality.DRA_LABEL)

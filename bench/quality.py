@@ -143,9 +143,22 @@ def dra_first_fit(
     request = as_published(request, topology, windows)
     if policy is not Policy.BEST_FIT:
         return scored_decision(topology, state, request, windows, demand)
-    if not published_for(topology, request.unit, request.count, windows):
+    return republished(topology, state, request, demand, by_demand=False)
+
+
+def republished(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    demand: DemandWeights,
+    *,
+    by_demand: bool,
+) -> Decision:
+    """The device an order republished after every change puts first: the node's best fit
+    (weighed by the cluster's demand with `by_demand`), scored as our prioritize scores it."""
+    if not published_for(topology, request.unit, request.count, CORE_WINDOWS[0]):
         return Refusal("not published", True)
-    decision = allocate(topology, state, request, Policy.BEST_FIT)
+    decision = allocate(topology, state, request, Policy.BEST_FIT, demand if by_demand else ())
     if not isinstance(decision, Placement):
         return decision
     taken = ids_mask(decision.cores)
