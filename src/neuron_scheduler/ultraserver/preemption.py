@@ -5,8 +5,9 @@ of a job that needs whole units, that evicts members of other jobs one by one, w
 the job then fits (before issue 40, a 16-member job on a fleet of three UltraServers evicted
 every running job). Here the preemptor is the member's whole job:
 
-- only units whose every node its members may use (their spec, the devices they ask for), and
-  where every pod is of lower priority than the job, are taken into account: the pods of no job
+- only units whose every node its members could use once every pod there is gone (their spec,
+  the devices they ask for, the devices that failed), and where every pod is of lower priority
+  than the job, are taken into account: the pods of no job
   there, and the jobs holding members or a claim there, each of which is evicted whole
   (members on every node, not only on these units);
 - of those, the cheapest units for all its members, by core/jobpreemption: the fewest whole
@@ -76,12 +77,15 @@ def plan_preemption(
     size: int,
     priority: int,
     loose: Callable[[str], Sequence[Loose]],
-    excluded: Callable[[str], str | None],
+    unfit: Callable[[str], str | None],
     now: float,
+    excluded: Callable[[str], str | None] | None = None,
 ) -> Preemption | Shortfall:
     """The units `job` (`size` members of `config`, at `priority`) gets by preemption and the
-    victims, or why it gets none. `loose(node)`: the pods of no job on it; `excluded(node)`: why
-    its members may never run there; `now`: wall clock (work lost is counted to it)."""
+    victims, or why it gets none. `loose(node)`: the pods of no job on it; `unfit(node)`: why
+    its members could not run there even with every pod gone (a failed device); `excluded(node)`:
+    why they never can, whatever the node's devices (their spec: for `never_fits`; default
+    `unfit`); `now`: wall clock (work lost is counted to it)."""
     held = occupancy.held_units(job)
     needed = math.ceil(size / config) - len(held)
     if needed <= 0:
@@ -93,7 +97,7 @@ def plan_preemption(
     for unit, nodes in occupancy.members.items():
         if unit[0] != config or unit in held or len(nodes) != config:
             continue
-        if any(n in occupancy.rejected or excluded(n) is not None for n in nodes):
+        if any(n in occupancy.rejected or unfit(n) is not None for n in nodes):
             continue  # (a claim not read: not ours to take)
         jobs = {other for _, _, other in occupancy.others(job, nodes) if other is not None}
         there = [p for n in sorted(nodes) for p in loose(n)]
@@ -112,7 +116,7 @@ def plan_preemption(
 
     choice = cheapest([o for _, _, o in openings], needed, lost)
     if choice is None:
-        never = never_fits(occupancy, job, config, size, excluded)
+        never = never_fits(occupancy, job, config, size, excluded or unfit)
         if never is not None:
             return never
         more = " more" if held else ""
