@@ -34,3 +34,18 @@ async def test_preemption_never_takes_a_unit_a_failed_device_keeps_its_members_o
     assert world.claimed("big") == [f"{u}{i}" for u in "ab" for i in range(4)]
     assert sorted(world.evicted()) == uids(low0, low1)  # low2 keeps running on c
     assert world.claimed("low2") == ["c0", "c1", "c2", "c3"] and low2
+
+
+async def test_victims_are_evicted_once_when_the_watch_shows_them_leaving_late() -> None:
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    world.api.on_delete = None  # the watch is later than the next steps
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    for _ in range(3):
+        await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)  # each once
+    marks = [line for line in world.api.log if line.startswith("mark ")]
+    assert len(marks) == 8
+    preempted = [name for name, reason, _ in world.events if reason == "Preempted"]
+    assert sorted(preempted) == uids(low1, low2)

@@ -7,8 +7,10 @@ Not the Eviction API: a PodDisruptionBudget could refuse one member of a job and
 go, and a victim job goes whole or not at all. kube-scheduler's preemption does the same (it
 prefers victims that violate no budget, then deletes).
 
-Idempotent: a victim already leaving or gone is skipped, so the reservation loop calls it again
-for a claim's victims on every step until they are gone (a restart in between finishes the job).
+Idempotent: a victim already leaving or gone is skipped, and so is one this helper deleted before
+(the watch may show it leaving only after the next step: without this it would be marked and
+deleted again, with a second `Preempted` event), so the reservation loop calls it again for a
+claim's victims on every step until they are gone (a restart in between finishes the job).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Evictions:
         self.ledger = ledger
         self.report = report
         self._failed: set[str] = set()  # uids whose eviction failed and was logged
+        self._deleted: dict[str, None] = {}  # uids deleted, oldest first (at most MAX_REMEMBERED)
 
     def leaving(self, uids: Iterable[str]) -> list[str]:
         """Those still holding devices (bound, not finished), leaving or not."""
@@ -51,8 +54,8 @@ class Evictions:
         evicted = 0
         for uid in uids:
             holding = self.ledger.holding(uid)
-            if holding is None or holding.terminating:
-                continue  # gone, or going
+            if holding is None or holding.terminating or uid in self._deleted:
+                continue  # gone, or going (perhaps not shown by the watch yet)
             namespace, _, name = self.ledger.pod_key(uid).partition("/")
             if not name:
                 continue
@@ -60,6 +63,7 @@ class Evictions:
                 await self.api.mark_preempted(namespace, name, uid, message)
                 await self.api.delete_pod(namespace, name, uid)
             except NotFound:
+                self._remember(uid)
                 continue  # gone meanwhile
             except Conflict:
                 continue  # another pod of that name now: not ours to evict
@@ -76,7 +80,13 @@ class Evictions:
                     )
                 continue
             self._failed.discard(uid)
+            self._remember(uid)
             evicted += 1
             if self.report is not None:
                 self.report(ObjectRef("Pod", namespace, name, uid), "Preempted", message, False)
         return evicted
+
+    def _remember(self, uid: str) -> None:
+        if len(self._deleted) >= MAX_REMEMBERED:
+            del self._deleted[next(iter(self._deleted))]
+        self._deleted[uid] = None
