@@ -5,6 +5,7 @@ admits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import msgspec
@@ -175,6 +176,13 @@ def test_a_claim_goes_to_its_object_and_back() -> None:
     assert read == NodeClaim(
         "a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "my-scheduler", "7", "u1"
     )
+    preempting = dataclasses.replace(
+        written, victims=("p1", "p2"), victim_jobs=(("ns", "low"), ("other", "x.y"))
+    )
+    found = to_object(preempting)
+    assert found.spec.victimJobs == ["ns/low", "other/x.y"]
+    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=UltraServerClaim))
+    assert read == preempting
 
 
 def test_claims_we_could_not_have_written_are_refused() -> None:
@@ -194,6 +202,11 @@ def test_claims_we_could_not_have_written_are_refused() -> None:
         changed(renewTime="2026-01-01T00:00:00"),  # no zone
         changed(job=""),
         changed(scheduler="s" * 300),
+        changed(victimJobs=["no-namespace"]),
+        changed(victimJobs=["ns/a/b"]),
+        changed(victimJobs=["/x"]),
+        changed(victimJobs=["ns/" + "x" * 400]),
+        changed(victimJobs=["ns/x"] * 1025),
     ):
         with pytest.raises(ClaimError):
             from_object(bad)

@@ -280,6 +280,8 @@ class ClaimSpec(msgspec.Struct, omit_defaults=True):
     seconds: int = 0
     # Pods (uids) evicted for this job by preemption (issue 40), until its members are bound.
     victims: list[str] = []
+    # The jobs (namespace/name) evicted whole for it, until its members are bound.
+    victimJobs: list[str] = []
 
 
 class ClaimMeta(msgspec.Struct, omit_defaults=True):
