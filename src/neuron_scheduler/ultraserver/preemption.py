@@ -24,11 +24,11 @@ evictions; the victims' replacements find the units claimed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.jobpreemption import Cost, Opening, cheapest
-from neuron_scheduler.ultraserver.claims import MAX_VICTIMS
+from neuron_scheduler.ultraserver.claims import MAX_VICTIMS, PENDING, NodeClaim
 from neuron_scheduler.ultraserver.jobs import JobKey
 from neuron_scheduler.ultraserver.placement import (
     Occupancy,
@@ -136,6 +136,31 @@ def plan_preemption(
         )
     taken = sorted(n for o in choice.openings for n in occupancy.nodes_of(o.unit))
     return Preemption(job, tuple(taken), choice.jobs, tuple(dict.fromkeys(victims)), choice.cost)
+
+
+def claim_victims(occupancy: Occupancy, claims: Iterable[NodeClaim]) -> list[str]:
+    """The pods a job's preemption evicts, by its Pending claims: the uids listed on them, and
+    every member of the jobs evicted whole that is not on a node of a complete claim of its own
+    job. The plan's list was made before the claim was written; a member that was on its way
+    then (past filter, binding) is known now, and is evicted with its job. A victim job's
+    replacements bind only into a claim of their own, complete: they are no victims."""
+    pending = [c for c in claims if c.phase == PENDING]
+    found = dict.fromkeys(v for c in pending for v in c.victims)
+    jobs = {j for c in pending for j in c.victim_jobs}
+    if not jobs:
+        return list(found)
+    settled: dict[JobKey, set[str]] = {}  # each victim job's complete claim's nodes
+    for job in jobs:
+        settled[job] = occupancy.claimed(job) if occupancy.complete(job) else set()
+    for uid, worker in occupancy.workers.items():
+        if worker.job in jobs and worker.node not in settled[worker.job]:
+            found.setdefault(uid)
+    return list(found)
+
+
+def job_priority(occupancy: Occupancy, job: JobKey) -> int | None:
+    """The job's priority (its highest member's, bound or waiting), or None with no member."""
+    return _priorities(occupancy).get(job)
 
 
 def _priorities(occupancy: Occupancy) -> dict[JobKey, int]:

@@ -69,7 +69,7 @@ from neuron_scheduler.ultraserver.placement import (
     plan,
     shortfall,
 )
-from neuron_scheduler.ultraserver.preemption import Preemption
+from neuron_scheduler.ultraserver.preemption import Preemption, claim_victims
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
@@ -174,8 +174,12 @@ class Reservations:
             if not waiting and not workers:
                 await self._release(job, claims, "its job has no member left")
                 continue
-            victims = self._victims_left(job, claims)
-            if victims:  # its preemption goes on (a restart finishes the evictions)
+            # Its preemption goes on (a restart finishes the evictions), once its claim is whole:
+            # half a claim (a crash while it was written) is `_plan`'s to complete or undo
+            # first, and the victims are evicted then.
+            complete = self.occupancy.complete(job)
+            victims = self._victims_left(job, claims) if complete else []
+            if victims:
                 await self.evictions.evict(victims, self._preempted_text(job))
             asked = self._asked_at(job)
             if any(c.expired(now) for c in claims):
@@ -228,8 +232,7 @@ class Reservations:
 
     def _victims_left(self, job: JobKey, claims: list[NodeClaim]) -> list[str]:
         """The pods a Pending claim's preemption evicts that still hold their devices."""
-        listed = dict.fromkeys(v for c in claims if c.phase == PENDING for v in c.victims)
-        return self.evictions.leaving(listed)
+        return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
     def _preempted_text(self, job: JobKey) -> str:
         return (
@@ -246,6 +249,7 @@ class Reservations:
                 phase=phase,
                 renewed=renewed,
                 victims=claim.victims if phase == PENDING else (),
+                victim_jobs=claim.victim_jobs if phase == PENDING else (),
             )
             try:
                 written = await self.api.replace_claim(to_object(fresh))
@@ -349,7 +353,10 @@ class Reservations:
                     if len(units) >= needed
                     else shortfall(job, first.config, size, needed, len(units), False)
                 )
-            if isinstance(chosen, Shortfall) and self._preempting(job):
+            # Half a preemption's claim (a crash) is planned again as a preemption, whatever is
+            # free now: its victims are worked out anew, and the rest of it let go.
+            half = own and not self.occupancy.complete(job) and self._half_preemption(job)
+            if (isinstance(chosen, Shortfall) or half) and self._preempting(job):
                 asks.pop(job, None)
                 planned = preemption_for(
                     self.ledger,
@@ -364,6 +371,11 @@ class Reservations:
                         opened.clear()
                     continue
                 self._count("impossible")
+                if half:  # its victims are not evicted for a claim it cannot have now
+                    claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
+                    await self._release(job, claimed, "its preemption cannot be made now")
+                    opened.clear()
+                    continue
             if isinstance(chosen, Shortfall):
                 if own and self.occupancy.by_job.get(job) and not self.occupancy.complete(job):
                     # What a crash left half written, and cannot be completed now.
@@ -378,9 +390,14 @@ class Reservations:
     def _preempting(self, job: JobKey) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
         preemption's claim for it is half written (a crash): the loop works it out now."""
-        if job in self.occupancy.preemption_asks:
-            return True
-        return any(self.occupancy.claims[n].victims for n in self.occupancy.by_job.get(job, ()))
+        return job in self.occupancy.preemption_asks or self._half_preemption(job)
+
+    def _half_preemption(self, job: JobKey) -> bool:
+        """Whether the job's claim lists victims (a preemption's), while not complete."""
+        claims = self.occupancy.claims
+        return not self.occupancy.complete(job) and any(
+            claims[n].victims or claims[n].victim_jobs for n in self.occupancy.by_job.get(job, ())
+        )
 
     def _refuse(self, job: JobKey, waiting: list[Pending], why: Shortfall, never: bool) -> None:
         """What its members are refused with; said once per change (logged; and, when it can
@@ -426,13 +443,13 @@ class Reservations:
                     grown = dataclasses.replace(claim, version=known.version, uid=known.uid)
                     self._hold(await self.api.replace_claim(to_object(grown)))
                     continue  # (not undone: the node was the job's before this attempt)
-                written.append((from_object(await self.api.create_claim(to_object(claim))), None))
+                ours = from_object(await self.api.create_claim(to_object(claim)))
             except CLAIM_WRITE_ERRORS as error:
                 self._undoing(job, node, error)
                 await self._undo(written)
                 return False
-        for claim, _ in written:
-            self.occupancy.hold(claim)
+            written.append((ours, None))
+            self.occupancy.hold(ours)  # (admits nobody of the job until complete)
         self._said.pop(job, None)
         log.info(
             "reserved %s for job %s (%d members, units of %d nodes)",
@@ -450,7 +467,6 @@ class Reservations:
         or an error while claiming, what was written is undone and nobody is evicted."""
         job, now = planned.job, self.wall_clock()
         config, scheduler = first.config, first.pod.spec.schedulerName
-        victims = planned.victims
         written: list[tuple[NodeClaim, NodeClaim | None]] = []
         for node in planned.nodes:
             known = self.occupancy.claims.get(node)
@@ -463,7 +479,8 @@ class Reservations:
                 now,
                 self.claim_seconds,
                 scheduler,
-                victims=victims,
+                victims=planned.victims,
+                victim_jobs=planned.jobs,
             )
             try:
                 if known is None:
@@ -479,10 +496,16 @@ class Reservations:
                 self._count("failed")
                 return False
             written.append((ours, known))
-        for claim, _ in written:
-            self.occupancy.hold(claim)
+            # Held at once, not after the last node: from here on filter and bind refuse this
+            # node to the victim jobs' members (and to pods of no job) while the rest is written.
+            self.occupancy.hold(ours)
+        await self._let_go_outside(job, planned.nodes)
         self._said.pop(job, None)
         self._count("carried_out")
+        # Worked out again now that the claim holds every node: a victim job's member that was
+        # already past filter when the plan was made may have bound (or be binding) since.
+        claims = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
+        victims = claim_victims(self.occupancy, claims)
         log.info(
             "preemption for job %s (%d members, units of %d nodes, priority %d): reserved %s; "
             "evicting %s (%d pods)",
@@ -509,6 +532,19 @@ class Reservations:
                 await self._release(victim, mine, why)
         return True
 
+    async def _let_go_outside(self, job: JobKey, nodes: Collection[str]) -> None:
+        """Ends the job's claim on nodes neither in `nodes` nor in a unit it holds whole: what a
+        crash left of an earlier attempt, which this one did not take again."""
+        held = {n for unit in self.occupancy.held_units(job) for n in self.occupancy.nodes_of(unit)}
+        outside = [
+            self.occupancy.claims[n]
+            for n in sorted(self.occupancy.claimed(job))
+            if n not in nodes and n not in held
+        ]
+        if outside:
+            why = "a crash left it half written, and it was planned anew"
+            await self._release(job, outside, why)
+
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (
             f"node {node} is claimed already (a claim this replica had not seen)"
@@ -528,11 +564,12 @@ class Reservations:
             try:
                 if taken_from is None:
                     await self.api.delete_claim(claim.node, claim.uid, claim.version)
+                    self.occupancy.release(claim.node, claim.uid)
                 else:
                     back = dataclasses.replace(taken_from, version=claim.version, uid=claim.uid)
                     self._hold(await self.api.replace_claim(to_object(back)))
             except NotFound:
-                pass
+                self.occupancy.release(claim.node, claim.uid)
             except READ_ERRORS as error:
                 # It stays until it ends by itself (Pending, its job does nothing with it).
                 log.warning("cannot undo the claim on %s: %s", claim.node, loggable(error))
