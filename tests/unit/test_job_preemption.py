@@ -15,7 +15,7 @@ from neuron_scheduler.extender.state.members import preemption_for
 from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.objects import Pod, UltraServerClaim
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim, to_object
 from neuron_scheduler.ultraserver.jobs import member_of
 from neuron_scheduler.ultraserver.preemption import Preemption
 from tests.builders import node, pod_json
@@ -244,3 +244,67 @@ async def test_bind_refuses_a_node_a_claim_took_since_filter() -> None:
         answer = await extender.binder.bind(bind(i, to))
         assert "ultraserver_unit rule no longer admits it there" in answer, answer
         assert not api.pods[f"low2-{i}"]["spec"].get("nodeName")
+
+
+# --- who may make the extender delete pods --------------------------------------------------
+
+
+def never_preempts(world: World, pods: list[Pod]) -> list[Pod]:
+    """The pods as the watch shows them with `preemptionPolicy: Never`."""
+    changed = []
+    for pod in pods:
+        spec = msgspec.structs.replace(pod.spec, preemptionPolicy="Never")
+        changed.append(msgspec.structs.replace(pod, spec=spec))
+        world.pods[pod.metadata.uid] = changed[-1]
+        for view in (world.ledger, world.occupancy):
+            view.apply_pod(changed[-1])
+    return changed
+
+
+async def test_the_preempt_verb_asks_only_for_a_pending_member_the_watch_knows() -> None:
+    """Anyone holding kube-scheduler's client certificate can call the verb with any body: a
+    pod that is not pending, one whose name does not match the watch's, or a member that must
+    never preempt, gets no preemption, whatever the body says."""
+    world = World(units=3)
+    await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    forged = msgspec.structs.replace(
+        big[0], metadata=msgspec.structs.replace(big[0].metadata, uid="made-up")
+    )
+    renamed = msgspec.structs.replace(
+        big[0], metadata=msgspec.structs.replace(big[0].metadata, name="other")
+    )
+    for body in (forged, renamed, world.pods["low0-0"]):  # (low0-0 is running)
+        assert await world.preempt(body, {"a0": ["low0-0"]}) == {}
+        assert world.occupancy.preemption_asks == {}
+    never_preempts(world, big)
+    assert await world.preempt(big[0], {"a0": ["low0-0"]}) == {}  # the body says nothing
+    assert world.occupancy.preemption_asks == {}
+    # Nor does the loop preempt for it, asked or not.
+    world.occupancy.preemption_asks[("ns", "big")] = world.now
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big") == []
+
+
+async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than_its_job() -> None:
+    """A claim another writer made (claims' write access is enough) lists a pod of higher
+    priority than its job among the victims: only those below the job's priority go."""
+    world = World(units=3)
+    await world.running("vip", "a", priority=5000)
+    low1 = await world.running("low1", "b", priority=10)
+    world.job("big", 4, priority=1000)
+    for i in range(4):
+        forged = NodeClaim(
+            f"c{i}",
+            ("ns", "big"),
+            4,
+            4,
+            PENDING,
+            world.now,
+            60,
+            "my-scheduler",
+            victims=("vip-0", "vip-1", *(p.metadata.uid for p in low1)),
+        )
+        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1)

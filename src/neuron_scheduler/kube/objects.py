@@ -103,6 +103,9 @@ class PodSpec(msgspec.Struct):
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
     priority: int | None = None
+    # "Never": the pod never preempts (kube-scheduler's rule; the extender's preemption for
+    # training jobs honours it too).
+    preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
 
 

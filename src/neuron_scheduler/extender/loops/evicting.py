@@ -44,13 +44,15 @@ class Evictions:
         self.report = report
         self._failed: set[str] = set()  # uids whose eviction failed and was logged
         self._deleted: dict[str, None] = {}  # uids deleted, oldest first (at most MAX_REMEMBERED)
+        self._spared: set[str] = set()  # uids not evicted for their priority, logged
 
     def leaving(self, uids: Iterable[str]) -> list[str]:
         """Those still holding devices (bound, not finished), leaving or not."""
         return [uid for uid in uids if self.ledger.holding(uid) is not None]
 
-    async def evict(self, uids: Iterable[str], message: str) -> int:
-        """Evicts those of `uids` still there and not leaving already; how many it evicted."""
+    async def evict(self, uids: Iterable[str], message: str, below: int) -> int:
+        """Evicts those of `uids` still there and not leaving already, of a priority below
+        `below` (the preemptor's); how many it evicted."""
         evicted = 0
         for uid in uids:
             holding = self.ledger.holding(uid)
@@ -58,6 +60,19 @@ class Evictions:
                 continue  # gone, or going (perhaps not shown by the watch yet)
             namespace, _, name = self.ledger.pod_key(uid).partition("/")
             if not name:
+                continue
+            if holding.priority >= below:
+                if uid not in self._spared:  # once: every step sees it again
+                    if len(self._spared) >= MAX_REMEMBERED:
+                        self._spared.clear()
+                    self._spared.add(uid)
+                    log.warning(
+                        "not evicting %s/%s: its priority %d is not below the preemptor's %d",
+                        loggable(namespace),
+                        loggable(name),
+                        holding.priority,
+                        below,
+                    )
                 continue
             try:
                 await self.api.mark_preempted(namespace, name, uid, message)

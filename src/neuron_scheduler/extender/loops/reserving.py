@@ -69,7 +69,7 @@ from neuron_scheduler.ultraserver.placement import (
     plan,
     shortfall,
 )
-from neuron_scheduler.ultraserver.preemption import Preemption, claim_victims
+from neuron_scheduler.ultraserver.preemption import Preemption, claim_victims, job_priority
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
@@ -79,6 +79,7 @@ TICK = 1.0  # seconds between steps when nothing changes (claims end by the cloc
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
+NEVER = "Never"  # a pod's preemptionPolicy that forbids preempting
 
 
 class ClaimWriter(Protocol):
@@ -130,6 +131,7 @@ class Reservations:
         self.ready = asyncio.Event()  # set once pods, nodes and claims are listed
         self._signal = asyncio.Event()
         self._said: dict[JobKey, str] = {}  # the shortfall last logged per job
+        self._no_preemption: dict[JobKey, str] = {}  # why a job got none, as last logged
         # Jobs whose claim ended because they did nothing (by `clock`): not planned for again
         # until kube-scheduler asks about one of their members after that.
         self._idle: dict[JobKey, float] = {}
@@ -180,7 +182,7 @@ class Reservations:
             complete = self.occupancy.complete(job)
             victims = self._victims_left(job, claims) if complete else []
             if victims:
-                await self.evictions.evict(victims, self._preempted_text(job))
+                await self._evict(job, victims)
             asked = self._asked_at(job)
             if any(c.expired(now) for c in claims):
                 if victims:
@@ -234,11 +236,22 @@ class Reservations:
         """The pods a Pending claim's preemption evicts that still hold their devices."""
         return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
-    def _preempted_text(self, job: JobKey) -> str:
-        return (
+    async def _evict(self, job: JobKey, victims: list[str]) -> int:
+        """Evicts a preemption's victims for `job`: only pods on UltraServer nodes, of lower
+        priority than the job's as its members say now. A claim is an object anyone allowed to
+        write claims could write: what it lists is not enough to delete a pod."""
+        priority = job_priority(self.occupancy, job)
+        if priority is None:
+            return 0  # no member left: its claim ends, nobody is evicted for it
+        servers = self.occupancy.servers
+        on_servers = [
+            uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
+        ]
+        text = (
             f"neuron-scheduler: evicted whole with its job, by preemption for job "
             f"{job_text(job)} of higher priority"
         )
+        return await self.evictions.evict(on_servers, text, below=priority)
 
     async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
         """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
@@ -300,6 +313,8 @@ class Reservations:
             del self.occupancy.shortfalls[job]  # gone, or all its members bound
         for job in [j for j in self._said if j not in jobs]:
             del self._said[job]
+        for job in [j for j in self._no_preemption if j not in jobs]:
+            del self._no_preemption[job]
         asks = self.occupancy.preemption_asks
         for job in [j for j, at in asks.items() if self.clock() - at >= self.claim_seconds]:
             del asks[job]  # kube-scheduler has not asked again: what it asked for is stale
@@ -356,7 +371,7 @@ class Reservations:
             # Half a preemption's claim (a crash) is planned again as a preemption, whatever is
             # free now: its victims are worked out anew, and the rest of it let go.
             half = own and not self.occupancy.complete(job) and self._half_preemption(job)
-            if (isinstance(chosen, Shortfall) or half) and self._preempting(job):
+            if (isinstance(chosen, Shortfall) or half) and self._preempting(job, waiting):
                 asks.pop(job, None)
                 planned = preemption_for(
                     self.ledger,
@@ -367,10 +382,11 @@ class Reservations:
                     self.wall_clock(),
                 )
                 if isinstance(planned, Preemption):
+                    self._no_preemption.pop(job, None)
                     if await self._preempt(first, size, planned):
                         opened.clear()
                     continue
-                self._count("impossible")
+                self._impossible(job, planned)
                 if half:  # its victims are not evicted for a claim it cannot have now
                     claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its preemption cannot be made now")
@@ -387,10 +403,24 @@ class Reservations:
             if chosen and await self._claim(job, first, size, chosen):
                 opened.clear()  # those units are taken: what is open is worked out again
 
-    def _preempting(self, job: JobKey) -> bool:
+    def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
-        preemption's claim for it is half written (a crash): the loop works it out now."""
+        preemption's claim for it is half written (a crash): the loop works it out now. Never
+        for a job one of whose members says `preemptionPolicy: Never`."""
+        if any(p.pod.spec.preemptionPolicy == NEVER for p in waiting):
+            return False
         return job in self.occupancy.preemption_asks or self._half_preemption(job)
+
+    def _impossible(self, job: JobKey, why: Shortfall) -> None:
+        """No preemption for the job now: counted each time asked, logged once per reason."""
+        self._count("impossible")
+        if self._no_preemption.get(job) != why.reason:
+            self._no_preemption[job] = why.reason
+            log.info(
+                "preemption for job %s: %s",
+                loggable(job_text(job), NAME_LIMIT),
+                loggable(why.reason),
+            )
 
     def _half_preemption(self, job: JobKey) -> bool:
         """Whether the job's claim lists victims (a preemption's), while not complete."""
@@ -517,7 +547,7 @@ class Reservations:
             loggable(planned.summary),
             len(victims),
         )
-        evicted = await self.evictions.evict(victims, self._preempted_text(job))
+        evicted = await self._evict(job, victims)
         if self.metrics is not None:
             self.metrics.job_preemption_victims.inc(evicted)
         leftover = [

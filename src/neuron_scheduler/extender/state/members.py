@@ -69,8 +69,10 @@ def member_unfit(ledger: Ledger, pod: Pod, node: str) -> str | None:
     if excluded is not None:
         return excluded
     entry = ledger.nodes[node]
+    if not (entry.unhealthy_devices or entry.withheld_cores):
+        return None  # (what fits its type, which member_excluded checked, fits it empty)
     request = neuron_request(pod)  # (read without error by member_excluded)
-    if request is None or not (entry.unhealthy_devices or entry.withheld_cores):
+    if request is None:
         return None
     alone = NodeState(entry.unhealthy_cores, entry.withheld_cores)
     decision = allocate(entry.topology, alone, request)
