@@ -6,6 +6,8 @@ tests/unit/test_reserving.py's: the preempt verb and the loop on an in-memory cl
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 import pytest
 
@@ -308,3 +310,32 @@ async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than
         world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1)
+
+
+async def test_a_claim_waits_for_its_victims_no_longer_than_their_grace_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The victims' node is down: they stay Terminating, holding their devices, for ever. The
+    claim waits for them while their grace period lasts, then ends claim_seconds (60) later,
+    saying why, when nobody asks about its job."""
+    caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
+    world = World(units=3)
+    await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    world.grace = 300
+    await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    for _ in range(29):  # 290 s: within their grace period
+        world.now += 10
+        await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    ended = None
+    for tick in range(1, 100):  # up to 990 s after
+        world.now += 10
+        await world.loop.step()
+        if not world.claimed("big"):
+            ended = tick * 10
+            break
+    assert ended is not None and 290 + ended <= 300 + 60 + 20  # (renewed every third of 60 s)
+    assert "8 pods evicted for it still hold devices past the grace period" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -105,6 +106,7 @@ class FakeClaims:
 class World:
     def __init__(self, units: int = 2) -> None:
         self.now = 1_767_312_000.0  # 2026-01-02T00:00:00Z: after the pods' start times
+        self.grace = 30.0  # a deleted pod's terminationGracePeriodSeconds
         self.api = FakeClaims()
         self.ledger = Ledger(Catalog.builtin())
         self.occupancy = Occupancy()
@@ -152,9 +154,11 @@ class World:
         )
 
     def terminating(self, uid: str) -> None:
-        """A deleted pod, as the watch shows it until its kubelet is done with it."""
+        """A deleted pod, as the watch shows it until its kubelet is done with it (at the latest
+        when its grace period ends: deletionTimestamp)."""
         pod = self.pods[uid]
-        meta = msgspec.structs.replace(pod.metadata, deletionTimestamp="2026-01-01T01:00:00Z")
+        by = datetime.fromtimestamp(self.now + self.grace, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta = msgspec.structs.replace(pod.metadata, deletionTimestamp=by)
         self.pods[uid] = leaving = msgspec.structs.replace(pod, metadata=meta)
         for view in (self.ledger, self.occupancy):
             view.apply_pod(leaving)
@@ -602,6 +606,7 @@ async def test_a_preempting_claim_lives_while_its_victims_leave() -> None:
     _, low1, low2 = await three_low_jobs(world)
     big = world.job("big", 8, priority=1000)
     await world.preempt(big[0], {"a0": ["low0-0"]})
+    world.grace = 3600
     await world.loop.step()
     world.now += 600  # victims with a long grace period; nobody asks about big meanwhile
     await world.loop.step()

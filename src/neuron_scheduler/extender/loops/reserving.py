@@ -48,6 +48,7 @@ from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import placement_kind
 from neuron_scheduler.kube.objects import ObjectRef, UltraServerClaim
+from neuron_scheduler.kube.reading import epoch
 from neuron_scheduler.ultraserver.claims import (
     BOUND,
     PENDING,
@@ -183,9 +184,13 @@ class Reservations:
             victims = self._victims_left(job, claims) if complete else []
             if victims:
                 await self._evict(job, victims)
+            # The claim waits for its victims to go while their grace period lasts (a victim
+            # that holds its devices after that, its node down, keeps it no longer: then it
+            # ends by the usual rule, `claim_seconds` after the last ask or that wait).
+            leaving = self._within_grace(victims, now)
             asked = self._asked_at(job)
             if any(c.expired(now) for c in claims):
-                if victims:
+                if leaving:
                     await self._rewrite(claims, PENDING, now)  # waiting for its victims to go
                 elif (
                     asked is not None
@@ -195,11 +200,7 @@ class Reservations:
                     await self._rewrite(claims, PENDING, asked)
                 else:
                     self._idle[job] = self.clock()
-                    await self._release(
-                        job,
-                        claims,
-                        f"none of its members was scheduled for {self.claim_seconds}s",
-                    )
+                    await self._release(job, claims, self._ended_why(victims))
                 continue
             claimed = {c.node for c in claims}
             size = self.occupancy.claimed_size(job)
@@ -216,7 +217,7 @@ class Reservations:
             # Renewed to the last time kube-scheduler asked about a member, so a claim ends
             # `claim_seconds` after that, not after the last renewal.
             pending = [c for c in claims if c.phase == PENDING]
-            renewed_to = now if victims else asked
+            renewed_to = now if leaving else asked
             stale = [
                 c
                 for c in pending
@@ -224,6 +225,25 @@ class Reservations:
             ]
             if stale and renewed_to is not None:
                 await self._rewrite(stale, PENDING, renewed_to)
+
+    def _within_grace(self, victims: list[str], now: float) -> list[str]:
+        """The victims leaving whose grace period has not ended (deletionTimestamp)."""
+        found = []
+        for uid in victims:
+            holding = self.ledger.holding(uid)
+            if holding is not None and holding.terminating and epoch(holding.leaving_by) > now:
+                found.append(uid)
+        return found
+
+    def _ended_why(self, victims: list[str]) -> str:
+        why = f"none of its members was scheduled for {self.claim_seconds}s"
+        if not victims:
+            return why
+        return (
+            f"{why}, and {len(victims)} pod{'s' if len(victims) != 1 else ''} evicted for it "
+            f"still hold{'s' if len(victims) == 1 else ''} devices past the grace period "
+            f"(such as {self.ledger.pod_key(victims[0])}: is its node down?)"
+        )
 
     def _asked_at(self, job: JobKey) -> float | None:
         """When kube-scheduler last asked about one of the job's members, by the wall clock."""
