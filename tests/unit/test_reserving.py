@@ -6,15 +6,18 @@ recorded in the order the API would see them."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import pytest
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.extender.loops import reserving
 from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
@@ -669,3 +672,37 @@ async def test_status_says_how_far_an_incomplete_job_is() -> None:
         f"job ns/j has 4 of its 8 members, holding UltraServers {'a' * 16}, {'b' * 16} since "
         "2026-01-01T00:00:00Z ("
     )
+
+
+class Stop(BaseException):
+    """Ends the loop under test (a cancel may be lost in Python 3.11's asyncio.wait_for when
+    the signal it waits for is set in the same turn)."""
+
+
+async def test_the_loop_outlives_a_failing_step_and_joins_a_burst_of_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reserving, "TICK", 0.05)
+    monkeypatch.setattr(reserving, "COALESCE", 0.02)
+    world = World(units=1)
+    steps: list[int] = []
+    stop = False
+
+    async def step() -> None:
+        steps.append(len(steps))
+        if len(steps) == 1:
+            raise RuntimeError("a bug")
+        if stop:
+            raise Stop()
+
+    world.loop.step = step  # type: ignore[method-assign]
+    world.loop.ready.set()
+    task = asyncio.create_task(world.loop.run())
+    while len(steps) < 3:  # steps after the one that failed
+        await asyncio.sleep(0.01)
+    before, stop = len(steps), True
+    for _ in range(20):  # a burst of changes: one step
+        world.loop.changed()
+    with pytest.raises(Stop):
+        await task
+    assert len(steps) == before + 1

@@ -26,7 +26,6 @@ job's members, and the next job's, are retried at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -37,6 +36,7 @@ from typing import Protocol
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.extender.loops.evicting import Evictions
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import (
@@ -142,16 +142,12 @@ class Reservations:
 
     async def run(self) -> None:
         await self.ready.wait()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), TICK)
-            await asyncio.sleep(COALESCE)
-            self._signal.clear()
-            try:
-                await self.step()
-            except Exception:  # a bug must not end the loop: claims would never end
-                log.exception("reservation step failed; trying again in %.0fs", TICK)
-                await asyncio.sleep(TICK)
+        await run_steps(self._coalesced_step, self._signal, TICK, "reservation", log)
+
+    async def _coalesced_step(self) -> None:
+        await asyncio.sleep(COALESCE)  # the rest of a burst of changes joins this step
+        self._signal.clear()
+        await self.step()
 
     async def step(self) -> None:
         """One round (nothing unless this replica is the leader)."""
