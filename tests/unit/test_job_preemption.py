@@ -310,6 +310,25 @@ async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than
         world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1)
+    # Nor for a job whose members must never preempt.
+    world = World(units=3)
+    low0 = await world.running("low0", "a", priority=10)
+    never_preempts(world, world.job("big", 4, priority=1000))
+    for i in range(4):
+        forged = NodeClaim(
+            f"b{i}",
+            ("ns", "big"),
+            4,
+            4,
+            PENDING,
+            world.now,
+            60,
+            "my-scheduler",
+            victims=("low0-0",),
+        )
+        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+    await world.loop.step()
+    assert world.evicted() == [] and low0
 
 
 async def test_a_claim_waits_for_its_victims_no_longer_than_their_grace_period(

@@ -254,11 +254,15 @@ class Reservations:
 
     async def _evict(self, job: JobKey, victims: list[str]) -> int:
         """Evicts a preemption's victims for `job`: only pods on UltraServer nodes, of lower
-        priority than the job's as its members say now. A claim is an object anyone allowed to
-        write claims could write: what it lists is not enough to delete a pod."""
+        priority than the job's as its members say now, and none for a job whose members must
+        not preempt. A claim is an object anyone allowed to write claims could write: what it
+        lists is not enough to delete a pod."""
         priority = job_priority(self.occupancy, job)
         if priority is None:
             return 0  # no member left: its claim ends, nobody is evicted for it
+        waiting = self.occupancy.pending.values()
+        if any(p.member.job == job and p.pod.spec.preemptionPolicy == NEVER for p in waiting):
+            return 0  # (a claim that lists victims for it was not written by this loop)
         servers = self.occupancy.servers
         on_servers = [
             uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
