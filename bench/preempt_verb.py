@@ -21,68 +21,38 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any
 
-import msgspec
-
-import fleet  # noqa: F401  (the checkout on sys.path: tests.builders)
-from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON
-from neuron_scheduler.extender.metrics import Metrics
-from neuron_scheduler.extender.state.budgets import DisruptionBudgets
-from neuron_scheduler.extender.state.ledger import Ledger
+import fleet  # noqa: F401  (the checkout on sys.path: tests/)
 from neuron_scheduler.extender.state.members import preemption_for
-from neuron_scheduler.extender.verbs.preempting import Preemptor
 from neuron_scheduler.extender.verbs.wire import ExtenderPreemptionArgs, MetaPod, MetaVictims
-from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.ultraserver.jobs import member_of
-from neuron_scheduler.ultraserver.placement import Occupancy
-from tests.builders import node, pod_json
-
-PREFIX = "neuron.amazonaws.com/ultraserver-"
-NOW = 1_767_312_000.0
+from tests.builders import node
+from tests.unit.test_reserving import PREFIX, World
 
 
-def member(job: str, index: int, size: int, priority: int, node_name: str = "") -> Pod:
-    body: dict[str, Any] = pod_json(
-        f"{job}-{index}",
-        {NEURON: 16},
-        namespace="ns",
-        node=node_name,
-        uid=f"{job}-{index}",
-        labels={
-            "training.kubeflow.org/job-name": job,
-            "training.kubeflow.org/job-role": "worker",
-        },
-        annotations={"neuron-scheduler.io/gang-size": str(size)},
-    )
-    body["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-    body["spec"]["priority"] = priority
-    body.setdefault("status", {})["startTime"] = "2026-01-01T00:00:00Z"
-    return msgspec.convert(body, Pod)
-
-
-def world(units: int) -> tuple[Ledger, Occupancy, Preemptor, Pod, list[str]]:
-    ledger, occupancy = Ledger(Catalog.builtin()), Occupancy()
-    nodes, pods = [], []
+def world(units: int) -> tuple[World, list[str]]:
+    """N UltraServers, each running a 4-member job of priority 10; a 64-member job of priority
+    1000 waiting (the unit tests' world: the verb and the loop on one Ledger and Occupancy)."""
+    found = World(units=0)
+    nodes = []
     for k in range(units):
         labels = {PREFIX + "mode": "1_2_4", PREFIX + "server-id-4": f"{k:016x}"}
-        for i in range(4):
-            nodes.append(node(f"u{k}-{i}", "trn2u.48xlarge", labels=labels))
-            pods.append(member(f"low{k}", i, 4, 10, f"u{k}-{i}"))
-    big = [member("big", i, 64, 1000) for i in range(64)]
-    for view in (ledger, occupancy):
+        nodes += [node(f"u{k}-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    for view in (found.ledger, found.occupancy):
         view.replace_nodes(nodes)
-        view.replace_pods([*pods, *big])
-    verb = Preemptor(
-        ledger, DisruptionBudgets(), Metrics(ledger), occupancy=occupancy, clock=lambda: NOW
-    )
-    return ledger, occupancy, verb, big[0], [n.metadata.name for n in nodes]
+    for k in range(units):
+        for i, pod in enumerate(
+            found.job(f"low{k}", 4, priority=10, started="2026-01-01T00:00:00Z")
+        ):
+            found.bind(pod, f"u{k}-{i}")
+    found.job("big", 64, priority=1000)
+    return found, [n.metadata.name for n in nodes]
 
 
 async def per_call(units: int, calls: int) -> tuple[float, float]:
     """Median seconds per preempt call, and per plan worked out."""
-    ledger, occupancy, verb, pod, names = world(units)
+    found, names = world(units)
+    ledger, occupancy, verb, pod = found.ledger, found.occupancy, found.verb, found.pods["big-0"]
     args = ExtenderPreemptionArgs(
         Pod=pod,
         NodeNameToMetaVictims={
@@ -98,12 +68,12 @@ async def per_call(units: int, calls: int) -> tuple[float, float]:
         await verb.preempt(args)
         times.append(time.perf_counter() - start)
     assert occupancy.preemption_asks, "the verb recorded no ask"
-    found = member_of(pod)
-    assert found is not None
+    member = member_of(pod)
+    assert member is not None
     plans = []
     for _ in range(calls):
         start = time.perf_counter()
-        preemption_for(ledger, occupancy, pod, found, 4, NOW)
+        preemption_for(ledger, occupancy, pod, member, 4, found.now)
         plans.append(time.perf_counter() - start)
     return statistics.median(times), statistics.median(plans)
 

@@ -82,14 +82,21 @@ def crash_at(world: World, write: int) -> None:
     world.api.replace_claim = crashing  # type: ignore[method-assign]
 
 
-async def test_a_restart_after_a_crash_mid_claim_evicts_nobody_before_the_claim_is_whole() -> None:
-    world = World(units=3)
+async def crashed_mid_claim(world: World) -> tuple[list[Pod], list[Pod]]:
+    """low0, low1, low2 run; big (8 members) preempts; the extender dies as it writes the
+    second node of big's claim. low1 and low2."""
     _, low1, low2 = await three_low_jobs(world)
     big = world.job("big", 8, priority=1000)
     await world.preempt(big[0], {"a0": ["low0-0"]})
     crash_at(world, 2)
     with pytest.raises(Crash):
         await world.loop.step()
+    return low1, low2
+
+
+async def test_a_restart_after_a_crash_mid_claim_evicts_nobody_before_the_claim_is_whole() -> None:
+    world = World(units=3)
+    low1, low2 = await crashed_mid_claim(world)
     assert world.stored("big") == ["b0"]  # half a claim, its victims listed on it
     world.loop = world.restarted()  # it lists the claims as they are
     world.occupancy.replace_claims(list(world.api.claims.values()))
@@ -115,12 +122,7 @@ async def test_half_a_claim_a_crash_left_is_planned_again_and_its_victims_only_i
     """The crash left c0 claimed for big with low2's members listed to evict; by the restart,
     low1 has finished, so b and d are free: big takes them, c0 is let go, nobody is evicted."""
     world = World(units=4)
-    _, low1, low2 = await three_low_jobs(world)
-    big = world.job("big", 8, priority=1000)
-    await world.preempt(big[0], {"a0": ["low0-0"]})
-    crash_at(world, 2)
-    with pytest.raises(Crash):
-        await world.loop.step()
+    low1, low2 = await crashed_mid_claim(world)
     assert world.stored("big") == ["c0"]
     for pod in low1:
         world.delete(pod)
@@ -288,6 +290,16 @@ async def test_the_preempt_verb_asks_only_for_a_pending_member_the_watch_knows()
     assert world.evicted() == [] and world.claimed("big") == []
 
 
+async def forge_claim(world: World, job: str, unit: str, victims: tuple[str, ...]) -> None:
+    """A whole claim of `unit` for a 4-member job, listing `victims`, as another writer of
+    claims could make it."""
+    for i in range(4):
+        forged = NodeClaim(
+            f"{unit}{i}", ("ns", job), 4, 4, PENDING, world.now, 60, "my-scheduler", victims=victims
+        )
+        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+
+
 async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than_its_job() -> None:
     """A claim another writer made (claims' write access is enough) lists a pod of higher
     priority than its job among the victims: only those below the job's priority go."""
@@ -295,38 +307,14 @@ async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than
     await world.running("vip", "a", priority=5000)
     low1 = await world.running("low1", "b", priority=10)
     world.job("big", 4, priority=1000)
-    for i in range(4):
-        forged = NodeClaim(
-            f"c{i}",
-            ("ns", "big"),
-            4,
-            4,
-            PENDING,
-            world.now,
-            60,
-            "my-scheduler",
-            victims=("vip-0", "vip-1", *(p.metadata.uid for p in low1)),
-        )
-        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+    await forge_claim(world, "big", "c", ("vip-0", "vip-1", *uids(low1)))
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1)
     # Nor for a job whose members must never preempt.
     world = World(units=3)
     low0 = await world.running("low0", "a", priority=10)
     never_preempts(world, world.job("big", 4, priority=1000))
-    for i in range(4):
-        forged = NodeClaim(
-            f"b{i}",
-            ("ns", "big"),
-            4,
-            4,
-            PENDING,
-            world.now,
-            60,
-            "my-scheduler",
-            victims=("low0-0",),
-        )
-        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+    await forge_claim(world, "big", "b", ("low0-0",))
     await world.loop.step()
     assert world.evicted() == [] and low0
 

@@ -62,10 +62,7 @@ class Evictions:
             if not name:
                 continue
             if holding.priority >= below:
-                if uid not in self._spared:  # once: every step sees it again
-                    if len(self._spared) >= MAX_REMEMBERED:
-                        self._spared.clear()
-                    self._spared.add(uid)
+                if _first_time(self._spared, uid):  # once: every step sees it again
                     log.warning(
                         "not evicting %s/%s: its priority %d is not below the preemptor's %d",
                         loggable(namespace),
@@ -83,10 +80,7 @@ class Evictions:
             except Conflict:
                 continue  # another pod of that name now: not ours to evict
             except READ_ERRORS as error:
-                if uid not in self._failed:  # once: every step tries again
-                    if len(self._failed) >= MAX_REMEMBERED:
-                        self._failed.clear()
-                    self._failed.add(uid)
+                if _first_time(self._failed, uid):  # once: every step tries again
                     log.warning(
                         "cannot evict %s/%s (each step tries again): %s",
                         loggable(namespace),
@@ -105,3 +99,13 @@ class Evictions:
         if len(self._deleted) >= MAX_REMEMBERED:
             del self._deleted[next(iter(self._deleted))]
         self._deleted[uid] = None
+
+
+def _first_time(seen: set[str], uid: str) -> bool:
+    """Whether `uid` is new to `seen` (which it is added to; at most MAX_REMEMBERED)."""
+    if uid in seen:
+        return False
+    if len(seen) >= MAX_REMEMBERED:
+        seen.clear()
+    seen.add(uid)
+    return True
