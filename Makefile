@@ -19,6 +19,7 @@ include tools/kubeletpeer.mk
 include tools/sshd.mk
 include tools/helm.mk
 include tools/image.mk
+include tools/autoscaler.mk
 
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
@@ -36,7 +37,7 @@ typecheck: sync
 # after another fails here; the seed is printed first and last. Replay an order with
 # PYTEST_ARGS=--random-order-seed=N; RANDOM_ORDER= runs the tests in file order.
 RANDOM_ORDER ?= --random-order-bucket=module
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) image
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) image
 	$(UV) run pytest $(RANDOM_ORDER) $(PYTEST_ARGS)
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
@@ -45,7 +46,7 @@ test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) im
 cluster: sync $(KUBE_BIN)
 	$(UV) run python -m tests.testbed.cluster $(CLUSTER_ARGS)
 
-e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) image
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) image
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync

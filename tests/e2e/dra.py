@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +41,12 @@ from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import load_kubeconfig
 from tests.builders import PAUSE_IMAGE, node_json
 from tests.e2e import harness
-from tests.testbed import ControlPlane, KubeError, ManagedProcess
+from tests.testbed import (
+    ControlPlane,
+    KubeError,
+    ManagedProcess,
+    find_kubebin,
+)
 
 DRIVER = "neuron.neuron-scheduler.io"  # the chart's default
 SYSTEM = "neuron-system"  # where the chart is installed
@@ -219,6 +224,22 @@ class DriverProcess:
 
         path = self.cdi / f"{DRIVER}-{uid}.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+
+@contextlib.contextmanager
+def dra_control_plane() -> Iterator[ControlPlane]:
+    """A control plane with the chart's DRA objects (the whole chart with DRA on: the extender
+    and device plugin objects are applied too, nothing runs them) and the default-scheduler."""
+    from tests.e2e.chart import apply, render
+
+    with ControlPlane(find_kubebin(harness.ROOT)) as plane:
+        plane.client.ensure_namespace(SYSTEM)
+        # The chart's DRA objects, strictly: unknown or duplicate fields are errors.
+        docs = render({"dra": {"enabled": True}}, namespace=SYSTEM)
+        out = apply(plane, docs)
+        assert out.count("serverside-applied") == len(docs), out
+        plane.start_scheduler(scheduler_name="default-scheduler")
+        yield plane
 
 
 def slices_of(cp: ControlPlane, node: str) -> list[Json]:

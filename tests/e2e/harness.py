@@ -182,6 +182,19 @@ def remove_pods_and_nodes(cp: ControlPlane, namespace: str, nodes: list[str]) ->
             cp.request("DELETE", f"/api/v1/nodes/{node}")
 
 
+def bound(scenario: Scenario, prefix: str) -> dict[int, str]:
+    """device -> name of the running pod whose name starts with `prefix` holding it (pods of
+    one device each)."""
+    return {
+        ids(p)[0]: p["metadata"]["name"]
+        for p in scenario.pods()
+        if p["metadata"]["name"].startswith(prefix)
+        and p["spec"].get("nodeName")
+        and not p["metadata"].get("deletionTimestamp")
+        and ids(p)
+    }
+
+
 def ids(pod: dict[str, Any], key: str = "AWS_NEURON_IDS") -> list[int]:
     text = pod["metadata"].get("annotations", {}).get(key, "")
     return [int(x) for x in text.split(",") if x]

@@ -72,6 +72,12 @@ COMBOS: dict[str, Doc] = {
     "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
     "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
     "custom-no-preemption": {"scheduler": {"preemption": False}},
+    "custom-autoscaling": {
+        "scheduler": {
+            "capacityRequests": {"mode": "on", "instanceTypes": ["inf2.48xlarge"]},
+            "autoscaling": {"doNotDisrupt": True},
+        }
+    },
     "custom-monitored": {
         "scheduler": {
             "replicas": 2,
@@ -188,6 +194,12 @@ def expected_kinds(combo: str) -> list[str]:
         if scheduler.get("replicas", 1) > 1:
             names += ELECTION
             names.append("PodDisruptionBudget/k8s-neuron-scheduler")
+        if scheduler.get("capacityRequests", {}).get("mode") == "on":
+            names += [
+                "PriorityClass/neuron-scheduler-capacity-request",
+                "Role/k8s-neuron-scheduler-capacity-requests",
+                "RoleBinding/k8s-neuron-scheduler-capacity-requests",
+            ]
         if scheduler.get("serviceMonitor", {}).get("enabled"):
             names.append("ServiceMonitor/k8s-neuron-scheduler")
         if scheduler.get("grafanaDashboard", {}).get("enabled"):
@@ -227,6 +239,7 @@ def test_lint_and_render(combo: str) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "CustomResourceDefinition",
+            "PriorityClass",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
         )
@@ -297,6 +310,40 @@ def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
     assert "--consolidation=on" in args
     assert "--consolidation-evictions-per-hour=7" in args
     assert "--consolidation-lease=k8s-neuron-scheduler-consolidation" in args
+
+
+def test_capacity_requests_on_add_the_placeholders_role_and_their_priority_class() -> None:
+    """Mode on: the ClusterRole is the rules file plus capacity-rules.yaml (what the e2e Stack
+    runs with), a Role in the extender's namespace for the placeholders, and the PriorityClass
+    of value -10; the extender is told all of it. Off (the default): none of it."""
+    docs = render(COMBOS["custom-autoscaling"])
+    rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("capacity-rules.yaml").read_text()),
+    ]
+    role = find(docs, "Role", "k8s-neuron-scheduler-capacity-requests")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    ]
+    priority = find(docs, "PriorityClass", "neuron-scheduler-capacity-request")
+    assert (priority["value"], priority["preemptionPolicy"]) == (-10, "Never")
+    args = extender_args(docs)
+    for arg in (
+        "--capacity-requests=on",
+        "--capacity-instance-type=inf2.48xlarge",
+        "--capacity-priority-class=neuron-scheduler-capacity-request",
+        "--capacity-owner=k8s-neuron-scheduler",
+        "--autoscaler-do-not-disrupt",
+    ):
+        assert arg in args, args
+    off = render()
+    assert "--capacity-requests=off" in extender_args(off)
+    assert "--autoscaler-do-not-disrupt" not in extender_args(off)
+    assert not [k for k in kinds(off) if "capacity" in k or k.startswith("PriorityClass")]
 
 
 @pytest.mark.parametrize(
@@ -548,6 +595,31 @@ class TestApply:
             in result.stderr
         )
 
+    def test_capacity_requests_create_and_delete_pods_in_the_extenders_namespace_only(
+        self, apply_cp: ControlPlane
+    ) -> None:
+        namespace = "chart-rbac-capacity"
+        apply_cp.client.ensure_namespace(namespace)
+        # Preemption off: it deletes pods cluster-wide itself (preemption-rules.yaml); this is
+        # what capacity requests add.
+        values = copy.deepcopy(COMBOS["custom-autoscaling"])
+        values["scheduler"]["preemption"] = False
+        apply(apply_cp, render(values, namespace=namespace))
+        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+
+        def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
+            args = ["auth", "can-i", verb, resource, account, f"--namespace={ns}"]
+            if subresource:
+                args.append(f"--subresource={subresource}")
+            result = apply_cp.kubectl(*args, check=False)
+            assert result.stdout.strip() in ("yes", "no"), result.stderr
+            return result.stdout.strip() == "yes"
+
+        assert can("create", "pods", namespace) and can("delete", "pods", namespace)
+        assert not can("create", "pods", "t") and not can("delete", "pods", "t")
+        assert can("patch", "pods", "t", "status")  # nominating the pending pod, anywhere
+        assert not can("update", "pods", namespace) and not can("create", "pods/eviction", "t")
+
     def test_rbac_grants_what_the_code_calls_and_no_more(self, apply_cp: ControlPlane) -> None:
         namespace = "chart-rbac"
         apply_cp.client.ensure_namespace(namespace)
@@ -616,6 +688,7 @@ def api_path(doc: Doc) -> str:
         "CustomResourceDefinition": "customresourcedefinitions",
         "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
         "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        "PriorityClass": "priorityclasses",
     }[doc["kind"]]
     ns = doc["metadata"].get("namespace")
     scope = f"/namespaces/{ns}" if ns else ""
@@ -1001,7 +1074,9 @@ def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path
             assert cp.request("GET", path + name)["data"] == data, name
 
 
-@pytest.mark.parametrize("combo", ["custom-ha", "custom-plain-http", "default"])
+@pytest.mark.parametrize(
+    "combo", ["custom-ha", "custom-plain-http", "default", "custom-autoscaling"]
+)
 def test_rendered_arguments_parse_with_the_cli(combo: str) -> None:
     """Every flag the chart passes exists on the command it runs (parsed, not executed)."""
     import typer.main

@@ -25,10 +25,10 @@ import pytest
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION, decode
 from neuron_scheduler.core.resources import NEURON
-from tests.e2e.harness import Scenario, ids, wait_for
-from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports, scheduler_config
+from tests.e2e.harness import Scenario, bound, ids, wait_for
+from tests.testbed import ExtenderProcess, KubeError, Stack, free_ports
 from tests.testbed.controlplane import ControllerManager
-from tests.testbed.stack import BUDGET_LEASE
+from tests.testbed.stack import BUDGET_LEASE, start_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -80,15 +80,7 @@ class World:
 def controllers(stack: Stack) -> Iterator[tuple[ControllerManager, int]]:
     manager = stack.cp.start_controller_manager()
     (port,) = free_ports(1)
-    scheduler = stack.cp.start_scheduler(
-        config=scheduler_config(
-            scheduler_name=SCHEDULER,
-            extender_url=f"https://127.0.0.1:{port}",
-            node_cache_capable=True,
-            pki=stack.pki,
-        ),
-        extra_args=("--v=2",),
-    )
+    scheduler = start_profile(stack, SCHEDULER, port)
     try:
         yield manager, port
     finally:
@@ -148,18 +140,6 @@ def delete_deployments(scenario: Scenario) -> None:
                     scenario.cp.request(
                         "DELETE", f"{apps}/{kind}/{item['metadata']['name']}", orphan
                     )
-
-
-def bound(scenario: Scenario, prefix: str) -> dict[int, str]:
-    """device -> name of the running pod whose name starts with `prefix` holding it."""
-    return {
-        ids(p)[0]: p["metadata"]["name"]
-        for p in scenario.pods()
-        if p["metadata"]["name"].startswith(prefix)
-        and p["spec"].get("nodeName")
-        and not p["metadata"].get("deletionTimestamp")
-        and ids(p)
-    }
 
 
 def scatter(

@@ -434,8 +434,13 @@ def test_a_pod_running_on_a_device_that_fails_is_told_counted_and_shown(
     shown = status(cluster, RING)
     (pod,) = [p for p in shown["pods"] if p["pod"] == f"{namespace}/victim"]
     assert pod["on_unhealthy_devices"] == [broken]
-    # Its other devices stay its own; the failed one is neither free nor counted twice.
-    assert shown["free_devices"] == 12 - 4 and shown["unhealthy_devices"] == [broken]
+    # Its other devices stay its own; the failed one is never free. Allocatable dropped to 11
+    # while the pod still requests 4: kube-scheduler leaves 7 for others, and so does status.
+    assert shown["unhealthy_devices"] == [broken]
+    assert (shown["free_devices"], shown["largest_free_block"]) == (7, 7), shown
+    run(cluster, namespace, "seven", ring, {NEURON: 7})
+    seven = check_healthy_and_given(cluster, ring, namespace, "seven", {broken})
+    assert not set(seven) & set(devices)
     answer = why(cluster, namespace, "victim")
     assert answer.returncode == 1 and f"failed device {broken}" in answer.stderr, answer
     (ring.dev / f"neuron{broken}").touch()

@@ -10,46 +10,33 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from neuron_scheduler.core.allocation import is_valid_device_set
 from neuron_scheduler.core.ids import mask_ids
 from neuron_scheduler.dra.shapes import shapes_by_name
-from tests.e2e.chart import apply, render
 from tests.e2e.dra import (
     CATALOG,
     DRIVER,
     RESOURCE,
-    SYSTEM,
     DriverProcess,
     Json,
     Workloads,
     allocated_devices,
+    dra_control_plane,
     publish,
     slices_of,
     wait_for,
 )
-from tests.testbed import ControlPlane, KubeError, find_kubebin
+from tests.testbed import ControlPlane, KubeError
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-# The whole chart with DRA on (the extender and device plugin objects are applied too; nothing
-# runs them here).
-CHART_VALUES = {"dra": {"enabled": True}}
 
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    with ControlPlane(find_kubebin(ROOT)) as plane:
-        plane.client.ensure_namespace(SYSTEM)
-        # The chart's DRA objects, strictly: unknown or duplicate fields are errors.
-        docs = render(CHART_VALUES, namespace=SYSTEM)
-        out = apply(plane, docs)
-        assert out.count("serverside-applied") == len(docs), out
-        plane.start_scheduler(scheduler_name="default-scheduler")
+    with dra_control_plane() as plane:
         yield plane
 
 

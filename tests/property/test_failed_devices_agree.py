@@ -84,11 +84,28 @@ def test_filter_status_and_metrics_agree(
     assert gauge(metrics, "neuron_scheduler_node_largest_free_block") == view["largest_free_block"]
     assert view["withheld_cores"] == 0 and view["held"]["devices"] == []
 
-    # Nothing counted twice: every device is free, failed, or some pod's (healthy) device.
-    pods_devices = {d for p in view["pods"] for d in p["devices"]} - set(failed_ids)
-    assert view["free_devices"] + len(failed_ids) + len(pods_devices) == devices
+    # Each failed device counted once as failed, and once more in count while a pod still
+    # requests it (as kube-scheduler counts allocatable against requests): nothing else.
+    failed_cores = core_mask_of_devices(failed, topology.cores_per_device)
+    bound = 0
+    again = 0
+    for p in view["pods"]:
+        held = sum(1 << c for c in p["cores"])
+        bound |= held
+        again += (held & failed_cores).bit_count()
+    used_cores = bound | failed_cores
+    idle = [
+        d
+        for d in range(devices)
+        if not used_cores >> (d * topology.cores_per_device)
+        & ((1 << topology.cores_per_device) - 1)
+    ]
+    spare = topology.total_cores - used_cores.bit_count() - again
+    assert view["unattributed_cores"] == again
+    assert view["free_devices"] == max(min(len(idle), spare // topology.cores_per_device), 0)
     on_failed = [p for p in view["pods"] if p["on_unhealthy_devices"]]
     assert all(set(p["on_unhealthy_devices"]) <= set(failed_ids) for p in on_failed)
+    assert bool(on_failed) == bool(again)
 
     # Filter places exactly the allowed sizes up to the largest free block, never on a failed
     # device.

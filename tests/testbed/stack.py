@@ -7,6 +7,7 @@ Used by the end-to-end tests and by `neuron-scheduler cluster`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -33,8 +34,11 @@ SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# With consolidation on, the chart adds these (the tests run it on).
+# With consolidation on, the chart adds these (the tests run it on); likewise capacity requests.
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
+CAPACITY_RULES = RULES.with_name("capacity-rules.yaml")
+# The chart's PriorityClass of capacity requests' placeholders.
+PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
 PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
 ROLE = "neuron-scheduler-extender"
@@ -174,21 +178,42 @@ class ExtenderProcess:
 
 def install_claims_crd(cp: ControlPlane, timeout: float = 60.0) -> None:
     """The chart's UltraServerClaim CRD, once per control plane, established."""
-    crd = yaml.safe_load(CLAIM_CRD.read_text())
-    try:
-        cp.request("POST", CRDS, crd)
-    except KubeError as error:
-        if error.status != 409:  # (there already: another Stack on this control plane)
-            raise
+    install_crds(cp, [yaml.safe_load(CLAIM_CRD.read_text())], timeout)
+
+
+def install_crds(cp: ControlPlane, crds: list[dict[str, Any]], timeout: float = 60.0) -> None:
+    """These CRDs, established (one there already, from another Stack on this control plane,
+    stays)."""
+    for crd in crds:
+        try:
+            cp.request("POST", CRDS, crd)
+        except KubeError as error:
+            if error.status != 409:
+                raise
     deadline = time.monotonic() + timeout
-    while True:
-        found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
-        conditions = (found.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
-        time.sleep(0.1)
+    for crd in crds:
+        while True:
+            found = cp.request("GET", f"{CRDS}/{crd['metadata']['name']}")
+            conditions = (found.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd['metadata']['name']} not established: {conditions}")
+            time.sleep(0.1)
+
+
+def start_profile(stack: Stack, scheduler_name: str, port: int) -> Scheduler:
+    """One more kube-scheduler, serving `scheduler_name` with the extender that a test starts on
+    `port` (as the chart configures it: HTTPS, the client certificate, nodeCacheCapable)."""
+    return stack.cp.start_scheduler(
+        config=scheduler_config(
+            scheduler_name=scheduler_name,
+            extender_url=f"https://127.0.0.1:{port}",
+            node_cache_capable=True,
+            pki=stack.pki,
+        ),
+        extra_args=("--v=2",),
+    )
 
 
 class Stack:
@@ -211,6 +236,7 @@ class Stack:
             *yaml.safe_load(RULES.read_text()),
             *yaml.safe_load(PREEMPTION_RULES.read_text()),
             *yaml.safe_load(CONSOLIDATION_RULES.read_text()),
+            *yaml.safe_load(CAPACITY_RULES.read_text()),
         ]
         cp.request(
             "POST",
@@ -245,6 +271,7 @@ class Stack:
             },
         )
         self._budget_role(cp)
+        self._capacity_role(cp)
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -256,6 +283,7 @@ class Stack:
         )
         self.extender.start()
         self.scheduler: Scheduler | None = None
+        self.extra_logs: dict[str, Path] = {}  # more components' logs, for a failed test
         self.node_cache_capable = True
         self.preemption = True
         self._scheduler_setup: tuple[bool, bool, Profile] | None = None
@@ -299,6 +327,55 @@ class Stack:
             },
         )
 
+    @staticmethod
+    def _capacity_role(cp: ControlPlane) -> None:
+        """What the chart renders with capacity requests on: a Role in the extender's namespace
+        for the placeholders, and their PriorityClass."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system"
+        name = f"{ROLE}-capacity-requests"
+        cp.request(
+            "POST",
+            f"{rbac}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": name},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+                    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+                ],
+            },
+        )
+        cp.request(
+            "POST",
+            f"{rbac}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "neuron-scheduler",
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+        )
+        with contextlib.suppress(KubeError):  # (there already: another Stack's)
+            cp.request(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": PLACEHOLDER_PRIORITY_CLASS},
+                    "value": -10,
+                    "preemptionPolicy": "Never",
+                },
+            )
+
     def use_scheduler(
         self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART
     ) -> Scheduler:
@@ -322,7 +399,11 @@ class Stack:
         return self.scheduler
 
     def logs(self) -> dict[str, Path]:
-        return {**self.cp.log_paths, "extender": self.extender.process.log_path}
+        return {
+            **self.cp.log_paths,
+            "extender": self.extender.process.log_path,
+            **self.extra_logs,
+        }
 
     def stop(self) -> None:
         self.extender.process.stop()

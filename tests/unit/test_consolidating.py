@@ -16,7 +16,13 @@ from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import comma_ids, cores_of_devices
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
-from neuron_scheduler.extender.loops.consolidating import Consolidator, Limits, Mode
+from neuron_scheduler.extender.loops.consolidating import (
+    Concluded,
+    Consolidator,
+    Limits,
+    Mode,
+    evicted_event_name,
+)
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
@@ -165,6 +171,7 @@ class World:
         self.claimed = claimed or ClaimedNodes()
         self.api = FakeAPI()
         self.events: list[tuple[str, str, str]] = []
+        self.named: list[str] = []  # events sent under a name of their own
         self.ledger = Ledger(CATALOG, report=self._report, wall_clock=self.clock)
         self.movability = Movability()
         self.budgets = DisruptionBudgets()
@@ -208,8 +215,12 @@ class World:
             filters=[self.claimed],
         )
 
-    def _report(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+    def _report(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str = ""
+    ) -> None:
         self.events.append((ref.name, reason, message))
+        if name:
+            self.named.append(name)
 
     def views(self) -> tuple[Any, ...]:
         return (self.ledger, self.movability, self.plans, self.pending, self.consolidator)
@@ -397,6 +408,7 @@ def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> 
     restarted.clock = world.clock
     restarted.api = world.api
     restarted.events = []
+    restarted.named = []
     restarted.ledger = Ledger(CATALOG, report=restarted._report, wall_clock=world.clock)
     restarted.movability = Movability()
     restarted.budgets = DisruptionBudgets()
@@ -410,6 +422,16 @@ def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> 
     restarted.step()
     assert sorted(restarted.evicted()) == sorted(kept)  # gone is not evicted again
     assert ("lease", "budget") not in restarted.api.calls  # no new plan, no new spending
+    # The new leader nominates the pod (the annotation was written, the nomination may not have
+    # been) once, and the pod evicted before the kill gets its event, under the name the earlier
+    # leader would have used (the API server refuses a second one of that name).
+    assert restarted.api.calls.count(("nominate", "big", "a")) == 1
+    assert evicted_event_name(gone) in restarted.named
+    assert sorted(restarted.named) == sorted(evicted_event_name(uid) for uid in evicted)
+    assert world.named == [evicted_event_name(uid) for uid in evicted]
+    restarted.step()
+    assert restarted.api.calls.count(("nominate", "big", "a")) == 1
+    assert len(restarted.named) == len(evicted)
 
 
 def test_an_expired_plan_lets_go_of_its_holds() -> None:
@@ -477,3 +499,85 @@ def test_no_plan_frees_a_block_or_places_a_replacement_where_the_node_filter_ref
     world = World(claimed=ClaimedNodes("a", "b", except_for=("big",)))  # nowhere to go
     world.step()
     assert world.evicted() == []
+
+
+def rings(replicas_on_r1: bool = False) -> World:
+    """Two inf2.48xlarge rings (issue 41's report, as a new user met it): r1 has four devices
+    free (0, 3, 6, 9), every other device held by a bare pod, or with `replicas_on_r1` by
+    ReplicaSet replicas; r2 has devices 0-2 free, a replica on 3 and bare pods on 4-11. A
+    4-device pod has waited a minute. Moving r2's one replica frees 0-3 there."""
+    world = World.__new__(World)
+    world.clock = Clock()
+    world.claimed = ClaimedNodes()
+    world.api = FakeAPI()
+    world.events = []
+    world.named = []
+    world.ledger = Ledger(CATALOG, report=world._report, wall_clock=world.clock)
+    world.movability = Movability()
+    world.budgets = DisruptionBudgets()
+    world.limits = Limits(Mode.ON)
+    world.consolidator = world._consolidator()
+    world.ledger.replace_nodes([node("r1", "inf2.48xlarge"), node("r2", "inf2.48xlarge")])
+    world.pods = {}
+    for device in range(12):
+        if device not in (0, 3, 6, 9):
+            name = f"x{device}"
+            body = owned(name) if replicas_on_r1 else pod_json(name, {NEURON: 1}, uid=name)
+            world.pods[name] = on_device(body, "r1", device)
+    for device in range(4, 12):
+        world.pods[f"y{device}"] = on_device(
+            pod_json(f"y{device}", {NEURON: 1}, uid=f"y{device}"), "r2", device
+        )
+    world.pods["w3"] = on_device(owned("w3"), "r2", 3)
+    world.pods["big"] = stuck()
+    world.feed()
+    return world
+
+
+def test_a_plan_may_free_a_block_on_a_node_without_the_pods_count_free() -> None:
+    """Only r1 has 4 devices free, and nothing there may move; moving r2's replica (to a free
+    device of r1) frees r2's devices 0-3. Planning only where the count was free found nothing."""
+    world = rings()
+    world.step()
+    assert world.evicted() == ["w3"]
+    active = world.plans.plans["big"]
+    assert (active.record.node, active.record.devices) == ("r2", (0, 1, 2, 3))
+    (victim,) = active.record.victims
+    assert victim.node == "r1"  # its replacement's place: a free device of r1
+    assert world.consolidator.concluded("big") is None
+
+
+def test_the_fewest_moves_win_over_a_node_with_the_count_free() -> None:
+    """r1 has 4 free but every run of four there needs two replicas moved; r2 needs one."""
+    world = rings(replicas_on_r1=True)
+    world.step()
+    assert world.evicted() == ["w3"]
+    assert world.plans.plans["big"].record.node == "r2"
+
+
+def test_when_nothing_may_move_anywhere_it_concludes_so_and_names_each_node() -> None:
+    world = rings()
+    world.apply(on_device(pod_json("w3", {NEURON: 1}, uid="w3"), "r2", 3))  # a bare pod now
+    world.step()
+    assert world.api.calls == []
+    assert world.consolidator.concluded("big") is Concluded.NO_MOVE
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidationBlocked"]
+    assert "r1: " in event[2] and "r2: " in event[2], event
+
+
+def test_a_pod_short_of_devices_is_not_counted_as_blocked_by_plans_in_flight() -> None:
+    """The plans-in-flight bound is checked after the stranded check: a pod that no node has
+    the count for is no business of consolidation's, whatever is in flight. (No plan may be in
+    flight at all here: every stranded pod is held back by the bound.)"""
+    world = World(max_plans=0)
+    world.apply(stuck("huge", 16))  # 16 devices free on no node: short, not stranded
+    world.remove("big")
+    blocked = world.consolidator.metrics.blocked.labels("plans_in_flight")
+    world.step()
+    assert blocked._value.get() == 0
+    assert world.consolidator.concluded("huge") is None
+    world.apply(stuck("big"))  # stranded: held back by the bound
+    world.step()
+    assert blocked._value.get() == 1
+    assert world.consolidator.concluded("big") is Concluded.PLANS_IN_FLIGHT
+    assert world.api.calls == []

@@ -85,18 +85,23 @@ def test_without_the_plugins_annotation_the_missing_capacity_is_held_in_count() 
     assert free_devices(entry.topology, ledger.state(RING)) == 11
 
 
-def test_a_pod_on_a_failed_device_is_not_counted_twice() -> None:
-    # The issue's view: a pod on 4-7 when device 5 failed keeps running; 8-11 and 0-3 are free.
+def test_a_pod_on_a_failed_device_is_counted_as_kube_scheduler_counts_it() -> None:
+    # The issue's view: a pod on 4-7 when device 5 failed keeps running; 8-11 and 0-3 are idle.
+    # Allocatable dropped to 11 while the pod still requests 4: kube-scheduler and the kubelet
+    # leave 7 devices for others, and so does every view (one device's worth held in count).
     ledger = ledger_with(failed=[5])
     ledger.apply_pod(running("on-failed", RING, [4, 5, 6, 7]))
     entry, state = ledger.nodes[RING], ledger.state(RING)
-    assert free_devices(entry.topology, state) == 8
-    assert largest_free_block(entry.topology, state) == 8  # 8-11,0-3 around the ring
+    assert free_devices(entry.topology, state) == 7
+    assert largest_free_block(entry.topology, state) == 7  # within 8-11,0-3 around the ring
+    assert isinstance(place(ledger, RING, 7), Placement)
+    assert "only 7 devices free" in str(place(ledger, RING, 8))
     assert [(uid, node_name, devices) for uid, node_name, devices in ledger.on_failed_devices()]
     fleet = fleet_json(fleet_view(ledger))
     ring = next(n for n in fleet["nodes"] if n["name"] == RING)
-    assert (ring["free_devices"], ring["largest_free_block"], ring["withheld_cores"]) == (8, 8, 0)
+    assert (ring["free_devices"], ring["largest_free_block"], ring["withheld_cores"]) == (7, 7, 0)
     assert ring["unhealthy_devices"] == [5] and ring["held"]["devices"] == []
+    assert ring["unattributed_cores"] == 2  # the failed device, requested still: once, in count
     assert ring["pods"][0]["on_unhealthy_devices"] == [5]
     assert fleet["summary"]["unhealthy_devices"] == 1
     assert fleet["summary"]["pods_on_unhealthy_devices"] == 1
@@ -113,6 +118,41 @@ def test_evicting_a_pod_never_frees_the_failed_device() -> None:
     base, occupants = ledger.eviction_view(Claimant(), RING)
     eviction = plan_eviction(entry.topology, base, request, ANY_PRIORITY, occupants)
     assert eviction is not None and 5 not in eviction.block.devices, eviction
+
+
+def test_evicting_the_pod_on_the_failed_device_frees_its_count_never_the_device() -> None:
+    # Only 0-3 of the healthy devices are free beside the pod on 4-7 (device 5 failed): an
+    # 8-device pod needs that pod gone, and gets 6..1 around the ring, never 5.
+    ledger = ledger_with(failed=[5])
+    ledger.apply_pod(running("on-failed", RING, [4, 5, 6, 7]))
+    ledger.apply_pod(running("right", RING, [8, 9, 10, 11]))
+    entry = ledger.nodes[RING]
+    base, occupants = ledger.eviction_view(Claimant(), RING)
+    eviction = plan_eviction(
+        entry.topology, base, NeuronRequest(NEURON, 7), ANY_PRIORITY, occupants
+    )
+    assert eviction is not None and 5 not in eviction.block.devices, eviction
+
+
+def test_a_block_held_for_a_nominated_pod_never_takes_a_failed_device() -> None:
+    # The pod on 4-7 is leaving: a nominated 4-device pod's block would be held where it fits
+    # once that pod has gone. With device 5 failed nothing of 4-7 is a block: nothing is held,
+    # and no event promises it 4-7.
+    events: list[str] = []
+    ledger = Ledger(Catalog.builtin(), report=lambda ref, reason, text, warn: events.append(text))
+    ledger.replace_nodes([node(RING, "inf2.48xlarge", failed=[5])])
+    leaving = running("leaving", RING, [4, 5, 6, 7])
+    leaving.metadata.deletionTimestamp = "2026-11-28T00:00:00Z"
+    waiting = pod("waiting", {NEURON: 4})
+    waiting.status.nominatedNodeName = RING
+    waiting.spec.priority = 100
+    pods = [running("left", RING, [0, 1, 2, 3]), running("right", RING, [8, 9, 10, 11])]
+    ledger.replace_pods([*pods, leaving, waiting])
+    bound = 0
+    for holding in ledger.pods_holding(RING).values():
+        bound |= holding.cores
+    assert ledger.state(RING).used_cores == bound  # nothing held beyond the pods
+    assert not any("4-7" in text for text in events), events
 
 
 def test_a_torus_with_a_failed_device_offers_only_the_groups_that_avoid_it() -> None:
@@ -173,5 +213,5 @@ def test_metrics_count_failed_devices_and_the_pods_on_them() -> None:
     assert f'neuron_scheduler_node_unhealthy_devices{{node="{RING}"}} 1.0' in text
     assert f'neuron_scheduler_node_unhealthy_devices{{node="{TORUS}"}} 2.0' in text
     assert "neuron_scheduler_pods_on_unhealthy_devices 1.0" in text
-    assert f'neuron_scheduler_node_free_devices{{node="{RING}"}} 8.0' in text
+    assert f'neuron_scheduler_node_free_devices{{node="{RING}"}} 7.0' in text
     assert f'neuron_scheduler_node_largest_free_block{{node="{TORUS}"}} 4.0' in text

@@ -1,6 +1,10 @@
 """The consolidation plan as it is persisted: one annotation on the pending pod it is for
 (`PLAN_ANNOTATION`), JSON. Pure.
 
+A plan of kind `capacity` moves nothing: it holds a block on a node the autoscaler added for the
+pod at a capacity request (extender/loops/requesting), with the same lifetime and the same holds
+as a consolidation plan's block.
+
 Written before anything is evicted, so a restarted extender (or the next leader) rebuilds every
 hold of a plan from the pod watch alone: the block held for the pod, and the place held for each
 moved pod's replacement (matched by its controller's uid and its request). `kubectl neuron status`
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 import msgspec
 
@@ -28,6 +33,11 @@ IDS = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?){0,255}")
 
 class PlanError(ValueError):
     """The annotation is not a plan this version can read."""
+
+
+class PlanKind(StrEnum):
+    CONSOLIDATION = "consolidation"  # pods are moved to free the block
+    CAPACITY = "capacity"  # the block is on a node added for the pod: nothing moves
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +61,17 @@ class PlanRecord:
     started: float  # wall clock (epoch seconds)
     until: float  # every hold of the plan ends then at the latest
     victims: tuple[Replacement, ...]
+    kind: PlanKind = PlanKind.CONSOLIDATION
 
     @property
     def summary(self) -> str:
         """`would evict a/b, c/d from node X to free devices 4-7`'s tail: the victims and
-        the block."""
+        the block (for a capacity hold: the block on the node added)."""
+        devices = format_ids(list(self.devices))
+        if self.kind is PlanKind.CAPACITY:
+            return f"devices {devices} of node {self.node}, added at a capacity request"
         names = ", ".join(v.pod for v in self.victims)
-        return f"{names} from node {self.node} to free devices {format_ids(list(self.devices))}"
+        return f"{names} from node {self.node} to free devices {devices}"
 
 
 class _Victim(msgspec.Struct, forbid_unknown_fields=False):
@@ -79,6 +93,7 @@ class _Plan(msgspec.Struct, forbid_unknown_fields=False):
     started: float
     until: float
     victims: list[_Victim]
+    kind: str = PlanKind.CONSOLIDATION.value  # (absent: a plan of version 1 before capacity)
 
 
 def encode(plan: PlanRecord) -> str:
@@ -103,6 +118,7 @@ def encode(plan: PlanRecord) -> str:
                 )
                 for v in plan.victims
             ],
+            plan.kind.value,
         )
     ).decode()
 
@@ -116,7 +132,13 @@ def decode(text: str) -> PlanRecord:
         raise PlanError(f"not a plan: {error}") from error
     if raw.v != VERSION:
         raise PlanError(f"plan version {raw.v}, not {VERSION}")
-    if not raw.victims or len(raw.victims) > MAX_VICTIMS:
+    try:
+        kind = PlanKind(raw.kind)
+    except ValueError:
+        raise PlanError(f"a plan of kind {raw.kind[:40]!r}") from None
+    if kind is PlanKind.CAPACITY and raw.victims:
+        raise PlanError("a capacity request's hold moves no pods")
+    if kind is PlanKind.CONSOLIDATION and not 0 < len(raw.victims) <= MAX_VICTIMS:
         raise PlanError(f"a plan moves 1 to {MAX_VICTIMS} pods, not {len(raw.victims)}")
     if not raw.until > raw.started > 0:
         raise PlanError("the plan's times are not in order")
@@ -141,7 +163,7 @@ def decode(text: str) -> PlanRecord:
     devices, cores = _ids(raw.devices), _ids(raw.cores)
     if not devices or not cores:
         raise PlanError("the plan frees no block")
-    return PlanRecord(_text(raw.node), devices, cores, raw.started, raw.until, tuple(victims))
+    return PlanRecord(_text(raw.node), devices, cores, raw.started, raw.until, tuple(victims), kind)
 
 
 def _text(value: str) -> str:

@@ -68,5 +68,36 @@ def dra_driver(
         )
 
 
+def slice_templates(
+    instance_type: Annotated[
+        list[str] | None,
+        typer.Option(help="an instance type to write (repeatable; default: every catalog type)"),
+    ] = None,
+    driver_name: Annotated[
+        str, typer.Option(help="the DRA driver name the chart's driver runs with")
+    ] = DEFAULT_DRIVER_NAME,
+    topology_file: Annotated[
+        Path | None,
+        typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
+    ] = None,
+) -> None:
+    """Print the ResourceSlices the DRA driver would publish on a node of each instance type, as
+    JSON {instance type: [ResourceSliceSpec, ...]}: ResourceSliceTemplates for an autoscaler's
+    cloud provider (docs/autoscaling.md)."""
+    import json
+
+    from neuron_scheduler.core.catalog import Catalog, CatalogError
+    from neuron_scheduler.dra.driver import driver_name_problem
+    from neuron_scheduler.dra.templates import slice_templates as templates
+
+    with commandline.user_errors(CatalogError, ValueError):
+        problem = driver_name_problem(driver_name)
+        if problem:
+            raise commandline.UsageError(f"--driver-name: {problem}")
+        catalog = Catalog.load(topology_file)
+        print(json.dumps(templates(catalog, driver_name, instance_type), indent=1))
+
+
 def register(app: typer.Typer) -> None:
     app.command("dra-driver")(dra_driver)
+    app.command("dra-slice-templates")(slice_templates)

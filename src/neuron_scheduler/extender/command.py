@@ -132,6 +132,57 @@ def extender(
             "across restarts"
         ),
     ] = "k8s-neuron-scheduler-consolidation",
+    capacity_requests: Annotated[
+        str,
+        typer.Option(
+            help="off or on: ask the cluster's autoscaler for a node (a placeholder pod in "
+            "--lease-namespace) for a pod stranded by fragmentation that consolidation cannot "
+            "help (docs/autoscaling.md)"
+        ),
+    ] = "off",
+    capacity_pending_seconds: Annotated[
+        float,
+        typer.Option(help="how long a stranded pod waits, unschedulable, before a node is asked"),
+    ] = 120.0,
+    capacity_max_in_flight: Annotated[
+        int, typer.Option(help="placeholders waiting for a node at once, cluster-wide")
+    ] = 2,
+    capacity_timeout: Annotated[
+        float,
+        typer.Option(
+            help="seconds a placeholder waits for a node; then it is removed, the pod gets an "
+            "event, and it is not asked for again for as long"
+        ),
+    ] = 600.0,
+    capacity_instance_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an instance type a node may be asked of (repeatable; default: the types of "
+            "the nodes the pod may go to)"
+        ),
+    ] = None,
+    capacity_priority_class: Annotated[
+        str,
+        typer.Option(help="the placeholders' PriorityClass (the chart's: value -10)"),
+    ] = "neuron-scheduler-capacity-request",
+    capacity_placeholder_image: Annotated[
+        str, typer.Option(help="the placeholders' image (never run: they are never bound)")
+    ] = "registry.k8s.io/pause:3.10",
+    autoscaler_do_not_disrupt: Annotated[
+        bool,
+        typer.Option(
+            help="mark bound pods that no other node has a legal block for with "
+            "karpenter.sh/do-not-disrupt (Karpenter's count-based consolidation would move them "
+            "where they do not fit), and lift the mark when one has (docs/autoscaling.md)"
+        ),
+    ] = False,
+    capacity_owner: Annotated[
+        str | None,
+        typer.Option(
+            help="the value of the placeholders' label, telling this extender's from others' "
+            "(default: --lease-name)"
+        ),
+    ] = None,
     device_failure_action: Annotated[
         str,
         typer.Option(
@@ -144,6 +195,7 @@ def extender(
     """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
     from neuron_scheduler.extender.loops.consolidating import Limits, Mode
     from neuron_scheduler.extender.loops.devicefailures import Action
+    from neuron_scheduler.extender.loops.requesting import CapacityLimits, CapacityMode
     from neuron_scheduler.extender.serve import ExtenderOptions, run
     from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
     from neuron_scheduler.kube.config import ConfigError, own_namespace
@@ -189,6 +241,9 @@ def extender(
             ("--consolidation-evictions-per-hour", consolidation_evictions_per_hour, 0, 10000),
             ("--consolidation-plan-seconds", consolidation_plan_seconds, 10, 3600),
             ("--consolidation-max-victims", consolidation_max_victims, 1, 64),
+            ("--capacity-pending-seconds", capacity_pending_seconds, 0, 86400),
+            ("--capacity-max-in-flight", capacity_max_in_flight, 1, 100),
+            ("--capacity-timeout", capacity_timeout, 10, 86400),
         )
         for name, amount, low, high in bounds:
             if not low <= amount <= high:
@@ -210,10 +265,41 @@ def extender(
             consolidation_plan_seconds,
             consolidation_max_victims,
         )
+        capacity_modes = [m.value for m in CapacityMode]
+        if capacity_requests not in capacity_modes:
+            raise UsageError(
+                f"--capacity-requests {capacity_requests!r} is not one of "
+                f"{', '.join(capacity_modes)}"
+            )
+        catalog = Catalog.load(topology_file)  # fail now, with the file's name
+        for instance_type in capacity_instance_type or ():
+            if not catalog.knows(instance_type) or catalog.device_count(instance_type) is None:
+                raise UsageError(
+                    f"--capacity-instance-type {instance_type!r}: not an instance type of a "
+                    "fixed size in the catalog (--topology-file adds types)"
+                )
+        owner = capacity_owner or lease_name
+        for option, text in (
+            ("--capacity-owner", owner),
+            ("--capacity-priority-class", capacity_priority_class),
+            ("--capacity-placeholder-image", capacity_placeholder_image),
+        ):
+            if not text or len(text) > 253 or not text.isprintable():
+                raise UsageError(f"{option} {text[:60]!r} is not a name")
+        capacity = CapacityLimits(
+            CapacityMode(capacity_requests),
+            capacity_pending_seconds,
+            capacity_max_in_flight,
+            capacity_timeout,
+            tuple(capacity_instance_type or ()),
+            lease_namespace or own_namespace("kube-system"),
+            owner[:63],
+            capacity_priority_class,
+            capacity_placeholder_image,
+        )
         names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
         if any(not n for n in names):
             raise UsageError("--scheduler-name cannot be empty")
-        Catalog.load(topology_file)  # fail now, with the file's name, not inside the server
         election = None
         if leader_elect:
             try:
@@ -247,6 +333,8 @@ def extender(
                 claim_seconds=ultraserver_claim_seconds,
                 consolidation=limits,
                 budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
+                capacity=capacity,
+                do_not_disrupt=autoscaler_do_not_disrupt,
                 device_failure_action=Action(device_failure_action),
             )
         )

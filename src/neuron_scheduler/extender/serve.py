@@ -21,8 +21,10 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.loops.consolidating import Limits
 from neuron_scheduler.extender.loops.devicefailures import Action
+from neuron_scheduler.extender.loops.requesting import DEFAULT_CAPACITY, CapacityLimits
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
+from neuron_scheduler.extender.state.placeholders import PodRouter
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.wiring import Extender, wire
@@ -80,6 +82,10 @@ class ExtenderOptions:
     # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
     consolidation: Limits = field(default_factory=Limits)
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
+    # Capacity requests' mode and bounds, where their placeholders live and whose they are.
+    capacity: CapacityLimits = DEFAULT_CAPACITY
+    # Mark bound pods that no other node has a block for with karpenter.sh/do-not-disrupt.
+    do_not_disrupt: bool = False
     # What the leader does about pods running on a failed device: report, or evict too.
     device_failure_action: Action = Action.REPORT
 
@@ -107,13 +113,16 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         on_delete=each(lambda view, node: view.remove_node(node.metadata.name)),
         timer=extender.metrics.watch_seconds.labels("nodes").observe,
     )
+    # Capacity requests' placeholders count as pods in no view but their own.
+    router = PodRouter(views, extender.placeholders)
+
     pods: Watch[Pod] = Watch(
         api,
         PODS,
         Pod,
-        on_list=each(lambda view, listed: view.replace_pods(listed, pods.list_started)),
-        on_change=each(lambda view, pod: view.apply_pod(pod)),
-        on_delete=each(lambda view, pod: view.remove_pod(pod.metadata.uid)),
+        on_list=lambda listed: router.replace_pods(listed, pods.list_started),
+        on_change=router.apply_pod,
+        on_delete=lambda pod: router.remove_pod(pod.metadata.uid),
         # Finished pods hold nothing; when one finishes the watch reports it as deleted.
         params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
         timer=extender.metrics.watch_seconds.labels("pods").observe,
@@ -258,10 +267,15 @@ async def run_if_served(
 
 
 async def _after_sync(extender: Extender) -> None:
-    """Consolidation plans, and pods on failed devices are told, only on a cache that has every
-    node and pod."""
+    """Consolidation, capacity requests and the do-not-disrupt marks act, and pods on failed
+    devices are told, only on a cache that has every node and pod."""
     await extender.synced.wait()
-    await asyncio.gather(extender.consolidator.run(), extender.failures.run())
+    await asyncio.gather(
+        extender.consolidator.run(),
+        extender.requester.run(),
+        extender.protector.run(),
+        extender.failures.run(),
+    )
 
 
 class _Server(uvicorn.Server):
@@ -367,6 +381,8 @@ async def serve(options: ExtenderOptions) -> None:
             claim_seconds=options.claim_seconds,
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
+            capacity=options.capacity,
+            do_not_disrupt=options.do_not_disrupt,
             device_failure_action=options.device_failure_action,
         )
         elector = LeaderElector(api, options.election) if options.election else None
@@ -374,6 +390,8 @@ async def serve(options: ExtenderOptions) -> None:
             extender.waker.is_leader = lambda: elector.is_leader
             extender.reservations.is_leader = lambda: elector.is_leader
             extender.consolidator.is_leader = lambda: elector.is_leader
+            extender.requester.is_leader = lambda: elector.is_leader
+            extender.protector.is_leader = lambda: elector.is_leader
             extender.failures.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None

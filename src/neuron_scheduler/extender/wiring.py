@@ -14,6 +14,12 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
 from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
+from neuron_scheduler.extender.loops.protecting import Protector
+from neuron_scheduler.extender.loops.requesting import (
+    DEFAULT_CAPACITY,
+    CapacityLimits,
+    CapacityRequester,
+)
 from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
@@ -22,8 +28,10 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
+from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import ClusterView
+from neuron_scheduler.extender.state.protection import Bound
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
@@ -53,6 +61,10 @@ class Extender:
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's
     pending: PendingPods  # what bind reads a pod from, when the watch has it
+    # Capacity requests' placeholder pods: the pod watch gives them to this view only.
+    placeholders: Placeholders
+    requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
+    protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
 
 
 def wire(
@@ -65,10 +77,13 @@ def wire(
     claim_seconds: float = CLAIM_SECONDS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
+    capacity: CapacityLimits = DEFAULT_CAPACITY,
+    do_not_disrupt: bool = False,
     device_failure_action: Action = Action.REPORT,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
-    on."""
+    on; `do_not_disrupt`: mark the bound pods no other node has a block for with
+    karpenter.sh/do-not-disrupt."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
@@ -105,6 +120,31 @@ def wire(
         policy=policy,
         filters=[units],
     )
+    placeholders = Placeholders()
+    requester = CapacityRequester(
+        ledger,
+        catalog,
+        placeholders,
+        plans,
+        pending,
+        consolidator,
+        api,
+        metrics.registry,
+        limits=capacity,
+        report=events.record,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
+    bound = Bound(scheduler_names)
+    protector = Protector(
+        ledger,
+        bound,
+        api,
+        metrics.registry,
+        on=do_not_disrupt,
+        policy=policy,
+        admits=lambda pod, node: units.admits(pod, node, time.monotonic()),
+    )
     waker = Waker(
         ledger,
         api,
@@ -135,6 +175,7 @@ def wire(
         device_failure_action,
         on_evict=lambda result: metrics.failed_device_evictions.labels(result).inc(),
     )
+    ledger.on_health = failures.changed
     ledger.on_freed = occupancy.on_freed = waker.node_changed
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
@@ -145,7 +186,8 @@ def wire(
         synced,
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
-        (ledger, occupancy, waker, movability, plans, pending, consolidator),
+        # The requester only wakes up on pods and nodes: after the ledger and `pending`.
+        (ledger, occupancy, waker, movability, plans, pending, consolidator, bound, requester),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker),
         Binder(
@@ -168,4 +210,7 @@ def wire(
         consolidator,
         failures,
         pending,
+        placeholders,
+        requester,
+        protector,
     )

@@ -246,6 +246,21 @@ class KubeAPI:
             content_type="application/merge-patch+json",
         )
 
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> Pod:
+        answer = await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+        return msgspec.json.decode(answer, type=Pod)
+
+    async def patch_pod_condition(
+        self, namespace: str, name: str, uid: str, condition: dict[str, str]
+    ) -> None:
+        """Sets one condition in the pod's status (a strategic merge patch keyed by type)."""
+        await self.request(
+            "PATCH",
+            pod_path(namespace, name) + "/status",
+            body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
     async def evict(self, namespace: str, name: str, uid: str) -> None:
         """An Eviction (policy/v1): the API server deletes the pod gracefully only if its
         PodDisruptionBudgets allow it (else 429, TooManyRequests), and only the pod with this
@@ -311,7 +326,11 @@ class KubeAPI:
             },
         )
 
-    async def create_event(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+    async def create_event(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str = ""
+    ) -> None:
+        """`name`: the event's own name (a second event of that name is a Conflict); "" for a
+        generated one."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # Events about cluster-scoped objects (Nodes) live in "default", as kubelet's do.
         namespace = ref.namespace or "default"
@@ -324,7 +343,11 @@ class KubeAPI:
             body={
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+                "metadata": (
+                    {"name": name, "namespace": namespace}
+                    if name
+                    else {"generateName": f"{ref.name}.", "namespace": namespace}
+                ),
                 "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],

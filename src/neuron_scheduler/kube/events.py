@@ -8,6 +8,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.client import KubeAPI
@@ -18,9 +19,14 @@ from neuron_scheduler.kube.tasks import BackgroundTasks
 log = logging.getLogger(__name__)
 
 
-# What code with no I/O of its own (the ledger) is given to tell about an object:
-# (object, reason, message, warning).
-Report = Callable[[ObjectRef, str, str, bool], None]
+class Report(Protocol):
+    """What code with no I/O of its own (the ledger) is given to tell about an object. `name`:
+    the event's own name, for an event that must be sent at most once ever (a second one of that
+    name is refused by the API server); "" for a generated one."""
+
+    def __call__(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str = ""
+    ) -> None: ...
 
 
 class EventRecorder:
@@ -33,7 +39,9 @@ class EventRecorder:
         self._tasks = BackgroundTasks()
         self._sent: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
 
-    def record(self, ref: ObjectRef, reason: str, message: str, warning: bool = True) -> None:
+    def record(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool = True, name: str = ""
+    ) -> None:
         key = (ref.kind, ref.uid or ref.text, reason, message)
         now = self.clock()
         last = self._sent.get(key)
@@ -43,11 +51,13 @@ class EventRecorder:
         self._sent.move_to_end(key)
         while len(self._sent) > self.REMEMBERED:
             self._sent.popitem(last=False)
-        self._tasks.spawn(self._send(ref, reason, message, warning))
+        self._tasks.spawn(self._send(ref, reason, message, warning, name))
 
-    async def _send(self, ref: ObjectRef, reason: str, message: str, warning: bool) -> None:
+    async def _send(
+        self, ref: ObjectRef, reason: str, message: str, warning: bool, name: str
+    ) -> None:
         try:
-            await self.api.create_event(ref, reason, message, warning)
+            await self.api.create_event(ref, reason, message, warning, name)
         except API_ERRORS as error:
             log.debug(
                 "event %s for %s %s not recorded: %s",

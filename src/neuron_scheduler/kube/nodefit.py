@@ -59,6 +59,24 @@ def why_not(pod: Pod, node: NodeFacts) -> str | None:
     return None
 
 
+def admits_label(pod: Pod, key: str, value: str) -> bool:
+    """Whether the pod's nodeSelector and required node affinity let it onto a node whose label
+    `key` is `value`, whatever its other labels (a node that does not exist yet: an autoscaler
+    gives it the labels its node pool says)."""
+    wanted = pod.spec.nodeSelector.get(key)
+    if wanted is not None and wanted != value:
+        return False
+    affinity = pod.spec.affinity.nodeAffinity if pod.spec.affinity else None
+    required = affinity.requiredDuringSchedulingIgnoredDuringExecution if affinity else None
+    if required is None:
+        return True
+    return any(
+        (t.matchExpressions or t.matchFields)
+        and all(_requirement(r, {key: value}) for r in t.matchExpressions if r.key == key)
+        for t in required.nodeSelectorTerms
+    )
+
+
 def _tolerates(toleration: Toleration, taint: Taint) -> bool:
     if toleration.effect and toleration.effect != taint.effect:
         return False

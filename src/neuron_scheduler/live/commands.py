@@ -111,7 +111,11 @@ def status(
 
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
     from neuron_scheduler.kube.errors import READ_ERRORS
-    from neuron_scheduler.live.consolidation import consolidation_json, consolidation_view
+    from neuron_scheduler.live.consolidation import (
+        capacity_json,
+        consolidation_json,
+        consolidation_view,
+    )
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
     from neuron_scheduler.live.snapshot import Budget, read_budget, read_cluster
     from neuron_scheduler.live.terminal import (
@@ -133,7 +137,7 @@ def status(
         snapshot, budget = asyncio.run(read())
     except unreadable as error:
         _read_failed(error, config)
-    plans = consolidation_view(snapshot.plans, budget, time.time())
+    plans = consolidation_view(snapshot.plans, budget, time.time(), snapshot.placeholders)
     ledger = snapshot.ledger
     ultraservers = ultraserver_view(snapshot.occupancy, ledger, time.time(), snapshot.claims_unread)
     names = None
@@ -144,7 +148,10 @@ def status(
         names = [node]
     fleet = fleet_view(ledger, names, snapshot.other_nodes if node is None else 0)
     if as_json:
-        document = fleet_json(fleet) | {"consolidation": consolidation_json(plans)}
+        document = fleet_json(fleet) | {
+            "consolidation": consolidation_json(plans),
+            "capacity_requests": capacity_json(plans),
+        }
         if node is None:
             document["ultraservers"] = ultraserver_json(ultraservers)
         print(json.dumps(document, indent=2))
@@ -258,6 +265,8 @@ def why(
         occupancy=snapshot.occupancy,
         plans=snapshot.plans,
         movability=snapshot.movability,
+        placeholders=snapshot.placeholders,
+        catalog=catalog,
         now=time.time(),
     )
     if as_json:

@@ -15,7 +15,9 @@ disruption budgets are not read here).
 A pod that no node fits while some have its count free is stranded by fragmentation: the case
 kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
 says what consolidation does for it: the plan in flight (its pod's annotation), or what a plan
-would move now (extender/loops/movers, disruption budgets not read), or why nothing may move.
+would move now (extender/loops/movers, disruption budgets not read), or why nothing may move;
+and what capacity requests do for it (docs/autoscaling.md): the placeholder asking the
+autoscaler for a node, the block held on a node that came, or what would be asked for.
 """
 
 from __future__ import annotations
@@ -24,25 +26,30 @@ import dataclasses
 import functools
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from neuron_scheduler.core.allocation import Placement, Policy, Refusal, allocate
+from neuron_scheduler.core.capacity import whole_node
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.consolidation import fits_by_count
 from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
 from neuron_scheduler.core.handoff import AnnotationError, misfit
 from neuron_scheduler.core.health import HealthError
 from neuron_scheduler.core.ids import format_ids
+from neuron_scheduler.core.planrecord import PlanKind
 from neuron_scheduler.core.resources import RESOURCE_UNITS, NeuronRequest, RequestError
 from neuron_scheduler.core.topology import Topology, TopologyKind
 from neuron_scheduler.extender.loops.movers import Admits, anywhere, plan_for
+from neuron_scheduler.extender.loops.requesting import asked_type
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability, gang_of
+from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Node, Pod
@@ -119,6 +126,7 @@ class Diagnosis:
     nodes: tuple[NodeDiagnosis, ...]  # the closest to fitting first
     other_nodes: int  # nodes with no Neuron resources (never candidates)
     consolidation: str = ""  # when stranded by fragmentation: its plan, or what one would do
+    capacity: str = ""  # when stranded: the node asked for, held, or that would be asked for
     # A member of a training job: its job's claim and members bound, or why it has no claim.
     job: str = ""
 
@@ -187,11 +195,14 @@ def diagnose(
     occupancy: Occupancy | None = None,
     plans: Plans | None = None,
     movability: Movability | None = None,
+    placeholders: Placeholders | None = None,
+    catalog: Catalog | None = None,
     now: float = 0.0,
 ) -> Diagnosis:
     """Every Neuron node's answer for the pod (the ledger and the occupancy hold the cluster,
-    this pod too; with `plans` and `movability`, what consolidation does for it; `now`: wall
-    clock, for how long a training job's claim has held its units)."""
+    this pod too; with `plans` and `movability`, what consolidation does for it; with
+    `placeholders` and `catalog` too, what capacity requests do; `now`: wall clock, for how
+    long a training job's claim has held its units)."""
     request = pending_request(pod)
     error = None
     if request is None:
@@ -221,21 +232,68 @@ def diagnose(
     if request is None or plans is None or movability is None:
         return diagnosis
     active = plans.plans.get(pod.metadata.uid)
+    if active is not None and not active.ended and active.record.kind is PlanKind.CAPACITY:
+        held = f"held for it: {active.record.summary}, until it is bound"
+        return dataclasses.replace(diagnosis, capacity=held)
+    admits = anywhere if occupancy is None else _unit_admits(UnitPlacement(occupancy))
+    # Every node it may go to where pods are in the way, not only those with its count free:
+    # moving one pod off a node may free a block there (extender/loops/movers).
+    blocked = tuple(
+        n.node for n in diagnosis.nodes if n.verdict is Verdict.BLOCKED and admits(pod, n.node)
+    )
     if active is not None and not active.ended:  # (its own plan's places count against it)
         text = f"a plan is in flight: evicting {active.record.summary}"
     elif diagnosis.stranded:
-        admits = anywhere if occupancy is None else _unit_admits(UnitPlacement(occupancy))
-        text = _consolidation(ledger, pod, request, diagnosis.stranded, movability, policy, admits)
+        text = _consolidation(ledger, pod, request, blocked, movability, policy, admits)
     else:
         return diagnosis
-    return dataclasses.replace(diagnosis, consolidation=text)
+    capacity = ""
+    if diagnosis.stranded and placeholders is not None and catalog is not None:
+        types = {n.instance_type for n in diagnosis.nodes if n.node in blocked and n.instance_type}
+        capacity = _capacity(pod, request, placeholders, catalog, types, policy, text)
+    return dataclasses.replace(diagnosis, consolidation=text, capacity=capacity)
+
+
+def _capacity(
+    pod: Pod,
+    request: NeuronRequest,
+    placeholders: Placeholders,
+    catalog: Catalog,
+    types: set[str],
+    policy: Policy,
+    consolidation: str,
+) -> str:
+    """The node asked for (its placeholder), or what a capacity request would ask for."""
+    asked = placeholders.for_pod(pod.metadata.uid)
+    if asked:
+        first = asked[0]
+        assert first.asked is not None
+        return (
+            f"a node of {first.asked.instance_type} is asked of the cluster's autoscaler "
+            f"(placeholder {first.key}, asked {time.time() - first.asked.asked:.0f}s ago)"
+        )
+    if consolidation.startswith("a plan "):
+        return ""  # consolidation can help: no node is asked for
+    topology = asked_type(catalog, pod, request, types, policy)
+    if topology is None:
+        return (
+            f"no instance type it may go to ({', '.join(sorted(types)) or 'none'}) holds "
+            "its block: no node would be asked for"
+        )
+    whole = whole_node(topology, request)
+    return (
+        f"a capacity request would ask the cluster's autoscaler for a node of "
+        f"{topology.instance_type} (a placeholder asking for {whole} {request.resource}), "
+        "when scheduler.capacityRequests.mode is on and consolidation has no plan for it "
+        "(docs/autoscaling.md)"
+    )
 
 
 def _consolidation(
     ledger: Ledger,
     pod: Pod,
     request: NeuronRequest,
-    stranded: tuple[str, ...],
+    nodes: tuple[str, ...],
     movability: Movability,
     policy: Policy,
     admits: Admits,
@@ -249,7 +307,7 @@ def _consolidation(
         DisruptionBudgets(),
         pod,
         request,
-        stranded,
+        nodes,
         policy,
         admits=admits,
     )
@@ -449,6 +507,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "nodes": [_node_json(n) for n in diagnosis.nodes],
         "stranded_by_fragmentation": list(diagnosis.stranded),
         "consolidation": diagnosis.consolidation or None,
+        "capacity": diagnosis.capacity or None,
         "job": diagnosis.job or None,
     }
 

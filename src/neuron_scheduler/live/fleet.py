@@ -73,6 +73,9 @@ class NodeView:
     unattributed_cores: int  # cores held somewhere without known ids (pods, withheld capacity)
     withheld_cores: int  # capacity the node does not offer beyond its failed devices
     unhealthy_devices: int  # mask: devices its device plugin reports failed; never free
+    # Cores of failed devices that running pods still request: counted once more, in count, as
+    # kube-scheduler counts them (part of unattributed_cores).
+    failed_cores_requested: int
     pods: tuple[PodIds, ...]  # by first core
     unknown: tuple[PodCount, ...]
     # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight
@@ -132,6 +135,7 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
     unknown: list[PodCount] = []
     attributed = entry.unhealthy_cores
     failed = mask_ids(entry.unhealthy_devices)
+    requested = 0
     for uid, holding in ledger.pods_holding(name).items():
         key = ledger.pod_key(uid)
         if holding.ours and not holding.cores >> topology.total_cores:
@@ -143,6 +147,7 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
                 PodIds(key, unit, devices, cores, holding.priority, holding.terminating, on_failed)
             )
             attributed |= holding.cores
+            requested += (holding.cores & entry.unhealthy_cores).bit_count()
         else:
             unknown.append(PodCount(key, holding.unknown_unit, holding.unknown_count))
     nominated = sorted(
@@ -158,6 +163,7 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
         unattributed_cores=state.unattributed_cores,
         withheld_cores=entry.withheld_cores,
         unhealthy_devices=entry.unhealthy_devices,
+        failed_cores_requested=requested,
         pods=tuple(sorted(pods, key=lambda p: (p.cores[:1], p.pod))),
         unknown=tuple(sorted(unknown, key=lambda p: p.pod)),
         held_cores=state.used_cores & ~attributed,
@@ -247,6 +253,7 @@ def _node_json(node: NodeView) -> dict[str, Any]:
         "unattributed_cores": node.unattributed_cores,
         "withheld_cores": node.withheld_cores,
         "unhealthy_devices": mask_ids(node.unhealthy_devices),
+        "failed_cores_requested": node.failed_cores_requested,
         "pods": [
             {
                 "pod": p.pod,

@@ -22,6 +22,7 @@ from neuron_scheduler.core.planrecord import (
 )
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
+from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.client import CLAIMS, NODES, POD_GROUPS, PODS, KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
@@ -44,6 +45,7 @@ class Snapshot:
     node_names: frozenset[str]  # every node listed, with Neuron resources or not
     movability: Movability  # what consolidation knows of each Neuron pod
     plans: Plans  # consolidation plans in flight, holding in `ledger` as in the extender's
+    placeholders: Placeholders  # capacity requests' placeholder pods (counted in no other view)
     claims_unread: str | None = None  # why the UltraServer claims were not read
 
     @property
@@ -54,10 +56,10 @@ class Snapshot:
 
     def apply_pod(self, pod: Pod) -> None:
         """A pod read after the list (the list may be older)."""
-        self.ledger.apply_pod(pod)
-        self.occupancy.apply_pod(pod)
-        self.movability.apply_pod(pod)
-        self.plans.apply_pod(pod)
+        router = PodRouter(
+            (self.ledger, self.occupancy, self.movability, self.plans), self.placeholders
+        )
+        router.apply_pod(pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +83,13 @@ async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
     occupancy = Occupancy()
     movability = Movability()
     plans = Plans(ledger, movability)
-    # The extender's views, fed as its watches feed them (plans after movability).
-    for view in (ledger, occupancy, movability, plans):
+    placeholders = Placeholders()
+    # The extender's views, fed as its watches feed them (plans after movability, placeholders
+    # to their own view only).
+    views = (ledger, occupancy, movability, plans)
+    for view in views:
         view.replace_nodes(nodes)
-        view.replace_pods(pods)
+    PodRouter(views, placeholders).replace_pods(pods)
     unread = None
     try:
         claims = await api.list_all(CLAIMS, UltraServerClaim, page=PAGE, most=MOST_NODES)
@@ -95,7 +100,7 @@ async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
         groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
         occupancy.replace_pod_groups(groups)
     names = frozenset(n.metadata.name for n in nodes)
-    return Snapshot(ledger, occupancy, names, movability, plans, unread)
+    return Snapshot(ledger, occupancy, names, movability, plans, placeholders, unread)
 
 
 async def read_budget(api: KubeAPI) -> Budget:

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from neuron_scheduler.core.ids import format_ids, mask_ids
+from neuron_scheduler.core.planrecord import PlanKind
 from neuron_scheduler.core.resources import NeuronRequest, Unit
 from neuron_scheduler.live.consolidation import ConsolidationView
 from neuron_scheduler.live.devicemap import (
@@ -78,6 +79,11 @@ def node_header(node: NodeView) -> Text:
         text.append(f"; {node.unattributed_cores} cores held with ids unknown")
         if node.withheld_cores:
             text.append(f" ({node.withheld_cores} not offered by the node)")
+        if node.failed_cores_requested:
+            text.append(
+                f" ({node.failed_cores_requested} of failed devices that running pods still "
+                "request: counted against the node until they end)"
+            )
     if node.unhealthy_devices:
         failed = mask_ids(node.unhealthy_devices)
         text.append(
@@ -195,6 +201,15 @@ def consolidation_block(view: ConsolidationView) -> RenderableType:
         head.append(f" (Lease {shown(view.budget.lease)})")
     parts: list[RenderableType] = [head]
     for plan in view.plans:
+        if plan.kind is PlanKind.CAPACITY:
+            parts.append(
+                Text(
+                    f"  {shown(plan.pod)}: {shown(plan.node)} devices "
+                    f"{format_ids(list(plan.devices))} held (a node added at a capacity "
+                    f"request); {plan.seconds_left:.0f}s left"
+                )
+            )
+            continue
         moved = ", ".join(shown(m) for m in plan.moved[:5])
         more = f" and {len(plan.moved) - 5} more" if len(plan.moved) > 5 else ""
         parts.append(
@@ -203,6 +218,21 @@ def consolidation_block(view: ConsolidationView) -> RenderableType:
                 f"{format_ids(list(plan.devices))} freed by moving {moved}{more}; "
                 f"{plan.places_held} replacement places held; "
                 f"{plan.seconds_left:.0f}s left"
+            )
+        )
+    if view.requests:
+        parts.append(
+            Text.assemble(
+                ("Capacity requests: ", "bold"),
+                f"{len(view.requests)} placeholders waiting for a node (docs/autoscaling.md)",
+            )
+        )
+    for request in view.requests:
+        what = shown(request.instance_type) if request.instance_type else "an unreadable request"
+        parts.append(
+            Text(
+                f"  {shown(request.pod) or '?'}: {what} (placeholder {shown(request.placeholder)}),"
+                f" asked {request.seconds_asked:.0f}s ago, {request.seconds_left:.0f}s left"
             )
         )
     return Group(*parts)
@@ -360,6 +390,8 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
         yield Text(f"  training job: {shown(diagnosis.job, REASON_LIMIT)}")
     if diagnosis.consolidation:
         yield Text(f"  consolidation: {shown(diagnosis.consolidation, REASON_LIMIT)}")
+    if diagnosis.capacity:
+        yield Text(f"  capacity: {shown(diagnosis.capacity, REASON_LIMIT)}")
     for node in diagnosis.nodes[:MAX_NODES_EXPLAINED]:
         yield node_diagnosis(node, diagnosis.priority)
     rest = diagnosis.nodes[MAX_NODES_EXPLAINED:]

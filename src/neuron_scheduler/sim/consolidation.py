@@ -3,7 +3,8 @@ cluster. Pure.
 
 A pod still waiting `pending_seconds` after it arrived, that fits by count on some node but has
 no block anywhere, gets a plan from the same planner the extender uses (core/consolidation): on
-one node, the fewest pods that free a block for it, each pod of equal priority placed again
+one node (any that allows its size, not only those with its count free), the fewest pods that
+free a block for it, each pod of equal priority placed again
 right now (owned by a controller: `PodEvent.owned`), never a bare pod. The plan is carried out at
 once: the moved pods leave, the pod takes the block, each moved pod's replacement takes the place
 held for it (the same pod in the model: its lifetime goes on), a lower-priority pod with no place
@@ -120,18 +121,22 @@ class ConsolidatingSimulation(Simulation):
         self._carry_out(pod, waiting, move, result)
 
     def _plan(self, request: NeuronRequest, priority: int) -> Move | None:
-        """The best move on a node where the pod fits by count, or None (also when some node
-        fits it now: then it is only waiting for kube-scheduler's next try)."""
-        by_count = []
+        """The best move for a stranded pod (some node has its count free), on any node that
+        allows its size (extender/loops/movers), or None (also when some node fits it now:
+        then it is only waiting for kube-scheduler's next try)."""
+        candidates = []
+        stranded = False
         for node in self.nodes:
-            if self._cooling.get(node.name, 0.0) > self._now:
-                continue
-            if isinstance(allocate(node.topology, node.state, request, self.policy), Placement):
+            decision = allocate(node.topology, node.state, request, self.policy)
+            if isinstance(decision, Placement):
                 return None
-            if fits_by_count(node.topology, node.state, request):
-                by_count.append(node)
+            stranded = stranded or fits_by_count(node.topology, node.state, request)
+            if not decision.unresolvable and self._cooling.get(node.name, 0.0) <= self._now:
+                candidates.append(node)
+        if not stranded:
+            return None
         best: Move | None = None
-        for node in by_count:
+        for node in candidates:
             movers = {
                 name: Mover(
                     Occupant(r.cores, 0, r.priority, r.started),

@@ -137,6 +137,11 @@ class SimResult:
     # Placements the topology does not allow: 0 for every topology allocator (the property tests
     # say so too); the no-topology bound makes them on purpose.
     invalid_placements: int = 0
+    # An autoscaler (sim/autoscaling.py): nodes it added, by why, and the seconds they were up.
+    nodes_added: int = 0
+    capacity_requests: int = 0  # of them, asked for stranded pods by a capacity request
+    added_node_seconds: float = 0.0
+    capacity_timeouts: int = 0
 
     @property
     def device_utilization(self) -> float:
@@ -268,20 +273,8 @@ class Simulation:
         self._rng = random.Random(seed)
         # Every arrival is recorded, as the extender records every pod it sees appear.
         self.demand = Demand()
-        self.nodes: list[SimNode] = []
-        for spec in fleet:
-            resolved = catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
-            topology = resolved.topology
-            resources = NodeResources(
-                (
-                    (CPU, DEFAULT_MILLI_CPU),
-                    (MEMORY, DEFAULT_MEMORY),
-                    ("aws.amazon.com/neuron", topology.devices),
-                    ("aws.amazon.com/neurondevice", topology.devices),
-                    ("aws.amazon.com/neuroncore", topology.total_cores),
-                )
-            )
-            self.nodes.append(SimNode(spec, topology, resources))
+        self.catalog = catalog
+        self.nodes: list[SimNode] = [self._make_node(spec) for spec in fleet]
         # Nodes grouped by everything that decides a pod's fate on them (one decision and one
         # score serve every node of a group), and groups by free devices and cores, so a request
         # skips nodes too full for it without asking the allocator.
@@ -299,6 +292,20 @@ class Simulation:
         self._sequence = 0
         self._now = 0.0
         self._invalid = 0
+
+    def _make_node(self, spec: NodeSpec) -> SimNode:
+        resolved = self.catalog.resolve(spec.instance_type, None, spec.neuroncore_capacity)
+        topology = resolved.topology
+        resources = NodeResources(
+            (
+                (CPU, DEFAULT_MILLI_CPU),
+                (MEMORY, DEFAULT_MEMORY),
+                ("aws.amazon.com/neuron", topology.devices),
+                ("aws.amazon.com/neurondevice", topology.devices),
+                ("aws.amazon.com/neuroncore", topology.total_cores),
+            )
+        )
+        return SimNode(spec, topology, resources)
 
     # --- the run ------------------------------------------------------------------------------
 

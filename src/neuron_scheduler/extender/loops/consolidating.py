@@ -53,6 +53,7 @@ from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.planrecord import (
     PLAN_ANNOTATION,
+    PlanKind,
     PlanRecord,
     Replacement,
     encode,
@@ -95,6 +96,16 @@ class Mode(StrEnum):
     OFF = "off"
     DRY_RUN = "dry-run"
     ON = "on"
+
+
+class Concluded(StrEnum):
+    """Why consolidation started no plan for a stranded pod (capacity requests read it)."""
+
+    NO_MOVE = "no_move"  # no set of pods may move, on any node it may go to
+    NO_NODE = "no_node"  # every node it may go to has a plan in flight, or cools down
+    DRY_RUN = "dry_run"  # a plan exists, but the mode only says what it would do
+    PLANS_IN_FLIGHT = "plans_in_flight"
+    EVICTIONS_PER_HOUR = "evictions_per_hour"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,13 +217,17 @@ class Consolidator(PodsOnly):
         self.metrics.left.set_function(lambda: self.budget.left())
         self._said: dict[str, str] = {}  # pod uid -> the last dry-run or refusal logged
         self._next_look: dict[str, float] = {}  # pod uid -> when to plan for it again
+        self._concluded: dict[str, Concluded] = {}  # pod uid -> why it got no plan, last look
+        # Told when a capacity request's hold ends (extender/loops/requesting): such holds are
+        # plans of kind CAPACITY that move nothing.
+        self.on_capacity_end: Callable[[Active, str], None] | None = None
         self._signal = asyncio.Event()
 
     # --- the pod watch: what it remembers of a pending pod goes with it (fed after `pending`) --
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:
         known = {pod.metadata.uid for pod in pods}
-        for uid in [*self._said, *self._next_look]:
+        for uid in [*self._said, *self._next_look, *self._concluded]:
             if uid not in known:
                 self.remove_pod(uid)
 
@@ -223,8 +238,14 @@ class Consolidator(PodsOnly):
     def remove_pod(self, uid: str) -> None:
         self._said.pop(uid, None)
         self._next_look.pop(uid, None)
+        self._concluded.pop(uid, None)
 
     def _ended(self, active: Active, outcome: str) -> None:
+        if active.record.kind is PlanKind.CAPACITY:
+            if self.on_capacity_end is not None:
+                self.on_capacity_end(active, outcome)
+            self._signal.set()  # the leader tidies up
+            return
         self.metrics.plans.labels(outcome).inc()
         if active.evicted and active.bound != active.record.node:
             self.metrics.in_vain.inc(active.evicted)
@@ -237,7 +258,12 @@ class Consolidator(PodsOnly):
         self._signal.set()  # the leader tidies up
 
     def in_flight(self) -> list[Active]:
+        """Every plan whose holds stand: consolidation's and capacity requests' (one a node)."""
         return self.plans.in_flight()
+
+    def moving(self) -> list[Active]:
+        """Consolidation's own plans in flight (`max_plans` counts these)."""
+        return [a for a in self.plans.in_flight() if a.record.kind is PlanKind.CONSOLIDATION]
 
     # --- the loop (leader only) ----------------------------------------------------------------
 
@@ -250,18 +276,52 @@ class Consolidator(PodsOnly):
             self.budget.loaded = False  # read afresh on becoming leader
             return
         await self._tidy()
+        for active in self.in_flight():
+            if not active.nominated:  # a plan read back after a restart, or a capacity hold
+                await self._nominate(active)
         if self.limits.mode is Mode.OFF:
             return
         if self.limits.mode is Mode.ON:
+            for active in self.moving():
+                if not active.reported:  # read back after a restart
+                    self._report_evicted(active)
             if not self.budget.loaded:
                 try:
                     await self.budget.load()
                 except BudgetUnavailable:
                     return
-            for active in self.in_flight():
+            for active in self.moving():
                 if not active.busy and self._to_evict(active):
                     await self._evict(active)
         await self._find()
+
+    async def _nominate(self, active: Active) -> None:
+        """Sets the pod's status.nominatedNodeName to the plan's node, once per plan in this
+        process: after a restart between the plan's annotation and its nomination, the next
+        leader does it. (kube-scheduler clears a nomination it did not make after a failed try:
+        the plan's hold stands regardless, so it is not set again and again.)"""
+        active.nominated = True
+        pending = self.pending.get(active.uid)
+        if pending is None or pending.status.nominatedNodeName == active.record.node:
+            return
+        with contextlib.suppress(*READ_ERRORS):
+            await self.api.patch_nominated_node(
+                active.namespace, active.name, active.uid, active.record.node
+            )
+
+    def _report_evicted(self, active: Active) -> None:
+        """The NeuronConsolidationEvicted event of every moved pod already leaving, for a plan
+        read back after a restart: the leader before may have been killed between an eviction
+        and its event. Each event has a name fixed by the moved pod's uid, so one the earlier
+        leader did send is not sent twice (the API server refuses the second)."""
+        active.reported = True
+        for victim in active.record.victims:
+            facts = self.movability.pods.get(victim.uid)
+            holding = self.ledger.holding(victim.uid)
+            there = facts is not None and facts.bound == active.record.node
+            if there and (holding is None or not holding.terminating):
+                continue  # still there: evicted from here on, with its event
+            self._evicted_event(active, victim)
 
     async def _tidy(self) -> None:
         """Removes the annotation of each plan that ended (and the nomination it set)."""
@@ -317,13 +377,16 @@ class Consolidator(PodsOnly):
     async def _find(self) -> None:
         mode = self.limits.mode
         for pod, request in self._candidates():
-            in_flight = self.in_flight()
-            if mode is Mode.ON and len(in_flight) >= self.limits.max_plans:
-                self.metrics.blocked.labels("plans_in_flight").inc()
-                return
+            # Stranded first: a pod short of devices is no business of consolidation's, and is
+            # not counted as blocked by anything here.
             where = stranded(self.ledger, pod, request, self.policy, self._admits)
             if where is None:
                 continue
+            in_flight = self.in_flight()
+            if mode is Mode.ON and len(self.moving()) >= self.limits.max_plans:
+                self.metrics.blocked.labels("plans_in_flight").inc()
+                self._conclude(pod, Concluded.PLANS_IN_FLIGHT)
+                return
             taken = {a.record.node for a in in_flight}
             nodes = [
                 n
@@ -331,6 +394,7 @@ class Consolidator(PodsOnly):
                 if n not in taken and (mode is not Mode.ON or not self.budget.cooling(n))
             ]
             if not nodes:
+                self._conclude(pod, Concluded.NO_NODE)
                 continue
             busy = {v.uid for a in in_flight for v in a.record.victims}
             self._next_look[pod.metadata.uid] = self.wall_clock() + RETRY_SECONDS
@@ -348,6 +412,7 @@ class Consolidator(PodsOnly):
             )
             if planned.move is None:
                 self.metrics.blocked.labels("no_move").inc()
+                self._conclude(pod, Concluded.NO_MOVE)
                 reasons = "; ".join(f"{r.node}: {r.reason}" for r in planned.refusals[:3])
                 self._say(
                     pod,
@@ -357,11 +422,13 @@ class Consolidator(PodsOnly):
                 continue
             record = self._record(pod, planned.move)
             if mode is Mode.DRY_RUN:
+                self._conclude(pod, Concluded.DRY_RUN)
                 if self._say(pod, "NeuronConsolidation", f"would evict {record.summary}"):
                     self.metrics.plans.labels("would").inc()
                 continue
             if len(record.victims) > self.budget.left():
                 self.metrics.blocked.labels("evictions_per_hour").inc()
+                self._conclude(pod, Concluded.EVICTIONS_PER_HOUR)
                 self._say(
                     pod,
                     "NeuronConsolidationBlocked",
@@ -371,6 +438,15 @@ class Consolidator(PodsOnly):
                 continue
             self._next_look.pop(pod.metadata.uid, None)
             await self._start(pod, record)
+
+    def _conclude(self, pod: Pod, concluded: Concluded) -> None:
+        self._concluded[pod.metadata.uid] = concluded
+
+    def concluded(self, uid: str) -> Concluded | None:
+        """What consolidation last concluded for a stranded pod it did not start a plan for
+        (None: it has not looked at it yet, or it started one). Capacity requests ask a node
+        only for pods it cannot help (extender/loops/requesting)."""
+        return self._concluded.get(uid)
 
     def _record(self, pod: Pod, move: Move) -> PlanRecord:
         now = self.wall_clock()
@@ -455,8 +531,8 @@ class Consolidator(PodsOnly):
                 "bound",
                 False,
             )
-        with contextlib.suppress(*READ_ERRORS):
-            await self.api.patch_nominated_node(meta.namespace, meta.name, meta.uid, record.node)
+        active.reported = True  # its evictions are reported as they are made
+        await self._nominate(active)
         await self._evict(active)
 
     def _to_evict(self, active: Active) -> list[Replacement]:
@@ -522,28 +598,42 @@ class Consolidator(PodsOnly):
             return False
         active.evicted += 1
         self.metrics.evictions.labels("evicted").inc()
-        place = (
-            f"; its replacement's place is held on {victim.node} (cores "
-            f"{format_ids(list(victim.cores))})"
-            if victim.node
-            else ""
-        )
         log.info(
             "consolidation for %s: evicted %s from %s%s",
             loggable(active.key),
             loggable(victim.pod),
             loggable(active.record.node),
-            place,
+            _place(victim),
         )
-        if self.report is not None:
-            self.report(
-                ObjectRef("Pod", namespace, name, victim.uid),
-                "NeuronConsolidationEvicted",
-                f"evicted to free devices {format_ids(list(active.record.devices))} of "
-                f"{active.record.node} for {active.key}{place}",
-                False,
-            )
+        self._evicted_event(active, victim)
         return True
+
+    def _evicted_event(self, active: Active, victim: Replacement) -> None:
+        if self.report is None:
+            return
+        namespace, _, name = victim.pod.partition("/")
+        self.report(
+            ObjectRef("Pod", namespace, name, victim.uid),
+            "NeuronConsolidationEvicted",
+            f"evicted to free devices {format_ids(list(active.record.devices))} of "
+            f"{active.record.node} for {active.key}{_place(victim)}",
+            False,
+            evicted_event_name(victim.uid),
+        )
+
+
+def evicted_event_name(uid: str) -> str:
+    """The NeuronConsolidationEvicted event's own name: one per moved pod, ever."""
+    return f"{uid}.neuron-consolidation-evicted"
+
+
+def _place(victim: Replacement) -> str:
+    if not victim.node:
+        return ""
+    return (
+        f"; its replacement's place is held on {victim.node} (cores "
+        f"{format_ids(list(victim.cores))})"
+    )
 
 
 def _unschedulable(pod: Pod) -> bool:

@@ -85,6 +85,10 @@ class DeviceFailures:
         self._told: dict[str, _Told] = {}  # pod uid -> what it was told
         self._signal = asyncio.Event()
 
+    def changed(self) -> None:
+        """A node's failed devices changed (the ledger says): look now, not at the next step."""
+        self._signal.set()
+
     async def run(self) -> None:
         await run_steps(self.step, self._signal, STEP_SECONDS, "device failure", log)
 

@@ -7,10 +7,13 @@ What may move, and where a replacement may go, is the pod watch's view `Movabili
 through `admits`.
 
 `stranded` says whether a pod waits only because of fragmentation: no node it may go to has an
-allowed block for it, and some has its count free. `plan_for` then asks core/consolidation on each
-such node (those not excluded by the caller: a plan already there, a cooldown), with the node as
-the pod sees it (`Ledger.eviction_view`), each moved pod's replacement placed again on the nodes
-it may go to as the cluster stands, and disruption budgets counted as preemption counts them.
+allowed block for it, and some has its count free. `plan_for` then asks core/consolidation on
+every node it may go to where freeing can help (not only those with its count free: moving one
+replica off a node with 3 free devices frees 4 there), except those the caller excludes (a plan
+already there, a cooldown), with the node as the pod sees it (`Ledger.eviction_view`), each moved
+pod's replacement placed again on the nodes it may go to as the cluster stands, and disruption
+budgets counted as preemption counts them. The best move over all of them wins, so a node that
+needs one move beats one that has the count free but needs two.
 """
 
 from __future__ import annotations
@@ -45,14 +48,18 @@ def anywhere(pod: Pod, node: str) -> bool:
     return True
 
 
-MAX_NODES_TRIED = 32  # stranded nodes planned on per pending pod, fewest pods in the way first
+# Nodes planned on per pending pod, those with the most free first (the fewest moves needed).
+MAX_NODES_TRIED = 32
 
 
 @dataclass(frozen=True, slots=True)
 class Stranded:
-    """A pending pod that no node it may go to has an allowed block for, while these nodes have
-    its count free."""
+    """A pending pod that no node it may go to has an allowed block for, while `by_count` have
+    its count free. `nodes`: every node it may go to where moving pods could free a block for it
+    (its size is allowed there and no held block of higher priority is all that stands in the
+    way), `by_count` among them."""
 
+    by_count: tuple[str, ...]
     nodes: tuple[str, ...]
 
 
@@ -69,6 +76,7 @@ def stranded(
     claimant = Claimant.of(pod, request)
     verdicts = ledger.fill_verdicts(ledger.nodes, request, policy, claimant)
     by_count = []
+    nodes = []
     for name, decision in verdicts.decisions.items():
         facts = ledger.facts.get(name)
         if facts is not None and why_not(pod, facts) is not None:
@@ -80,9 +88,12 @@ def stranded(
         entry = ledger.nodes.get(name)
         if entry is None or decision.unresolvable:
             continue
+        nodes.append(name)
         if fits_by_count(entry.topology, ledger.state_for(claimant, name), request):
             by_count.append(name)
-    return Stranded(tuple(sorted(by_count))) if by_count else None
+    if not by_count:
+        return None
+    return Stranded(tuple(sorted(by_count)), tuple(sorted(nodes)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +116,15 @@ def plan_for(
     busy: Collection[str] = (),
     admits: Admits = anywhere,
 ) -> Planned:
-    """The best move on `nodes` (where the pod is stranded), by core/consolidation's order,
-    fewest pods first across nodes; pods in `busy` (another plan's victims) stay; replacements
-    only go where `admits` lets them."""
+    """The best move on `nodes` (those it may go to: `Stranded.nodes`), by core/consolidation's
+    order, fewest pods first across nodes; pods in `busy` (another plan's victims) stay;
+    replacements only go where `admits` lets them."""
     claimant = Claimant.of(pod, request)
     priority = pod.spec.priority or 0
     rooms = _rooms(ledger, movability, policy, admits)
     best: Move | None = None
     refusals: list[NoMove] = []
-    for node in _by_blockers(ledger, claimant, nodes)[:MAX_NODES_TRIED]:
+    for node in _most_free_first(ledger, claimant, nodes)[:MAX_NODES_TRIED]:
         entry = ledger.nodes.get(node)
         if entry is None:
             continue
@@ -146,9 +157,18 @@ def plan_for(
     return Planned(best, tuple(refusals))
 
 
-def _by_blockers(ledger: Ledger, claimant: Claimant, nodes: Sequence[str]) -> list[str]:
-    """Nodes with the fewest pods first: the likeliest to need the fewest moves."""
-    return sorted(nodes, key=lambda n: (len(ledger.pods_holding(n)), n))
+def _most_free_first(ledger: Ledger, claimant: Claimant, nodes: Sequence[str]) -> list[str]:
+    """Nodes with the most cores free (as the pod sees them) first, then the fewest pods: the
+    likeliest to need the fewest moves."""
+
+    def order(node: str) -> tuple[int, int, str]:
+        entry = ledger.nodes.get(node)
+        state = ledger.state_for(claimant, node)
+        used = state.used_cores.bit_count() + state.unattributed_cores
+        free = (entry.topology.total_cores if entry else 0) - used
+        return (-free, len(ledger.pods_holding(node)), node)
+
+    return sorted(nodes, key=order)
 
 
 def _violations(

@@ -251,6 +251,8 @@ class Ledger:
         self.on_freed: Callable[[Iterable[str], str], None] | None = None
         # Told when a hold with a deadline starts (the waker ends it when due).
         self.on_deadline: Callable[[], None] | None = None
+        # Told when a node's failed devices change (pods on them are told at once).
+        self.on_health: Callable[[], None] | None = None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -286,6 +288,8 @@ class Ledger:
                 )
             else:
                 log.info("node %s: every device is healthy again", loggable(name))
+            if self.on_health is not None:
+                self.on_health()
         self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
@@ -790,15 +794,24 @@ class Ledger:
         entry = self.nodes.get(node)
         per_device = entry.topology.cores_per_device if entry else 1
         total = entry.topology.total_cores if entry else 0
-        used = entry.unhealthy_cores if entry else 0
+        failed = entry.unhealthy_cores if entry else 0
+        used = failed
         going = 0  # cores of terminating pods: free soon, so a nominated pod's block may use them
+        going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
         for uid, holding in holdings.items():
             if holding.ours and not holding.cores >> total:
                 used |= holding.cores
+                # A pod on a failed device still requests it, while allocatable no longer counts
+                # it: kube-scheduler and the kubelet count that device twice until the pod ends,
+                # so one more device's worth stays held here too, in count (never freed by
+                # evicting anyone but that pod).
+                twice = (holding.cores & failed).bit_count()
+                unknown += twice
                 if holding.terminating:
-                    going |= holding.cores
+                    going |= holding.cores & ~failed
+                    going_count += twice
                 continue
             if holding.ours:  # ids read before the node was listed, which it does not have
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
@@ -813,7 +826,8 @@ class Ledger:
             if announced.holding.node == node and uid not in excluded:
                 used |= announced.holding.cores
         if entry is not None:
-            used |= self._held_blocks(node, entry.topology, used, going, unknown, excluded)
+            soon = unknown - going_count
+            used |= self._held_blocks(node, entry.topology, used, going, soon, excluded)
         return NodeState(used, unknown)
 
     def _held_blocks(
@@ -926,8 +940,11 @@ def _placement(topology: Topology, cores: int) -> Placement:
 
 
 def _occupant(topology: Topology, holding: Holding, unhealthy_cores: int = 0) -> Occupant:
+    """The pod as eviction weighs it: evicting it frees its healthy cores, and the cores of its
+    failed devices that `_state` holds in count for it, never the failed devices themselves."""
     if holding.ours and not holding.cores >> topology.total_cores:
-        cores, unknown = holding.cores & ~unhealthy_cores, 0
+        failed = holding.cores & unhealthy_cores
+        cores, unknown = holding.cores & ~failed, failed.bit_count()
     else:
         size = topology.cores_per_device if holding.unknown_unit is Unit.DEVICE else 1
         cores, unknown = 0, holding.unknown_count * size

@@ -61,6 +61,8 @@ class Active:
     # False from `adopt` until the watch shows the annotation: watch events of the pod from
     # before the write (without it) may still arrive, and must not end the plan.
     seen: bool = True
+    nominated: bool = False  # this process set (or tried to set) the pod's nomination
+    reported: bool = False  # this process sent the events of its pods already evicted
 
     @property
     def key(self) -> str:
