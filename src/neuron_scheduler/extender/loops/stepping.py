@@ -23,11 +23,11 @@ async def run_steps(
             await step()
         except Exception as error:  # a bug: logged, and the next step tries again
             log.exception("%s step failed: %s", what, loggable(error))
-        await _wait(signal, seconds)
+        await wait_signal(signal, seconds)
         signal.clear()
 
 
-async def _wait(signal: asyncio.Event, seconds: float) -> None:
+async def wait_signal(signal: asyncio.Event, seconds: float) -> None:
     """Until the signal or the period, whichever comes first. Not `asyncio.wait_for`: on Python
     3.11 it can swallow a cancellation that arrives as the signal is set, and the loop would
     then outlive the shutdown that cancelled it."""
