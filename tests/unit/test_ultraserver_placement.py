@@ -5,10 +5,13 @@ admits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
+import yaml
 from rich.console import Console
 
 from neuron_scheduler.core.allocation import Placement
@@ -18,7 +21,14 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import Node, ObjectMeta, Pod, PodGroup, UltraServerClaim
+from neuron_scheduler.kube.objects import (
+    ClaimSpec,
+    Node,
+    ObjectMeta,
+    Pod,
+    PodGroup,
+    UltraServerClaim,
+)
 from neuron_scheduler.live.terminal import ultraserver_tables
 from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 from neuron_scheduler.ultraserver.claims import (
@@ -175,6 +185,27 @@ def test_a_claim_goes_to_its_object_and_back() -> None:
     assert read == NodeClaim(
         "a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "my-scheduler", "7", "u1"
     )
+    preempting = dataclasses.replace(
+        written, victims=("p1", "p2"), victim_jobs=(("ns", "low"), ("other", "x.y"))
+    )
+    found = to_object(preempting)
+    assert found.spec.victimJobs == ["ns/low", "other/x.y"]
+    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=UltraServerClaim))
+    assert read == preempting
+
+
+CLAIM_CRD = (
+    Path(__file__).resolve().parents[2] / "charts/neuron-scheduler/files/ultraserverclaims-crd.yaml"
+)
+
+
+def test_the_crd_keeps_every_field_a_claim_is_written_with() -> None:
+    """The API server drops fields its schema does not name (pruning): a field the extender
+    writes and the CRD lacks is lost without an error (victimJobs would be, and a new leader
+    could not work out a preemption's victims)."""
+    crd = yaml.safe_load(CLAIM_CRD.read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(ClaimSpec.__struct_fields__) <= set(schema["properties"])
 
 
 def test_claims_we_could_not_have_written_are_refused() -> None:
@@ -194,6 +225,11 @@ def test_claims_we_could_not_have_written_are_refused() -> None:
         changed(renewTime="2026-01-01T00:00:00"),  # no zone
         changed(job=""),
         changed(scheduler="s" * 300),
+        changed(victimJobs=["no-namespace"]),
+        changed(victimJobs=["ns/a/b"]),
+        changed(victimJobs=["/x"]),
+        changed(victimJobs=["ns/" + "x" * 400]),
+        changed(victimJobs=["ns/x"] * 1025),
     ):
         with pytest.raises(ClaimError):
             from_object(bad)

@@ -91,8 +91,9 @@ class Metrics:
         self.job_preemptions = Counter(
             "neuron_scheduler_job_preemptions",
             "Preemptions for training jobs on UltraServers (whole jobs or nothing), by outcome: "
-            "asked (the preempt verb found units for the job), impossible (none, even with every "
-            "lower-priority job evicted), carried_out (its claim written, its victims evicted), "
+            "asked (the preempt verb recorded an ask for the job), impossible (the reservation "
+            "loop found no units for it, even with every lower-priority job evicted), "
+            "carried_out (its claim written, its victims evicted), "
             "failed (a claim write failed: undone, nobody evicted)",
             ["outcome"],
             registry=self.registry,

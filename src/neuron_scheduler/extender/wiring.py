@@ -217,6 +217,7 @@ def wire(
             scheduler_names=scheduler_names,
             quiet=waker.quiet,
             pending=pending.get,
+            filters=[units],
         ),
         Preemptor(ledger, budgets, metrics, policy, planned=plans.planned, occupancy=occupancy),
         waker,

@@ -116,6 +116,9 @@ class PodSpec(msgspec.Struct):
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
     priority: int | None = None
+    # "Never": the pod never preempts (kube-scheduler's rule; the extender's preemption for
+    # training jobs honours it too).
+    preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
     resourceClaims: list[PodResourceClaim] = []
 
@@ -295,6 +298,8 @@ class ClaimSpec(msgspec.Struct, omit_defaults=True):
     seconds: int = 0
     # Pods (uids) evicted for this job by preemption (issue 40), until its members are bound.
     victims: list[str] = []
+    # The jobs (namespace/name) evicted whole for it, until its members are bound.
+    victimJobs: list[str] = []
 
 
 class ClaimMeta(msgspec.Struct, omit_defaults=True):

@@ -19,6 +19,7 @@ from neuron_scheduler.ultraserver.placement import (
     job_text,
     plan,
 )
+from neuron_scheduler.ultraserver.preemption import claim_victims
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ def ultraserver_view(
                 bound,
                 None if ends is None else max(0.0, ends - now),
                 job_progress(occupancy, job, now),
-                sum(1 for v in {v for c in pending for v in c.victims} if ledger.holding(v)),
+                sum(1 for v in claim_victims(occupancy, pending) if ledger.holding(v)),
             )
         )
     waiting = []

@@ -13,9 +13,10 @@ ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says
 A claim is Pending from when the job's units are reserved until all its members are bound, and
 ends if its job does nothing for `seconds` (renewTime is the last time kube-scheduler asked about
 one of its members, or when the claim was made); Bound while any member runs; gone when the job
-is. A claim made by preemption (issue 40) lists the pods evicted for it (`victims`, by uid) while
-it is Pending, so whichever replica leads next finishes evicting them, and the claim does not end
-while they are still leaving.
+is. A claim made by preemption (issue 40) lists the pods evicted for it (`victims`, by uid) and
+the jobs evicted whole (`victim_jobs`: a member of one may have bound while the claim was
+written, and is then evicted too) while it is Pending, so whichever replica leads next finishes
+evicting them, and the claim does not end while they are still leaving.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ BOUND = "Bound"
 MAX_NAME = 253
 MAX_VICTIMS = 1024  # pods one preemption may evict (a job's members at most, MAX_GANG)
 MAX_UID = 128
+MAX_JOB_TEXT = 63 + 1 + MAX_NAME  # namespace/name
 
 
 class ClaimError(ValueError):
@@ -52,6 +54,7 @@ class NodeClaim:
     version: str = ""  # the object's resourceVersion ("" until written)
     uid: str = ""  # the object's (a claim created again for the node has another)
     victims: tuple[str, ...] = ()  # pods evicted for the job by preemption (uids), while Pending
+    victim_jobs: tuple[JobKey, ...] = ()  # the jobs evicted whole for it, while Pending
     created: float = 0.0  # wall clock: when the object was made (0: not known)
 
     @property
@@ -79,6 +82,7 @@ def to_object(claim: NodeClaim) -> UltraServerClaim:
             renewTime=renewed,
             seconds=claim.seconds,
             victims=list(claim.victims),
+            victimJobs=[f"{namespace}/{name}" for namespace, name in claim.victim_jobs],
         ),
     )
 
@@ -107,6 +111,14 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r} has no zone")
     if len(spec.victims) > MAX_VICTIMS or any(not 0 < len(v) <= MAX_UID for v in spec.victims):
         raise ClaimError(f"claim {meta.name}: more than {MAX_VICTIMS} victims, or one no uid")
+    if len(spec.victimJobs) > MAX_VICTIMS:
+        raise ClaimError(f"claim {meta.name}: more than {MAX_VICTIMS} victim jobs")
+    victim_jobs = []
+    for text in spec.victimJobs:
+        namespace, _, name = text.partition("/")
+        if len(text) > MAX_JOB_TEXT or not namespace or not name or "/" in name:
+            raise ClaimError(f"claim {meta.name}: victim job {text[:80]!r} is no namespace/name")
+        victim_jobs.append((namespace, name))
     return NodeClaim(
         spec.node,
         (spec.namespace, spec.job),
@@ -119,5 +131,6 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         meta.resourceVersion,
         meta.uid,
         tuple(spec.victims),
+        tuple(victim_jobs),
         epoch(meta.creationTimestamp),  # the API server's own: 0 when unreadable
     )

@@ -558,12 +558,15 @@ class UnitChoice:
     failed: dict[str, str]
 
 
-def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[str]) -> UnitChoice:
+def decide(
+    occupancy: Occupancy, member: Member, config: int, candidates: list[str], uid: str = ""
+) -> UnitChoice:
     """Which candidate nodes a member of `member.job` may take: the free nodes of its job's
-    claim; every other UltraServer node is refused with why."""
+    claim; every other UltraServer node is refused with why. `uid`: the member's own pod, never
+    in its own way (bind asks again about a pod it counts already)."""
     job = member.job
     claimed = occupancy.claimed(job) if occupancy.complete(job) else set()
-    own = {w.node for w in occupancy.job_workers(job)}
+    own = {w.node for u, w in occupancy.workers.items() if w.job == job and u != uid}
     decision = UnitChoice([], {})
     shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:
@@ -571,7 +574,9 @@ def decide(occupancy: Occupancy, member: Member, config: int, candidates: list[s
             decision.passed.append(name)  # not an UltraServer node: not ours to judge
             continue
         claim = occupancy.claims.get(name)
-        others = [w.job for w in occupancy.on_node.get(name, {}).values() if w.job != job]
+        others = [
+            w.job for u, w in occupancy.on_node.get(name, {}).items() if w.job != job and u != uid
+        ]
         if name in occupancy.rejected:
             decision.failed[name] = unreadable(occupancy, name)
         elif not claimed:
@@ -679,7 +684,7 @@ class UnitPlacement:
                 occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config)
             if occupancy.on_change is not None:
                 occupancy.on_change()  # the reservation loop plans for it
-        decision = decide(occupancy, member, config, passed)
+        decision = decide(occupancy, member, config, passed, pod.metadata.uid)
         return decision.passed, decision.failed
 
     def _why_no_claim(self, pod: Pod, member: Member, config: int) -> str:
@@ -724,4 +729,4 @@ class UnitPlacement:
             config = pod_node_config(pod)
         except (NodeConfigError, MembershipError):
             return False
-        return node in decide(self.occupancy, member, config, [node]).passed
+        return node in decide(self.occupancy, member, config, [node], pod.metadata.uid).passed

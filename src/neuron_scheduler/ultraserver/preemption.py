@@ -5,8 +5,9 @@ of a job that needs whole units, that evicts members of other jobs one by one, w
 the job then fits (before issue 40, a 16-member job on a fleet of three UltraServers evicted
 every running job). Here the preemptor is the member's whole job:
 
-- only units whose every node its members may use (their spec, the devices they ask for), and
-  where every pod is of lower priority than the job, are taken into account: the pods of no job
+- only units whose every node its members could use once every pod there is gone (their spec,
+  the devices they ask for, the devices that failed), and where every pod is of lower priority
+  than the job, are taken into account: the pods of no job
   there, and the jobs holding members or a claim there, each of which is evicted whole
   (members on every node, not only on these units);
 - of those, the cheapest units for all its members, by core/jobpreemption: the fewest whole
@@ -23,11 +24,11 @@ evictions; the victims' replacements find the units claimed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from neuron_scheduler.core.jobpreemption import Cost, Opening, cheapest
-from neuron_scheduler.ultraserver.claims import MAX_VICTIMS
+from neuron_scheduler.ultraserver.claims import MAX_VICTIMS, PENDING, NodeClaim
 from neuron_scheduler.ultraserver.jobs import JobKey
 from neuron_scheduler.ultraserver.placement import (
     Occupancy,
@@ -76,12 +77,15 @@ def plan_preemption(
     size: int,
     priority: int,
     loose: Callable[[str], Sequence[Loose]],
-    excluded: Callable[[str], str | None],
+    unfit: Callable[[str], str | None],
     now: float,
+    excluded: Callable[[str], str | None] | None = None,
 ) -> Preemption | Shortfall:
     """The units `job` (`size` members of `config`, at `priority`) gets by preemption and the
-    victims, or why it gets none. `loose(node)`: the pods of no job on it; `excluded(node)`: why
-    its members may never run there; `now`: wall clock (work lost is counted to it)."""
+    victims, or why it gets none. `loose(node)`: the pods of no job on it; `unfit(node)`: why
+    its members could not run there even with every pod gone (a failed device); `excluded(node)`:
+    why they never can, whatever the node's devices (their spec: for `never_fits`; default
+    `unfit`); `now`: wall clock (work lost is counted to it)."""
     held = occupancy.held_units(job)
     needed = math.ceil(size / config) - len(held)
     if needed <= 0:
@@ -93,7 +97,7 @@ def plan_preemption(
     for unit, nodes in occupancy.members.items():
         if unit[0] != config or unit in held or len(nodes) != config:
             continue
-        if any(n in occupancy.rejected or excluded(n) is not None for n in nodes):
+        if any(n in occupancy.rejected or unfit(n) is not None for n in nodes):
             continue  # (a claim not read: not ours to take)
         jobs = {other for _, _, other in occupancy.others(job, nodes) if other is not None}
         there = [p for n in sorted(nodes) for p in loose(n)]
@@ -112,7 +116,7 @@ def plan_preemption(
 
     choice = cheapest([o for _, _, o in openings], needed, lost)
     if choice is None:
-        never = never_fits(occupancy, job, config, size, excluded)
+        never = never_fits(occupancy, job, config, size, excluded or unfit)
         if never is not None:
             return never
         more = " more" if held else ""
@@ -132,6 +136,31 @@ def plan_preemption(
         )
     taken = sorted(n for o in choice.openings for n in occupancy.nodes_of(o.unit))
     return Preemption(job, tuple(taken), choice.jobs, tuple(dict.fromkeys(victims)), choice.cost)
+
+
+def claim_victims(occupancy: Occupancy, claims: Iterable[NodeClaim]) -> list[str]:
+    """The pods a job's preemption evicts, by its Pending claims: the uids listed on them, and
+    every member of the jobs evicted whole that is not on a node of a complete claim of its own
+    job. The plan's list was made before the claim was written; a member that was on its way
+    then (past filter, binding) is known now, and is evicted with its job. A victim job's
+    replacements bind only into a claim of their own, complete: they are no victims."""
+    pending = [c for c in claims if c.phase == PENDING]
+    found = dict.fromkeys(v for c in pending for v in c.victims)
+    jobs = {j for c in pending for j in c.victim_jobs}
+    if not jobs:
+        return list(found)
+    settled: dict[JobKey, set[str]] = {}  # each victim job's complete claim's nodes
+    for job in jobs:
+        settled[job] = occupancy.claimed(job) if occupancy.complete(job) else set()
+    for uid, worker in occupancy.workers.items():
+        if worker.job in jobs and worker.node not in settled[worker.job]:
+            found.setdefault(uid)
+    return list(found)
+
+
+def job_priority(occupancy: Occupancy, job: JobKey) -> int | None:
+    """The job's priority (its highest member's, bound or waiting), or None with no member."""
+    return _priorities(occupancy).get(job)
 
 
 def _priorities(occupancy: Occupancy) -> dict[JobKey, int]:

@@ -7,8 +7,10 @@ Not the Eviction API: a PodDisruptionBudget could refuse one member of a job and
 go, and a victim job goes whole or not at all. kube-scheduler's preemption does the same (it
 prefers victims that violate no budget, then deletes).
 
-Idempotent: a victim already leaving or gone is skipped, so the reservation loop calls it again
-for a claim's victims on every step until they are gone (a restart in between finishes the job).
+Idempotent: a victim already leaving or gone is skipped, and so is one this helper deleted before
+(the watch may show it leaving only after the next step: without this it would be marked and
+deleted again, with a second `Preempted` event), so the reservation loop calls it again for a
+claim's victims on every step until they are gone (a restart in between finishes the job).
 """
 
 from __future__ import annotations
@@ -41,33 +43,44 @@ class Evictions:
         self.ledger = ledger
         self.report = report
         self._failed: set[str] = set()  # uids whose eviction failed and was logged
+        self._deleted: dict[str, None] = {}  # uids deleted, oldest first (at most MAX_REMEMBERED)
+        self._spared: set[str] = set()  # uids not evicted for their priority, logged
 
     def leaving(self, uids: Iterable[str]) -> list[str]:
         """Those still holding devices (bound, not finished), leaving or not."""
         return [uid for uid in uids if self.ledger.holding(uid) is not None]
 
-    async def evict(self, uids: Iterable[str], message: str) -> int:
-        """Evicts those of `uids` still there and not leaving already; how many it evicted."""
+    async def evict(self, uids: Iterable[str], message: str, below: int) -> int:
+        """Evicts those of `uids` still there and not leaving already, of a priority below
+        `below` (the preemptor's); how many it evicted."""
         evicted = 0
         for uid in uids:
             holding = self.ledger.holding(uid)
-            if holding is None or holding.terminating:
-                continue  # gone, or going
+            if holding is None or holding.terminating or uid in self._deleted:
+                continue  # gone, or going (perhaps not shown by the watch yet)
             namespace, _, name = self.ledger.pod_key(uid).partition("/")
             if not name:
+                continue
+            if holding.priority >= below:
+                if _first_time(self._spared, uid):  # once: every step sees it again
+                    log.warning(
+                        "not evicting %s/%s: its priority %d is not below the preemptor's %d",
+                        loggable(namespace),
+                        loggable(name),
+                        holding.priority,
+                        below,
+                    )
                 continue
             try:
                 await self.api.mark_preempted(namespace, name, uid, message)
                 await self.api.delete_pod(namespace, name, uid)
             except NotFound:
+                self._remember(uid)
                 continue  # gone meanwhile
             except Conflict:
                 continue  # another pod of that name now: not ours to evict
             except READ_ERRORS as error:
-                if uid not in self._failed:  # once: every step tries again
-                    if len(self._failed) >= MAX_REMEMBERED:
-                        self._failed.clear()
-                    self._failed.add(uid)
+                if _first_time(self._failed, uid):  # once: every step tries again
                     log.warning(
                         "cannot evict %s/%s (each step tries again): %s",
                         loggable(namespace),
@@ -76,7 +89,23 @@ class Evictions:
                     )
                 continue
             self._failed.discard(uid)
+            self._remember(uid)
             evicted += 1
             if self.report is not None:
                 self.report(ObjectRef("Pod", namespace, name, uid), "Preempted", message, False)
         return evicted
+
+    def _remember(self, uid: str) -> None:
+        if len(self._deleted) >= MAX_REMEMBERED:
+            del self._deleted[next(iter(self._deleted))]
+        self._deleted[uid] = None
+
+
+def _first_time(seen: set[str], uid: str) -> bool:
+    """Whether `uid` is new to `seen` (which it is added to; at most MAX_REMEMBERED)."""
+    if uid in seen:
+        return False
+    if len(seen) >= MAX_REMEMBERED:
+        seen.clear()
+    seen.add(uid)
+    return True

@@ -26,7 +26,6 @@ job's members, and the next job's, are retried at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -37,6 +36,7 @@ from typing import Protocol
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.extender.loops.evicting import Evictions
+from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import (
@@ -48,6 +48,7 @@ from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import placement_kind
 from neuron_scheduler.kube.objects import ObjectRef, UltraServerClaim
+from neuron_scheduler.kube.reading import epoch
 from neuron_scheduler.ultraserver.claims import (
     BOUND,
     PENDING,
@@ -69,7 +70,7 @@ from neuron_scheduler.ultraserver.placement import (
     plan,
     shortfall,
 )
-from neuron_scheduler.ultraserver.preemption import Preemption
+from neuron_scheduler.ultraserver.preemption import Preemption, claim_victims, job_priority
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
@@ -79,6 +80,7 @@ TICK = 1.0  # seconds between steps when nothing changes (claims end by the cloc
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
+NEVER = "Never"  # a pod's preemptionPolicy that forbids preempting
 
 
 class ClaimWriter(Protocol):
@@ -130,6 +132,7 @@ class Reservations:
         self.ready = asyncio.Event()  # set once pods, nodes and claims are listed
         self._signal = asyncio.Event()
         self._said: dict[JobKey, str] = {}  # the shortfall last logged per job
+        self._no_preemption: dict[JobKey, str] = {}  # why a job got none, as last logged
         # Jobs whose claim ended because they did nothing (by `clock`): not planned for again
         # until kube-scheduler asks about one of their members after that.
         self._idle: dict[JobKey, float] = {}
@@ -139,16 +142,12 @@ class Reservations:
 
     async def run(self) -> None:
         await self.ready.wait()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), TICK)
-            await asyncio.sleep(COALESCE)
-            self._signal.clear()
-            try:
-                await self.step()
-            except Exception:  # a bug must not end the loop: claims would never end
-                log.exception("reservation step failed; trying again in %.0fs", TICK)
-                await asyncio.sleep(TICK)
+        await run_steps(self._coalesced_step, self._signal, TICK, "reservation", log)
+
+    async def _coalesced_step(self) -> None:
+        await asyncio.sleep(COALESCE)  # the rest of a burst of changes joins this step
+        self._signal.clear()
+        await self.step()
 
     async def step(self) -> None:
         """One round (nothing unless this replica is the leader)."""
@@ -174,12 +173,20 @@ class Reservations:
             if not waiting and not workers:
                 await self._release(job, claims, "its job has no member left")
                 continue
-            victims = self._victims_left(job, claims)
-            if victims:  # its preemption goes on (a restart finishes the evictions)
-                await self.evictions.evict(victims, self._preempted_text(job))
+            # Its preemption goes on (a restart finishes the evictions), once its claim is whole:
+            # half a claim (a crash while it was written) is `_plan`'s to complete or undo
+            # first, and the victims are evicted then.
+            complete = self.occupancy.complete(job)
+            victims = self._victims_left(job, claims) if complete else []
+            if victims:
+                await self._evict(job, victims)
+            # The claim waits for its victims to go while their grace period lasts (a victim
+            # that holds its devices after that, its node down, keeps it no longer: then it
+            # ends by the usual rule, `claim_seconds` after the last ask or that wait).
+            leaving = self._within_grace(victims, now)
             asked = self._asked_at(job)
             if any(c.expired(now) for c in claims):
-                if victims:
+                if leaving:
                     await self._rewrite(claims, PENDING, now)  # waiting for its victims to go
                 elif (
                     asked is not None
@@ -189,11 +196,7 @@ class Reservations:
                     await self._rewrite(claims, PENDING, asked)
                 else:
                     self._idle[job] = self.clock()
-                    await self._release(
-                        job,
-                        claims,
-                        f"none of its members was scheduled for {self.claim_seconds}s",
-                    )
+                    await self._release(job, claims, self._ended_why(victims))
                 continue
             claimed = {c.node for c in claims}
             size = self.occupancy.claimed_size(job)
@@ -210,7 +213,7 @@ class Reservations:
             # Renewed to the last time kube-scheduler asked about a member, so a claim ends
             # `claim_seconds` after that, not after the last renewal.
             pending = [c for c in claims if c.phase == PENDING]
-            renewed_to = now if victims else asked
+            renewed_to = now if leaving else asked
             stale = [
                 c
                 for c in pending
@@ -218,6 +221,25 @@ class Reservations:
             ]
             if stale and renewed_to is not None:
                 await self._rewrite(stale, PENDING, renewed_to)
+
+    def _within_grace(self, victims: list[str], now: float) -> list[str]:
+        """The victims leaving whose grace period has not ended (deletionTimestamp)."""
+        found = []
+        for uid in victims:
+            holding = self.ledger.holding(uid)
+            if holding is not None and holding.terminating and epoch(holding.leaving_by) > now:
+                found.append(uid)
+        return found
+
+    def _ended_why(self, victims: list[str]) -> str:
+        why = f"none of its members was scheduled for {self.claim_seconds}s"
+        if not victims:
+            return why
+        return (
+            f"{why}, and {len(victims)} pod{'s' if len(victims) != 1 else ''} evicted for it "
+            f"still hold{'s' if len(victims) == 1 else ''} devices past the grace period "
+            f"(such as {self.ledger.pod_key(victims[0])}: is its node down?)"
+        )
 
     def _asked_at(self, job: JobKey) -> float | None:
         """When kube-scheduler last asked about one of the job's members, by the wall clock."""
@@ -228,14 +250,28 @@ class Reservations:
 
     def _victims_left(self, job: JobKey, claims: list[NodeClaim]) -> list[str]:
         """The pods a Pending claim's preemption evicts that still hold their devices."""
-        listed = dict.fromkeys(v for c in claims if c.phase == PENDING for v in c.victims)
-        return self.evictions.leaving(listed)
+        return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
-    def _preempted_text(self, job: JobKey) -> str:
-        return (
+    async def _evict(self, job: JobKey, victims: list[str]) -> int:
+        """Evicts a preemption's victims for `job`: only pods on UltraServer nodes, of lower
+        priority than the job's as its members say now, and none for a job whose members must
+        not preempt. A claim is an object anyone allowed to write claims could write: what it
+        lists is not enough to delete a pod."""
+        priority = job_priority(self.occupancy, job)
+        if priority is None:
+            return 0  # no member left: its claim ends, nobody is evicted for it
+        waiting = self.occupancy.pending.values()
+        if any(p.member.job == job and p.pod.spec.preemptionPolicy == NEVER for p in waiting):
+            return 0  # (a claim that lists victims for it was not written by this loop)
+        servers = self.occupancy.servers
+        on_servers = [
+            uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
+        ]
+        text = (
             f"neuron-scheduler: evicted whole with its job, by preemption for job "
             f"{job_text(job)} of higher priority"
         )
+        return await self.evictions.evict(on_servers, text, below=priority)
 
     async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
         """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
@@ -246,6 +282,7 @@ class Reservations:
                 phase=phase,
                 renewed=renewed,
                 victims=claim.victims if phase == PENDING else (),
+                victim_jobs=claim.victim_jobs if phase == PENDING else (),
             )
             try:
                 written = await self.api.replace_claim(to_object(fresh))
@@ -296,6 +333,8 @@ class Reservations:
             del self.occupancy.shortfalls[job]  # gone, or all its members bound
         for job in [j for j in self._said if j not in jobs]:
             del self._said[job]
+        for job in [j for j in self._no_preemption if j not in jobs]:
+            del self._no_preemption[job]
         asks = self.occupancy.preemption_asks
         for job in [j for j, at in asks.items() if self.clock() - at >= self.claim_seconds]:
             del asks[job]  # kube-scheduler has not asked again: what it asked for is stale
@@ -349,7 +388,10 @@ class Reservations:
                     if len(units) >= needed
                     else shortfall(job, first.config, size, needed, len(units), False)
                 )
-            if isinstance(chosen, Shortfall) and self._preempting(job):
+            # Half a preemption's claim (a crash) is planned again as a preemption, whatever is
+            # free now: its victims are worked out anew, and the rest of it let go.
+            half = own and not self.occupancy.complete(job) and self._half_preemption(job)
+            if (isinstance(chosen, Shortfall) or half) and self._preempting(job, waiting):
                 asks.pop(job, None)
                 planned = preemption_for(
                     self.ledger,
@@ -360,10 +402,16 @@ class Reservations:
                     self.wall_clock(),
                 )
                 if isinstance(planned, Preemption):
+                    self._no_preemption.pop(job, None)
                     if await self._preempt(first, size, planned):
                         opened.clear()
                     continue
-                self._count("impossible")
+                self._impossible(job, planned)
+                if half:  # its victims are not evicted for a claim it cannot have now
+                    claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
+                    await self._release(job, claimed, "its preemption cannot be made now")
+                    opened.clear()
+                    continue
             if isinstance(chosen, Shortfall):
                 if own and self.occupancy.by_job.get(job) and not self.occupancy.complete(job):
                     # What a crash left half written, and cannot be completed now.
@@ -375,12 +423,31 @@ class Reservations:
             if chosen and await self._claim(job, first, size, chosen):
                 opened.clear()  # those units are taken: what is open is worked out again
 
-    def _preempting(self, job: JobKey) -> bool:
+    def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
-        preemption's claim for it is half written (a crash): the loop works it out now."""
-        if job in self.occupancy.preemption_asks:
-            return True
-        return any(self.occupancy.claims[n].victims for n in self.occupancy.by_job.get(job, ()))
+        preemption's claim for it is half written (a crash): the loop works it out now. Never
+        for a job one of whose members says `preemptionPolicy: Never`."""
+        if any(p.pod.spec.preemptionPolicy == NEVER for p in waiting):
+            return False
+        return job in self.occupancy.preemption_asks or self._half_preemption(job)
+
+    def _impossible(self, job: JobKey, why: Shortfall) -> None:
+        """No preemption for the job now: counted each time asked, logged once per reason."""
+        self._count("impossible")
+        if self._no_preemption.get(job) != why.reason:
+            self._no_preemption[job] = why.reason
+            log.info(
+                "preemption for job %s: %s",
+                loggable(job_text(job), NAME_LIMIT),
+                loggable(why.reason),
+            )
+
+    def _half_preemption(self, job: JobKey) -> bool:
+        """Whether the job's claim lists victims (a preemption's), while not complete."""
+        claims = self.occupancy.claims
+        return not self.occupancy.complete(job) and any(
+            claims[n].victims or claims[n].victim_jobs for n in self.occupancy.by_job.get(job, ())
+        )
 
     def _refuse(self, job: JobKey, waiting: list[Pending], why: Shortfall, never: bool) -> None:
         """What its members are refused with; said once per change (logged; and, when it can
@@ -426,13 +493,13 @@ class Reservations:
                     grown = dataclasses.replace(claim, version=known.version, uid=known.uid)
                     self._hold(await self.api.replace_claim(to_object(grown)))
                     continue  # (not undone: the node was the job's before this attempt)
-                written.append((from_object(await self.api.create_claim(to_object(claim))), None))
+                ours = from_object(await self.api.create_claim(to_object(claim)))
             except CLAIM_WRITE_ERRORS as error:
                 self._undoing(job, node, error)
                 await self._undo(written)
                 return False
-        for claim, _ in written:
-            self.occupancy.hold(claim)
+            written.append((ours, None))
+            self.occupancy.hold(ours)  # (admits nobody of the job until complete)
         self._said.pop(job, None)
         log.info(
             "reserved %s for job %s (%d members, units of %d nodes)",
@@ -450,7 +517,6 @@ class Reservations:
         or an error while claiming, what was written is undone and nobody is evicted."""
         job, now = planned.job, self.wall_clock()
         config, scheduler = first.config, first.pod.spec.schedulerName
-        victims = planned.victims
         written: list[tuple[NodeClaim, NodeClaim | None]] = []
         for node in planned.nodes:
             known = self.occupancy.claims.get(node)
@@ -463,7 +529,8 @@ class Reservations:
                 now,
                 self.claim_seconds,
                 scheduler,
-                victims=victims,
+                victims=planned.victims,
+                victim_jobs=planned.jobs,
             )
             try:
                 if known is None:
@@ -479,10 +546,16 @@ class Reservations:
                 self._count("failed")
                 return False
             written.append((ours, known))
-        for claim, _ in written:
-            self.occupancy.hold(claim)
+            # Held at once, not after the last node: from here on filter and bind refuse this
+            # node to the victim jobs' members (and to pods of no job) while the rest is written.
+            self.occupancy.hold(ours)
+        await self._let_go_outside(job, planned.nodes)
         self._said.pop(job, None)
         self._count("carried_out")
+        # Worked out again now that the claim holds every node: a victim job's member that was
+        # already past filter when the plan was made may have bound (or be binding) since.
+        claims = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
+        victims = claim_victims(self.occupancy, claims)
         log.info(
             "preemption for job %s (%d members, units of %d nodes, priority %d): reserved %s; "
             "evicting %s (%d pods)",
@@ -494,7 +567,7 @@ class Reservations:
             loggable(planned.summary),
             len(victims),
         )
-        evicted = await self.evictions.evict(victims, self._preempted_text(job))
+        evicted = await self._evict(job, victims)
         if self.metrics is not None:
             self.metrics.job_preemption_victims.inc(evicted)
         leftover = [
@@ -508,6 +581,19 @@ class Reservations:
                 why = f"its job is evicted whole by preemption for job {job_text(job)}"
                 await self._release(victim, mine, why)
         return True
+
+    async def _let_go_outside(self, job: JobKey, nodes: Collection[str]) -> None:
+        """Ends the job's claim on nodes neither in `nodes` nor in a unit it holds whole: what a
+        crash left of an earlier attempt, which this one did not take again."""
+        held = {n for unit in self.occupancy.held_units(job) for n in self.occupancy.nodes_of(unit)}
+        outside = [
+            self.occupancy.claims[n]
+            for n in sorted(self.occupancy.claimed(job))
+            if n not in nodes and n not in held
+        ]
+        if outside:
+            why = "a crash left it half written, and it was planned anew"
+            await self._release(job, outside, why)
 
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (
@@ -528,11 +614,12 @@ class Reservations:
             try:
                 if taken_from is None:
                     await self.api.delete_claim(claim.node, claim.uid, claim.version)
+                    self.occupancy.release(claim.node, claim.uid)
                 else:
                     back = dataclasses.replace(taken_from, version=claim.version, uid=claim.uid)
                     self._hold(await self.api.replace_claim(to_object(back)))
             except NotFound:
-                pass
+                self.occupancy.release(claim.node, claim.uid)
             except READ_ERRORS as error:
                 # It stays until it ends by itself (Pending, its job does nothing with it).
                 log.warning("cannot undo the claim on %s: %s", claim.node, loggable(error))

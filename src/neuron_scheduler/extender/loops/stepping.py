@@ -5,7 +5,6 @@ stopped would leave its holds, plans or failures untended until a restart)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -24,6 +23,16 @@ async def run_steps(
             await step()
         except Exception as error:  # a bug: logged, and the next step tries again
             log.exception("%s step failed: %s", what, loggable(error))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(signal.wait(), seconds)
+        await wait_signal(signal, seconds)
         signal.clear()
+
+
+async def wait_signal(signal: asyncio.Event, seconds: float) -> None:
+    """Until the signal or the period, whichever comes first. Not `asyncio.wait_for`: on Python
+    3.11 it can swallow a cancellation that arrives as the signal is set, and the loop would
+    then outlive the shutdown that cancelled it."""
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait((waiter,), timeout=seconds)
+    finally:
+        waiter.cancel()

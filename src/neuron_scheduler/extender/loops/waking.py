@@ -42,6 +42,7 @@ from typing import Protocol
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.logtext import NAME_LIMIT, loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.extender.loops.stepping import wait_signal
 from neuron_scheduler.extender.state.ledger import (
     NODE_CHANGED,
     NOMINATION_ENDED,
@@ -329,8 +330,7 @@ class Waker:
             except Exception:  # a bug must not end the loop: holds would never end
                 log.exception("waker step failed; trying again in %.0fs", MAX_STEP)
                 delay = MAX_STEP
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._signal.wait(), delay)
+            await wait_signal(self._signal, delay)
             self._signal.clear()
 
     def step(self) -> float:

@@ -108,6 +108,7 @@ class Holding:
     priority: int = 0
     started: str = ""  # RFC 3339 (sorts as time): status.startTime, else creation
     terminating: bool = False
+    leaving_by: str = ""  # RFC 3339: deletionTimestamp, when its grace period ends
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -587,6 +588,7 @@ class Ledger:
             priority=pod.spec.priority or 0,
             started=pod.status.startTime or pod.metadata.creationTimestamp or "",
             terminating=pod.metadata.deletionTimestamp is not None,
+            leaving_by=pod.metadata.deletionTimestamp or "",
             labels=pod.metadata.labels,
         )
         entry = self.nodes.get(node)

@@ -6,7 +6,14 @@ views (status, why), so they all answer alike.
 
 from __future__ import annotations
 
-from neuron_scheduler.core.allocation import Placement, Policy, allocate, check_request
+from neuron_scheduler.core.allocation import (
+    NodeState,
+    Placement,
+    Policy,
+    Refusal,
+    allocate,
+    check_request,
+)
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.kube.nodefit import why_not
@@ -52,6 +59,28 @@ def member_excluded(ledger: Ledger, pod: Pod, node: str) -> str | None:
     return refusal.reason if refusal is not None else None
 
 
+def member_unfit(ledger: Ledger, pod: Pod, node: str) -> str | None:
+    """Why this member could not run on the node even with every pod there gone: its spec keeps
+    it off (`member_excluded`), or what the node does not offer (failed devices, capacity
+    withheld) leaves no place for its devices; or None. Preemption takes only units whose
+    every node passes: evicting a job for a node its members cannot use loses work for nothing
+    (issue 39's failed devices)."""
+    excluded = member_excluded(ledger, pod, node)
+    if excluded is not None:
+        return excluded
+    entry = ledger.nodes[node]
+    if not (entry.unhealthy_devices or entry.withheld_cores):
+        return None  # (what fits its type, which member_excluded checked, fits it empty)
+    request = neuron_request(pod)  # (read without error by member_excluded)
+    if request is None:
+        return None
+    alone = NodeState(entry.unhealthy_cores, entry.withheld_cores)
+    decision = allocate(entry.topology, alone, request)
+    if isinstance(decision, Refusal):
+        return ledger.failed_devices_refusal(node, request, decision).reason
+    return None
+
+
 def loose_pods(ledger: Ledger, occupancy: Occupancy, node: str) -> list[Loose]:
     """The pods of no job holding Neuron devices on the node, not leaving already."""
     return [
@@ -70,7 +99,8 @@ def preemption_for(
     now: float,
 ) -> Preemption | Shortfall:
     """What preemption does for the member's whole job (ultraserver/preemption.py), at the
-    member's priority; `now`: wall clock."""
+    member's priority, on units whose every node could take a member once every pod there is
+    gone (`member_unfit`); `now`: wall clock."""
     size = max(occupancy.size(member, member.job), 1)
     return plan_preemption(
         occupancy,
@@ -79,6 +109,7 @@ def preemption_for(
         size,
         pod.spec.priority or 0,
         lambda node: loose_pods(ledger, occupancy, node),
-        lambda node: member_excluded(ledger, pod, node),
+        lambda node: member_unfit(ledger, pod, node),
         now,
+        lambda node: member_excluded(ledger, pod, node),
     )

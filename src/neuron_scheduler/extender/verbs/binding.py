@@ -41,7 +41,7 @@ from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
-from neuron_scheduler.extender.state.plugins import Reserver
+from neuron_scheduler.extender.state.plugins import NodeFilter, Reserver
 from neuron_scheduler.extender.verbs.wire import BadRequest, ExtenderBindingArgs
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
@@ -96,6 +96,8 @@ class Binder:
         scheduler_names: Sequence[str] = DEFAULT_SCHEDULER_NAMES,
         quiet: Callable[[str], contextlib.AbstractAsyncContextManager[None]] | None = None,
         pending: Callable[[str], Pod | None] | None = None,
+        filters: Sequence[NodeFilter] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`synced`: set once the watches have listed every pod and node; `reservers` hold a
         placement while its API calls are in flight (the ledger, and any plugin that counts
@@ -103,7 +105,8 @@ class Binder:
         `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
         the pod while bind's writes are conditioned on its resourceVersion; `pending(uid)`: the
         pod as the watch last showed it, if it is pending (extender/state/pending.py), read
-        instead of asking the API for it."""
+        instead of asking the API for it; `filters`: the node filters filter ran (the UltraServer
+        rule), asked again under the node's lock (by `clock`, filter's)."""
         self.api = api
         self.ledger = ledger
         self.metrics = metrics
@@ -117,6 +120,8 @@ class Binder:
         self._quiet = quiet or (lambda _: contextlib.nullcontext())
         self._open: dict[str, Attempt] = {}  # pod uid -> its failed attempt that may still land
         self._pending = pending or (lambda _: None)
+        self.filters = tuple(filters)
+        self.clock = clock
 
     async def bind(self, args: ExtenderBindingArgs) -> str:
         """Empty string on success, else the error kube-scheduler shows and retries on."""
@@ -203,13 +208,33 @@ class Binder:
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
                 return f"node {args.Node} left neuron-scheduler's cache"
+            # Filter's answer may be old: a node filter (the UltraServer rule) may refuse the
+            # node now, e.g. a preemption's claim took it for another job since. Checked here,
+            # under the node's lock and with the hold below in the same step, so a claim is
+            # either seen here or sees this pod counted on the node.
+            refusing = self._refusing(pod, args.Node)
+            if refusing is not None and not from_watch:
+                self.metrics.binds.labels("refused").inc()
+                refusal = (
+                    f"the extender's {refusing} rule no longer admits it there (the node changed "
+                    "since kube-scheduler's filter: claimed for another training job, or taken "
+                    "by a member of one)"
+                )
+                log.info(
+                    "refused to bind %s to %s: %s",
+                    loggable(key),
+                    loggable(args.Node),
+                    refusal,
+                )
+                self._warn(pod, "NeuronBindRefused", f"not bound to {args.Node}: {refusal}")
+                return f"not binding pod {key} to {args.Node}: {refusal}"
             claimant = Claimant.of(pod, request)  # its own held block is its
             state = self.ledger.state_for(claimant, args.Node)
             decision = allocate(
                 entry.topology, state, request, self.policy, self.ledger.demand.weights
             )
-            if isinstance(decision, Refusal) and from_watch:
-                ask_api = True
+            if from_watch and (refusing is not None or isinstance(decision, Refusal)):
+                ask_api = True  # the watch's copy: the API's may be bound already
             elif isinstance(decision, Refusal):
                 reason = self.ledger.failed_devices_refusal(args.Node, request, decision).reason
                 held = self.ledger.hold_reason(claimant, args.Node, request, self.policy)
@@ -441,6 +466,14 @@ class Binder:
             "the pod is bound" if outcome is Outcome.BOUND else "its Binding cannot land",
             " (its annotations removed)" if removed else "",
         )
+        return None
+
+    def _refusing(self, pod: Pod, node: str) -> str | None:
+        """The outcome label of the first node filter that would refuse the pod there now."""
+        now = self.clock()
+        for node_filter in self.filters:
+            if not node_filter.admits(pod, node, now):
+                return node_filter.outcome
         return None
 
     def _not_ours_to_bind(self, pod: Pod, request: NeuronRequest | None, node: str) -> str | None:

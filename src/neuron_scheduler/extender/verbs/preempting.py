@@ -15,10 +15,14 @@ already fit, devices are not what is short and kube-scheduler's answer stands un
 Training jobs (issue 40): a job's member is never a victim of a node's answer (kube-scheduler
 evicts on one node only, and a job goes whole or not at all), so such nodes are dropped. For a
 preemptor that is itself a member of a job on UltraServer nodes, its whole job is the preemptor
-(ultraserver/preemption.py): when evicting whole jobs of lower priority gives it units for all
-its members, the verb asks the reservation loop to carry that out (its claim first, then the
-evictions, all done by the extender, on every node at once); kube-scheduler is answered no
-UltraServer node, so it evicts nothing there itself. When nothing would, nobody is evicted.
+(ultraserver/preemption.py): the verb only records that kube-scheduler asked, and the
+reservation loop works out whether evicting whole jobs of lower priority gives it units for all
+its members and carries that out (its claim first, then the evictions, all done by the
+extender, on every node at once); kube-scheduler is answered no UltraServer node, so it evicts
+nothing there itself. When nothing would, nobody is evicted. The ask is recorded only for a
+pending member the watch knows, as the watch shows it (the request's body is only what the
+caller says), and never for one whose `preemptionPolicy` is `Never`: what the extender then
+deletes is decided from the cluster's own objects.
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ from neuron_scheduler.core.resources import NeuronRequest, RequestError
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
-from neuron_scheduler.extender.state.members import preemption_for
 from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
     ExtenderPreemptionArgs,
@@ -49,18 +52,14 @@ from neuron_scheduler.extender.verbs.wire import (
 )
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
-from neuron_scheduler.ultraserver.jobs import JobKey, Member, MembershipError, member_of
+from neuron_scheduler.ultraserver.jobs import Member, MembershipError, member_of
 from neuron_scheduler.ultraserver.labels import NodeConfigError
-from neuron_scheduler.ultraserver.placement import (
-    Occupancy,
-    Shortfall,
-    job_text,
-    pod_node_config,
-)
+from neuron_scheduler.ultraserver.placement import Occupancy, job_text, pod_node_config
 
 log = logging.getLogger("neuron_scheduler.extender")
 INVALID = (Member(("", ""), "invalid", None), 0)  # a member whose size or node config is bad
-MAX_JOBS_SAID = 10_000
+MAX_SAID = 10_000
+NEVER = "Never"  # preemptionPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +80,11 @@ class Preemptor:
         planned: Callable[[str], bool] = lambda uid: False,
         occupancy: Occupancy | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`planned(uid)`: the pod has a consolidation plan in flight, which frees its block:
         no node is answered for it, so kube-scheduler evicts nothing more for it. `occupancy`:
         the UltraServer units, training jobs' members and claims (preemption asks the
-        reservation loop through it, by `clock`); `wall_clock`: work lost is counted to it."""
+        reservation loop through it, by `clock`)."""
         self.ledger = ledger
         self.budgets = budgets
         self.metrics = metrics
@@ -94,9 +92,8 @@ class Preemptor:
         self.planned = planned
         self.occupancy = occupancy if occupancy is not None else Occupancy()
         self.clock = clock
-        self.wall_clock = wall_clock
-        # Why a job gets no preemption, as last logged (each member asks, again and again).
-        self._said: dict[JobKey, str] = {}
+        # Why a pod's ask is not recorded, as last logged (kube-scheduler asks again and again).
+        self._said: dict[str, str] = {}
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         if args.Pod is None:
@@ -122,7 +119,7 @@ class Preemptor:
         member = self._member(pod) if request is not None else None  # (members ask devices)
         servers = self.occupancy.servers
         if member is not None and any(node in servers for node in candidates):
-            self._for_job(pod, member[0], member[1])
+            self._for_job(pod)
         answer: dict[str, MetaVictims] = {}
         for node, (given, violations) in candidates.items():
             if member is not None and node in servers:
@@ -152,37 +149,49 @@ class Preemptor:
         except (MembershipError, NodeConfigError):
             return INVALID
 
-    def _for_job(self, pod: Pod, member: Member, config: int) -> None:
-        """Preemption for the member's whole job: asks the reservation loop to carry it out
-        when whole jobs of lower priority give it units for all its members."""
-        if not config or self.occupancy.complete(member.job):
-            return  # a bad size or config; or it holds its units: it waits for them to free
-        planned = preemption_for(
-            self.ledger, self.occupancy, pod, member, config, self.wall_clock()
-        )
-        if isinstance(planned, Shortfall):
-            self.metrics.job_preemptions.labels("impossible").inc()
-            if self._said.get(member.job) != planned.reason:
-                if len(self._said) >= MAX_JOBS_SAID:
-                    del self._said[next(iter(self._said))]
-                self._said[member.job] = planned.reason
-                log.info("preemption for %s: %s", loggable(pod.key), loggable(planned.reason))
+    def _for_job(self, asked: Pod) -> None:
+        """Preemption for the member's whole job: records that kube-scheduler asked, for the
+        reservation loop, which works out in its next step whether whole jobs of lower priority
+        give it units for all its members, and carries it out. Only for a pending member the
+        watch knows, read as the watch shows it; never for one that must not preempt."""
+        meta = asked.metadata
+        waiting = self.occupancy.pending.get(meta.uid)
+        if waiting is None or (waiting.pod.metadata.namespace, waiting.pod.metadata.name) != (
+            meta.namespace,
+            meta.name,
+        ):
+            self._say(asked, "not a pending member of a training job the extender's watch knows")
             return
-        self._said.pop(member.job, None)
-        first = member.job not in self.occupancy.preemption_asks
-        self.occupancy.preemption_asks[member.job] = self.clock()
+        pod, job = waiting.pod, waiting.member.job
+        if pod.spec.preemptionPolicy == NEVER:
+            self._say(asked, "its preemptionPolicy is Never")
+            return
+        member = self._member(pod)
+        if member is None or not member[1] or self.occupancy.complete(job):
+            return  # a bad size or config; or it holds its units: it waits for them to free
+        self._said.pop(meta.uid, None)
+        first = job not in self.occupancy.preemption_asks
+        self.occupancy.preemption_asks[job] = self.clock()
         self.metrics.job_preemptions.labels("asked").inc()
         if first:
             log.info(
-                "preemption for %s: its job %s gets %s by evicting %s; the extender carries it "
-                "out (kube-scheduler evicts nothing for it)",
+                "preemption for %s: asked for its job %s, whole (the extender works it out and "
+                "carries it out; kube-scheduler evicts nothing for it)",
                 loggable(pod.key),
-                loggable(job_text(member.job)),
-                ", ".join(planned.nodes),
-                loggable(planned.summary),
+                loggable(job_text(job)),
             )
         if self.occupancy.on_change is not None:
             self.occupancy.on_change()  # the reservation loop steps now
+
+    def _say(self, pod: Pod, why: str) -> None:
+        """Logs why no preemption is asked for the pod, once per reason."""
+        uid = pod.metadata.uid
+        if self._said.get(uid) == why:
+            return
+        if len(self._said) >= MAX_SAID:
+            del self._said[next(iter(self._said))]
+        self._said[uid] = why
+        log.info("preemption for %s: not asked for its job: %s", loggable(pod.key), why)
 
     def _spares_jobs(
         self, pod: Pod, node: str, victims: MetaVictims, request: NeuronRequest | None

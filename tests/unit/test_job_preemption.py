@@ -1,0 +1,348 @@
+"""Preemption for training jobs as the reservation loop carries it out, where it can go wrong
+(an independent review of issue 40): a victim job's member binding while the claim is written, a
+crash between the claim and the evictions, failed devices, a caller the extender should not
+trust, victims that never leave, and evictions the watch has not shown yet. The world is
+tests/unit/test_reserving.py's: the preempt verb and the loop on an in-memory claim API."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import pytest
+
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.extender.state.members import preemption_for
+from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
+from neuron_scheduler.extender.wiring import wire
+from neuron_scheduler.kube.objects import Pod, UltraServerClaim
+from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim, to_object
+from neuron_scheduler.ultraserver.jobs import member_of
+from neuron_scheduler.ultraserver.preemption import Preemption
+from tests.builders import node, pod_json
+from tests.podapi import FakeAPI
+from tests.unit.test_reserving import PREFIX, World, three_low_jobs, uids
+
+
+def unit_labels(unit: str) -> dict[str, str]:
+    return {PREFIX + "mode": "1_2_4", PREFIX + "server-id-4": unit * 16}
+
+
+async def test_preemption_never_takes_a_unit_a_failed_device_keeps_its_members_off() -> None:
+    """c0's device 3 failed: a member asking for all 16 devices can never run there, so evicting
+    low2 (the youngest, the cheapest otherwise) would free nothing big can use."""
+    world = World(units=3)
+    low0, low1, low2 = await three_low_jobs(world)
+    world.ledger.apply_node(node("c0", "trn2u.48xlarge", labels=unit_labels("c"), failed=[3]))
+    big = world.job("big", 8, priority=1000)
+    member = member_of(big[0])
+    assert member is not None
+    planned = preemption_for(world.ledger, world.occupancy, big[0], member, 4, world.now)
+    assert isinstance(planned, Preemption)
+    assert not any(n.startswith("c") for n in planned.nodes), planned.nodes
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert world.claimed("big") == [f"{u}{i}" for u in "ab" for i in range(4)]
+    assert sorted(world.evicted()) == uids(low0, low1)  # low2 keeps running on c
+    assert world.claimed("low2") == ["c0", "c1", "c2", "c3"] and low2
+
+
+async def test_victims_are_evicted_once_when_the_watch_shows_them_leaving_late() -> None:
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    world.api.on_delete = None  # the watch is later than the next steps
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    for _ in range(3):
+        await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)  # each once
+    marks = [line for line in world.api.log if line.startswith("mark ")]
+    assert len(marks) == 8
+    preempted = [name for name, reason, _ in world.events if reason == "Preempted"]
+    assert sorted(preempted) == uids(low1, low2)
+
+
+class Crash(BaseException):
+    """The extender killed where it stands."""
+
+
+def crash_at(world: World, write: int) -> None:
+    """The extender dies as it sends the `write`th claim replacement."""
+    replace = world.api.replace_claim
+    writes: list[str] = []
+
+    async def crashing(claim: UltraServerClaim) -> UltraServerClaim:
+        writes.append(claim.metadata.name)
+        if len(writes) == write:
+            world.api.replace_claim = replace  # type: ignore[method-assign]
+            raise Crash()
+        return await replace(claim)
+
+    world.api.replace_claim = crashing  # type: ignore[method-assign]
+
+
+async def crashed_mid_claim(world: World) -> tuple[list[Pod], list[Pod]]:
+    """low0, low1, low2 run; big (8 members) preempts; the extender dies as it writes the
+    second node of big's claim. low1 and low2."""
+    _, low1, low2 = await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    crash_at(world, 2)
+    with pytest.raises(Crash):
+        await world.loop.step()
+    return low1, low2
+
+
+async def test_a_restart_after_a_crash_mid_claim_evicts_nobody_before_the_claim_is_whole() -> None:
+    world = World(units=3)
+    low1, low2 = await crashed_mid_claim(world)
+    assert world.stored("big") == ["b0"]  # half a claim, its victims listed on it
+    world.loop = world.restarted()  # it lists the claims as they are
+    world.occupancy.replace_claims(list(world.api.claims.values()))
+    # Then another writer changes c1 (the watch has not shown it yet): the plan the new leader
+    # makes cannot be written whole.
+    world.api.claims["c1"].metadata.resourceVersion = "999"
+    mark = len(world.api.log)
+    await world.loop.step()
+    assert world.evicted() == [], world.api.log[mark:]
+    # The watch shows c1 as it is now: the claim is completed, and only then are they evicted.
+    world.occupancy.apply_claim(world.api.claims["c1"])
+    await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    assert sorted(world.evicted()) == uids(low1, low2)
+    after = world.api.log[mark:]
+    first = next(i for i, line in enumerate(after) if line.startswith("mark "))
+    assert {line.split()[1] for line in after[:first] if line.endswith(" big")} == {
+        f"{u}{i}" for u in "bc" for i in range(4)
+    }
+
+
+async def test_half_a_claim_a_crash_left_is_planned_again_and_its_victims_only_if_needed() -> None:
+    """The crash left c0 claimed for big with low2's members listed to evict; by the restart,
+    low1 has finished, so b and d are free: big takes them, c0 is let go, nobody is evicted."""
+    world = World(units=4)
+    low1, low2 = await crashed_mid_claim(world)
+    assert world.stored("big") == ["c0"]
+    for pod in low1:
+        world.delete(pod)
+    world.loop = world.restarted()
+    world.occupancy.replace_claims(list(world.api.claims.values()))
+    await world.loop.step()
+    await world.loop.step()
+    assert world.claimed("big") == [f"{u}{i}" for u in "bd" for i in range(4)]
+    assert world.evicted() == [] and len(low2) == 4
+
+
+# --- a victim job's members binding while the claim is written ---------------------------------
+
+
+async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_with_it() -> None:
+    """low2 has 1 of its 4 members bound when big's preemption is planned; kube-scheduler binds
+    a second (filtered before) while the claim is written. Each node is held for big as soon
+    as its claim is written (filter and bind refuse it to low2 from then on), and the victims
+    are worked out again once the claim is whole: low2 goes whole, the late one too."""
+    world = World(units=3)
+    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
+    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
+    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
+    await world.loop.step()
+    assert world.claimed("low2") == ["c0", "c1", "c2", "c3"]
+    world.bind(low2[0], "c0")
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    replace = world.api.replace_claim
+    admitted: dict[str, bool] = {}
+
+    async def racing(claim: UltraServerClaim) -> UltraServerClaim:
+        if claim.metadata.name == "c1":  # b0..b3 and c0 are written: c0 is big's already
+            admitted["c0"] = world.filter.admits(low2[2], "c0", world.now)
+            admitted["c2"] = world.filter.admits(low2[2], "c2", world.now)
+            world.bind(low2[1], "c1")  # its bind, admitted before, lands meanwhile
+        return await replace(claim)
+
+    world.api.replace_claim = racing  # type: ignore[method-assign]
+    await world.loop.step()
+    # From the first node taken, low2's claim is not whole: none of its members is admitted.
+    assert admitted == {"c0": False, "c2": False}
+    assert world.claimed("big") == [f"{u}{i}" for u in "bc" for i in range(4)]
+    assert "low2-1" in world.evicted()
+    assert sorted(world.evicted()) == sorted([f"low1-{i}" for i in range(4)] + ["low2-0", "low2-1"])
+    # The claim lists the jobs evicted whole: a new leader works the victims out the same way.
+    assert {world.occupancy.claims["b0"].victim_jobs} == {(("ns", "low1"), ("ns", "low2"))}
+
+
+async def test_a_new_leader_evicts_a_victim_jobs_member_the_claim_does_not_list() -> None:
+    """The extender dies after the claim is whole and before any eviction; a member of low2
+    bound while the claim was written, so its uid is on no claim: the new leader evicts it too,
+    from the victim jobs the claim lists."""
+    world = World(units=3)
+    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
+    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
+    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
+    await world.loop.step()
+    world.bind(low2[0], "c0")
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    replace = world.api.replace_claim
+
+    async def racing(claim: UltraServerClaim) -> UltraServerClaim:
+        if claim.metadata.name == "c1":
+            world.bind(low2[1], "c1")
+        return await replace(claim)
+
+    async def dying(namespace: str, name: str, uid: str, message: str) -> None:
+        raise Crash()
+
+    world.api.replace_claim = racing  # type: ignore[method-assign]
+    world.api.mark_preempted = dying  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await world.loop.step()
+    assert world.evicted() == []
+    assert "low2-1" not in world.occupancy.claims["c0"].victims
+    del world.api.mark_preempted  # (the instance's own again)
+    world.loop = world.restarted()
+    world.occupancy.replace_claims(list(world.api.claims.values()))
+    await world.loop.step()
+    assert sorted(world.evicted()) == sorted([f"low1-{i}" for i in range(4)] + ["low2-0", "low2-1"])
+
+
+async def test_bind_refuses_a_node_a_claim_took_since_filter() -> None:
+    """Through the wired extender: kube-scheduler filtered low2's members onto their claim's
+    nodes; then a preemption's claim took c1 for big (being written: big's claim is not whole).
+    A bind to c1, or to c2 (low2's claim is no longer whole), is refused; before, one binds."""
+    api = FakeAPI()
+    members = []
+    for i in range(4):
+        body = pod_json(
+            f"low2-{i}",
+            {NEURON: 16},
+            namespace="ns",
+            uid=f"low2-{i}",
+            labels={
+                "training.kubeflow.org/job-name": "low2",
+                "training.kubeflow.org/job-role": "worker",
+            },
+            annotations={"neuron-scheduler.io/gang-size": "4"},
+        )
+        body["metadata"]["resourceVersion"] = str(next(api.version))
+        api.pods[body["metadata"]["name"]] = body
+        members.append(msgspec.convert(body, Pod))
+    extender = wire(api, Catalog.builtin())  # type: ignore[arg-type]
+    nodes = [node(f"c{i}", "trn2u.48xlarge", labels=unit_labels("c")) for i in range(4)]
+    for view in extender.views:
+        view.replace_nodes(nodes)
+        view.replace_pods(members)
+    extender.synced.set()
+    for i in range(4):
+        low2 = NodeClaim(f"c{i}", ("ns", "low2"), 4, 4, PENDING, 0.0, 60, "my-scheduler")
+        extender.occupancy.hold(low2)
+
+    def bind(i: int, to: str) -> ExtenderBindingArgs:
+        return ExtenderBindingArgs(f"low2-{i}", "ns", f"low2-{i}", to)
+
+    assert await extender.binder.bind(bind(0, "c0")) == ""
+    big = NodeClaim("c1", ("ns", "big"), 4, 8, PENDING, 0.0, 60, "my-scheduler")
+    extender.occupancy.hold(big)
+    for i, to in ((1, "c1"), (2, "c2")):
+        answer = await extender.binder.bind(bind(i, to))
+        assert "ultraserver_unit rule no longer admits it there" in answer, answer
+        assert not api.pods[f"low2-{i}"]["spec"].get("nodeName")
+
+
+# --- who may make the extender delete pods --------------------------------------------------
+
+
+def never_preempts(world: World, pods: list[Pod]) -> list[Pod]:
+    """The pods as the watch shows them with `preemptionPolicy: Never`."""
+    changed = []
+    for pod in pods:
+        spec = msgspec.structs.replace(pod.spec, preemptionPolicy="Never")
+        changed.append(msgspec.structs.replace(pod, spec=spec))
+        world.pods[pod.metadata.uid] = changed[-1]
+        for view in (world.ledger, world.occupancy):
+            view.apply_pod(changed[-1])
+    return changed
+
+
+async def test_the_preempt_verb_asks_only_for_a_pending_member_the_watch_knows() -> None:
+    """Anyone holding kube-scheduler's client certificate can call the verb with any body: a
+    pod that is not pending, one whose name does not match the watch's, or a member that must
+    never preempt, gets no preemption, whatever the body says."""
+    world = World(units=3)
+    await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    forged = msgspec.structs.replace(
+        big[0], metadata=msgspec.structs.replace(big[0].metadata, uid="made-up")
+    )
+    renamed = msgspec.structs.replace(
+        big[0], metadata=msgspec.structs.replace(big[0].metadata, name="other")
+    )
+    for body in (forged, renamed, world.pods["low0-0"]):  # (low0-0 is running)
+        assert await world.preempt(body, {"a0": ["low0-0"]}) == {}
+        assert world.occupancy.preemption_asks == {}
+    never_preempts(world, big)
+    assert await world.preempt(big[0], {"a0": ["low0-0"]}) == {}  # the body says nothing
+    assert world.occupancy.preemption_asks == {}
+    # Nor does the loop preempt for it, asked or not.
+    world.occupancy.preemption_asks[("ns", "big")] = world.now
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big") == []
+
+
+async def forge_claim(world: World, job: str, unit: str, victims: tuple[str, ...]) -> None:
+    """A whole claim of `unit` for a 4-member job, listing `victims`, as another writer of
+    claims could make it."""
+    for i in range(4):
+        forged = NodeClaim(
+            f"{unit}{i}", ("ns", job), 4, 4, PENDING, world.now, 60, "my-scheduler", victims=victims
+        )
+        world.occupancy.apply_claim(await world.api.create_claim(to_object(forged)))
+
+
+async def test_a_claim_makes_the_extender_evict_only_pods_of_lower_priority_than_its_job() -> None:
+    """A claim another writer made (claims' write access is enough) lists a pod of higher
+    priority than its job among the victims: only those below the job's priority go."""
+    world = World(units=3)
+    await world.running("vip", "a", priority=5000)
+    low1 = await world.running("low1", "b", priority=10)
+    world.job("big", 4, priority=1000)
+    await forge_claim(world, "big", "c", ("vip-0", "vip-1", *uids(low1)))
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1)
+    # Nor for a job whose members must never preempt.
+    world = World(units=3)
+    low0 = await world.running("low0", "a", priority=10)
+    never_preempts(world, world.job("big", 4, priority=1000))
+    await forge_claim(world, "big", "b", ("low0-0",))
+    await world.loop.step()
+    assert world.evicted() == [] and low0
+
+
+async def test_a_claim_waits_for_its_victims_no_longer_than_their_grace_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The victims' node is down: they stay Terminating, holding their devices, for ever. The
+    claim waits for them while their grace period lasts, then ends claim_seconds (60) later,
+    saying why, when nobody asks about its job."""
+    caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
+    world = World(units=3)
+    await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    world.grace = 300
+    await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    for _ in range(29):  # 290 s: within their grace period
+        world.now += 10
+        await world.loop.step()
+    assert len(world.claimed("big")) == 8
+    ended = None
+    for tick in range(1, 100):  # up to 990 s after
+        world.now += 10
+        await world.loop.step()
+        if not world.claimed("big"):
+            ended = tick * 10
+            break
+    assert ended is not None and 290 + ended <= 300 + 60 + 20  # (renewed every third of 60 s)
+    assert "8 pods evicted for it still hold devices past the grace period" in caplog.text
