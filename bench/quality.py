@@ -12,9 +12,14 @@ Contenders:
   the documented snippet;
 - first-fit: a topology-aware extender that filters and binds only, lowest devices first (AWS's
   extension), under kube-scheduler's defaults;
-- DRA: our DRA driver's published devices under the scheduler's own DRA allocator (first fit
-  in our order, no scoring; `dra/firstfit.py`) and kube-scheduler's default profile, no extender
-  (issue 20). DRA hands out whole devices: a k-core request takes the devices that hold k cores;
+- DRA (issues 20, 42): our DRA driver's published devices under the scheduler's own DRA
+  allocator (first fit in our order; `dra/firstfit.py`): with device sets only, a k-core request
+  taking the devices that hold k cores (issue 20); with core windows (the driver's default
+  sizes; a larger core request asks for devices), under kube-scheduler's default profile
+  without the extender, under a packing profile (MostAllocated over cpu and memory) without it,
+  and with our prioritize-claims entries as the chart sets them (`dra/scoring.py`: the best-fit
+  measure at the extender's weight, how full the node is at weight 1); and the bound of
+  republishing the order as a node fills (first fit equal to the node's best fit);
 - no-topology bound: counts only, contiguity ignored;
 - clairvoyant: neuron-scheduler that knows when each pod will leave (sim/clairvoyant.py), no
   real scheduler: how much of what is left knowing lifetimes would buy.
@@ -52,12 +57,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from neuron_scheduler.core.allocation import Decision, NodeState, Policy
+from neuron_scheduler.core.allocation import (
+    Decision,
+    NodeState,
+    Placement,
+    Policy,
+    Refusal,
+    allocate,
+    placement_score,
+)
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import DemandWeights
-from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
+from neuron_scheduler.core.ids import ids_mask
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.dra.firstfit import allocate_like_scheduler
+from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
+from neuron_scheduler.dra.firstfit import allocate_like_scheduler, published_for
+from neuron_scheduler.dra.scoring import scored_decision
+from neuron_scheduler.dra.shapes import core_window_counts
 from neuron_scheduler.sim.consolidation import ConsolidationLimits, consolidating
 from neuron_scheduler.sim.contenders import (
     CLAIRVOYANT,
@@ -66,22 +83,107 @@ from neuron_scheduler.sim.contenders import (
     NO_TOPOLOGY,
     Contender,
 )
-from neuron_scheduler.sim.kubescheduler import DEFAULT_FILTER_ONLY, DEFAULT_WITH_PRIORITIZE
+from neuron_scheduler.sim.kubescheduler import (
+    DEFAULT_FILTER_ONLY,
+    DEFAULT_WITH_PRIORITIZE,
+    FitStrategy,
+    Profile,
+)
 from neuron_scheduler.sim.simulation import SimResult
 from neuron_scheduler.sim.workloads import STANDARD
 
+# Core windows the DRA contenders' driver publishes (--core-windows; the driver's default).
+CORE_WINDOWS = [DEFAULT_CORE_WINDOWS]
 
-def dra_allocator(
+
+def as_published(
+    request: NeuronRequest, topology: Topology, core_windows: tuple[int, ...]
+) -> NeuronRequest:
+    """What a DRA user asks for: a core claim when the driver publishes windows of that many
+    cores; else the smaller of the next window published and the devices that hold the cores
+    (`neuron-N`, as DRA users did before core claims; on a torus, the next group size)."""
+    if request.unit is not Unit.CORE or request.count in core_windows:
+        return request
+    per_device = topology.cores_per_device
+    devices = -(-request.count // per_device)
+    allowed = topology.allowed_device_counts
+    if allowed is not None:
+        devices = min((n for n in allowed if n >= devices), default=devices)
+    larger = [c for c in core_windows if c > request.count and c <= topology.total_cores]
+    if larger and larger[0] <= devices * per_device:
+        return NeuronRequest(NEURONCORE, larger[0])
+    return NeuronRequest(NEURON, devices)
+
+
+def dra_devices_only(
     topology: Topology,
     state: NodeState,
     request: NeuronRequest,
     policy: Policy,
     demand: DemandWeights,
 ) -> Decision:
+    """DRA before core claims (issue 20): a k-core request takes the devices holding k cores."""
     del policy, demand  # the scheduler's DRA allocator has one way: first fit
-    if request.unit is Unit.CORE:
-        request = NeuronRequest(NEURON, -(-request.count // topology.cores_per_device))
-    return allocate_like_scheduler(topology, state, request)
+    return allocate_like_scheduler(topology, state, as_published(request, topology, ()))
+
+
+def dra_first_fit(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    policy: Policy,
+    demand: DemandWeights,
+) -> Decision:
+    """DRA as built: device sets and core windows (the driver's default sizes), first fit in our
+    order, and the node score our prioritize gives it (used only where the profile calls it).
+    With the BEST_FIT policy, the bound of republishing the order as a node fills (issue 42):
+    the driver, knowing only its node, puts its best fit's pick first for every class, so first
+    fit is best fit (without the cluster's demand, which the driver does not see)."""
+    windows = CORE_WINDOWS[0]
+    request = as_published(request, topology, windows)
+    if policy is not Policy.BEST_FIT:
+        return scored_decision(topology, state, request, windows, demand)
+    return republished(topology, state, request, demand, by_demand=False)
+
+
+def republished(
+    topology: Topology,
+    state: NodeState,
+    request: NeuronRequest,
+    demand: DemandWeights,
+    *,
+    by_demand: bool,
+) -> Decision:
+    """The device an order republished after every change puts first: the node's best fit
+    (weighed by the cluster's demand with `by_demand`), scored as our prioritize scores it."""
+    if not published_for(topology, request.unit, request.count, CORE_WINDOWS[0]):
+        return Refusal("not published", True)
+    decision = allocate(topology, state, request, Policy.BEST_FIT, demand if by_demand else ())
+    if not isinstance(decision, Placement):
+        return decision
+    taken = ids_mask(decision.cores)
+    score = placement_score(topology, state, request.unit, taken, Policy.BEST_FIT, demand)
+    return decision._replace(score=score)
+
+
+# The cluster's own kube-scheduler (default profile) with our prioritize entries for pods with
+# our claims, as the chart adds them: prioritize-claims at its weight
+# (scheduler.scoring.extenderWeight) and prioritize-claims-packing at 1 (scoring.packNeuron).
+DRA_PRIORITIZE = Profile(
+    "kube-scheduler defaults, DRA prioritize entries as the chart sets them",
+    extender_weight=20,
+    packing_weight=1,
+)
+DRA_LABEL = "DRA + our prioritize"
+# Without the extender, the closest kube-scheduler's own scores come to packing: NodeResourcesFit
+# MostAllocated over cpu and memory (pods count as their requests, or 100m and 200Mi), blind to
+# devices (docs/dra.md "Node choice").
+DRA_PACKING = Profile(
+    "kube-scheduler, MostAllocated over cpu and memory, no extender",
+    fit_strategy=FitStrategy.MOST_ALLOCATED,
+    balanced_weight=0,
+    extender_prioritizes=False,
+)
 
 
 LOADS = {"overload": 1.2, "busy": 0.85}
@@ -89,7 +191,13 @@ CONTENDERS = (
     NEURON_SCHEDULER,
     Contender("neuron-scheduler, default profile", profile=DEFAULT_WITH_PRIORITIZE),
     FIRST_FIT,
-    Contender("DRA", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY, dra_allocator),
+    Contender(
+        "DRA, device sets only (issue 20)", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY, dra_devices_only
+    ),
+    Contender("DRA", Policy.FIRST_FIT, DEFAULT_FILTER_ONLY, dra_first_fit),
+    Contender("DRA, packing profile", Policy.FIRST_FIT, DRA_PACKING, dra_first_fit),
+    Contender(DRA_LABEL, Policy.FIRST_FIT, DRA_PRIORITIZE, dra_first_fit),
+    Contender(f"{DRA_LABEL}, order republished", Policy.BEST_FIT, DRA_PRIORITIZE, dra_first_fit),
     NO_TOPOLOGY,
     CLAIRVOYANT,
 )
@@ -138,16 +246,18 @@ def _value(result: SimResult, value: str) -> float:
     raise ValueError(value)
 
 
-def run_all(seeds: int) -> dict[str, dict[str, dict[str, Runs]]]:
+def run_all(
+    seeds: int, contenders: tuple[Contender, ...] = CONTENDERS, first_seed: int = 1
+) -> dict[str, dict[str, dict[str, Runs]]]:
     catalog = Catalog.builtin()
     table: dict[str, dict[str, dict[str, Runs]]] = {}
     for name, standard in STANDARD.items():
         for load_name, load in LOADS.items():
             workload = standard.at_load(load, catalog)
             per = table.setdefault(name, {}).setdefault(load_name, {})
-            for seed in range(1, seeds + 1):
+            for seed in range(first_seed, first_seed + seeds):
                 events = workload.events(seed)
-                for contender in CONTENDERS:
+                for contender in contenders:
                     result = contender.run(workload.nodes(), catalog, events, seed)
                     per.setdefault(contender.label, Runs()).results.append(result)
     return table
@@ -196,6 +306,36 @@ def print_table(table: dict[str, dict[str, dict[str, Runs]]]) -> list[dict[str, 
                     f"({row['large_wait_vs_first_fit']:.2f}) | {row['large_wait_p95']:.0f} s |"
                 )
     return rows
+
+
+def print_dra_targets(table: dict[str, dict[str, dict[str, Runs]]]) -> None:
+    """Issue 42's targets: each DRA row against neuron-scheduler's, pods placed (within 2%) and
+    utilization at the first fragmentation refusal (within 3 points), the latter also seed by
+    seed (the same pods, so the noise of the pods cancels; mean and 95% interval)."""
+    ours = NEURON_SCHEDULER.label
+    print(
+        "\n| workload | load | DRA row | pods placed vs neuron-scheduler "
+        "| util. at 1st frag. refusal vs neuron-scheduler, seed by seed |"
+    )
+    print("|---|---|---|---|---|")
+    for name, loads in table.items():
+        for load_name, per in loads.items():
+            if ours not in per:
+                continue
+            for label, runs in per.items():
+                if not label.startswith("DRA"):
+                    continue
+                placed = runs.mean("placed") / per[ours].mean("placed") - 1
+                gaps = [
+                    _value(a, "frag_util") - _value(b, "frag_util")
+                    for a, b in zip(runs.results, per[ours].results, strict=True)
+                ]
+                mean = statistics.fmean(gaps)
+                margin = 1.96 * statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else 0
+                print(
+                    f"| {name} | {LOADS[load_name]:.2f} {load_name} | {label} | {placed:+.1%} "
+                    f"| {100 * mean:+.1f} ±{100 * margin:.1f} points |"
+                )
 
 
 def draw(table: dict[str, dict[str, dict[str, Runs]]], out: Path) -> list[Path]:
@@ -311,12 +451,27 @@ def main() -> None:
     # seeds read mixed/overload 1.5 points below what 40 read.
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("bench/out/quality"))
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument(
+        "--core-windows",
+        default=",".join(map(str, DEFAULT_CORE_WINDOWS)),
+        help="the counts of core windows the DRA contenders' driver publishes (other core "
+        "requests ask for the next window or the devices holding their cores)",
+    )
     parser.add_argument(
         "--consolidation", action="store_true", help="the consolidation table only (issue 33)"
     )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="run only the contenders whose label contains one of these comma-separated words "
+        "(first-fit and the no-topology bound always run: the table is relative to them)",
+    )
     args = parser.parse_args()
+    CORE_WINDOWS[0] = core_window_counts(int(c) for c in args.core_windows.split(",") if c)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")
+    print(f"DRA: core windows of {args.core_windows or 'no'} cores")
     if args.consolidation:
         start = time.perf_counter()
         rows = consolidation_table(args.seeds)
@@ -330,11 +485,18 @@ def main() -> None:
             f"{standard.description}; as committed, offered load "
             f"{standard.offered_load(catalog):.2f}"
         )
+    words = [w for w in args.only.split(",") if w]
+    contenders = tuple(
+        c
+        for c in CONTENDERS
+        if not words or c in (FIRST_FIT, NO_TOPOLOGY) or any(w in c.label for w in words)
+    )
     start = time.perf_counter()
-    table = run_all(args.seeds)
+    table = run_all(args.seeds, contenders, args.first_seed)
     elapsed = time.perf_counter() - start
-    print(f"{args.seeds} seeds, {elapsed:.0f} s\n")
+    print(f"seeds {args.first_seed}-{args.first_seed + args.seeds - 1}, {elapsed:.0f} s\n")
     rows = print_table(table)
+    print_dra_targets(table)
     (args.out / "quality.json").write_text(json.dumps(rows, indent=1))
     for path in draw(table, args.out):
         print(f"picture: {path}")

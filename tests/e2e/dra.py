@@ -281,9 +281,11 @@ class Workloads:
         return name, node["metadata"]["uid"]
 
     @staticmethod
-    def request(size: int, members: str | None = None) -> Json:
+    def request(size: int, members: str | None = None, *, cores: bool = False) -> Json:
+        """`count: 1` of the class for `size` connected devices, or cores (`cores`), pinned to
+        one published set by its `members` (devices) when given."""
         exactly: Json = {
-            "deviceClassName": f"neuron-{size}",
+            "deviceClassName": f"{'neuroncore' if cores else 'neuron'}-{size}",
             "allocationMode": "ExactCount",
             "count": 1,
         }
@@ -293,12 +295,14 @@ class Workloads:
             ]
         return {"name": "neurons", "exactly": exactly}
 
-    def claim(self, name: str, size: int, members: str | None = None) -> Json:
+    def claim(
+        self, name: str, size: int, members: str | None = None, *, cores: bool = False
+    ) -> Json:
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [self.request(size, members)]}},
+            "spec": {"devices": {"requests": [self.request(size, members, cores=cores)]}},
         }
         created: Json = self.cp.request(
             "POST", f"{RESOURCE}/namespaces/{self.namespace}/resourceclaims", body
@@ -324,6 +328,7 @@ class Workloads:
         claim: str | None = None,
         template: str | None = None,
         node_selector: dict[str, str],
+        scheduler: str = "default-scheduler",
     ) -> Json:
         source = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
         body = {
@@ -331,6 +336,7 @@ class Workloads:
             "kind": "Pod",
             "metadata": {"name": name},
             "spec": {
+                "schedulerName": scheduler,
                 "nodeSelector": node_selector,
                 "containers": [
                     {

@@ -387,6 +387,51 @@ def test_extender_entry_matches_the_testbed(combo: str) -> None:
     assert entry == expected
 
 
+@pytest.mark.parametrize("mode", ["custom", "default"])
+def test_the_dra_driver_adds_a_scoring_entry_and_its_read_rules(mode: str) -> None:
+    """With dra.enabled: prioritize-only entries for pods with the chart's DRA claims (the ones
+    the e2e kube-scheduler runs with `dra_prioritize`: the best-fit measure, and the packing
+    tie-break where the profile packs), the extender told the driver and class names, and the
+    DRA scoring rules added to its ClusterRole."""
+    values: Doc = {"dra": {"enabled": True}}
+    if mode == "default":
+        values = {**values, **DEFAULT_MODE}
+    docs = render(values)
+    if mode == "default":
+        snippet = find(docs, "ConfigMap", "k8s-neuron-scheduler-extender")["data"]["extenders.yaml"]
+        entries = yaml.safe_load(snippet)["extenders"]
+    else:
+        entries = scheduler_config(docs)["extenders"]
+    first, *dra_entries = entries
+    expected = manifests.scheduler_config(
+        extender_url=first["urlPrefix"], node_cache_capable=True, dra_prioritize=True
+    )["extenders"][1:]
+    for entry in dra_entries:
+        assert entry.pop("tlsConfig") == first["tlsConfig"]
+        assert entry.pop("enableHTTPS") is True
+    assert dra_entries == expected
+    assert [e["prioritizeVerb"] for e in dra_entries] == [
+        "prioritize-claims",
+        "prioritize-claims-packing",
+    ]
+    spreading = render({"dra": {"enabled": True}, "scheduler": {"scoring": {"packNeuron": False}}})
+    assert [e["prioritizeVerb"] for e in scheduler_config(spreading)["extenders"][1:]] == [
+        "prioritize-claims"
+    ]
+    args = extender_args(docs)
+    assert "--dra-driver=neuron.neuron-scheduler.io" in args
+    assert "--dra-core-class-prefix=neuroncore" in args
+    rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("dra-scoring-rules.yaml").read_text()),
+    ]
+    without = render({"dra": {"enabled": False}})
+    assert len(scheduler_config(without)["extenders"]) == 1
+    assert not [a for a in extender_args(without) if a.startswith("--dra")]
+
+
 def test_my_scheduler_configuration() -> None:
     docs = render()
     config = scheduler_config(docs)

@@ -15,7 +15,8 @@ import pytest
 
 from neuron_scheduler.core.allocation import is_valid_device_set
 from neuron_scheduler.core.ids import mask_ids
-from neuron_scheduler.dra.shapes import shapes_by_name
+from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
+from neuron_scheduler.dra.shapes import ShapeKind, published_shapes, shapes_by_name
 from tests.e2e.dra import (
     CATALOG,
     DRIVER,
@@ -270,12 +271,16 @@ def test_device_health_becomes_device_taints(
         }
         return names or None
 
-    assert wait_for(tainted, "taints on neuron13's devices") == {
-        "single-13",
-        "row-3",
-        "half-1",
-        "all",
+    # The device sets holding it, and every core window with a core on it (cores 26 and 27).
+    windows = {
+        s.name
+        for s in published_shapes(CATALOG.resolve("trn1.32xlarge").topology, DEFAULT_CORE_WINDOWS)
+        if s.kind is ShapeKind.CORES and 13 in s.members
     }
+    assert {"cores-1-at-26", "cores-2-at-26", "cores-4-at-24", "cores-16-at-16"} <= windows
+    expected = {"single-13", "row-3", "half-1", "all", *windows}
+    # The slices are updated one after the other: wait for the last.
+    wait_for(lambda: tainted() == expected, "taints on every device holding neuron13")
     # The scheduler keeps the half away from it.
     work.claim("half-while-13-sick", 8)
     work.pod("half-while-13-sick", claim="half-while-13-sick", node_selector=on_node(driver))

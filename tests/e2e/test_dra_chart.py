@@ -24,6 +24,7 @@ DRA_OBJECTS = [
     "ValidatingAdmissionPolicyBinding/neuron-dra-driver-one-set-per-request",
     "ValidatingAdmissionPolicyBinding/neuron-dra-driver-own-node-slices",
     *[f"DeviceClass/neuron-{n}" for n in range(1, 17)],
+    *[f"DeviceClass/neuroncore-{n}" for n in (1, 2, 4, 8, 16)],
 ]
 
 
@@ -81,21 +82,26 @@ def test_a_dra_only_install_is_accepted() -> None:
 
 
 def test_device_classes_select_one_size_of_our_driver() -> None:
-    docs = render({"dra": {"enabled": True, "maxClassSize": 4, "driverName": "neuron.example.com"}})
+    values = {"maxClassSize": 4, "coreWindows": [1, 2], "driverName": "neuron.example.com"}
+    docs = render({"dra": {"enabled": True, **values}})
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
-    assert [c["metadata"]["name"] for c in classes] == [
-        "neuron-1",
-        "neuron-2",
-        "neuron-3",
-        "neuron-4",
-    ]
+    names = ["neuron-1", "neuron-2", "neuron-3", "neuron-4", "neuroncore-1", "neuroncore-2"]
+    assert [c["metadata"]["name"] for c in classes] == names
     (selector,) = classes[2]["spec"]["selectors"]
     assert selector["cel"]["expression"] == (
         "device.driver == 'neuron.example.com' && device.attributes['neuron.example.com'].size == 3"
     )
+    (selector,) = classes[5]["spec"]["selectors"]
+    assert selector["cel"]["expression"] == (
+        "device.driver == 'neuron.example.com' && "
+        "device.attributes['neuron.example.com'].shape == 'cores' && "
+        "device.attributes['neuron.example.com'].cores == 2"
+    )
     policy = find(docs, "ValidatingAdmissionPolicy", "neuron-dra-driver-one-set-per-request")
     (classes_variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "classes"]
-    assert yaml.safe_load(classes_variable["expression"]) == [f"neuron-{n}" for n in range(1, 5)]
+    assert yaml.safe_load(classes_variable["expression"]) == names
+    none = render({"dra": {"enabled": True, "coreWindows": []}})
+    assert not [d for d in none if d["metadata"]["name"].startswith("neuroncore-")]
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -132,6 +138,7 @@ def test_rendered_arguments_parse_with_the_cli() -> None:
     assert str(params["plugins_dir"]) == "/data/kubelet/plugins"
     assert str(params["registry_dir"]) == "/data/kubelet/plugins_registry"
     assert str(params["dev_root"]) == "/host/dev"
+    assert params["core_windows"] == "1,2,4,8,16"
 
 
 @pytest.mark.parametrize(
@@ -140,6 +147,8 @@ def test_rendered_arguments_parse_with_the_cli() -> None:
         ({"dra": {"enabled": True, "driverName": "neuron.aws.com"}}, "/dra/driverName"),
         ({"dra": {"enabled": True, "driverName": "Neuron"}}, "/dra/driverName"),
         ({"dra": {"enabled": True, "maxClassSize": 0}}, "/dra/maxClassSize"),
+        ({"dra": {"enabled": True, "coreWindows": [33]}}, "/dra/coreWindows"),
+        ({"dra": {"enabled": True, "coreWindows": [2, 2]}}, "/dra/coreWindows"),
         ({"dra": {"enabled": True, "cdiRoot": "relative"}}, "/dra/cdiRoot"),
         ({"dra": {"enable": True}}, "'enable' not allowed"),
     ],

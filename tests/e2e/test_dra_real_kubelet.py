@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from neuron_scheduler.dra.shapes import shapes_by_name
 from tests.e2e.chart import apply, render
-from tests.e2e.dra import SYSTEM, DriverProcess, Json, Workloads, wait_for
+from tests.e2e.dra import CATALOG, SYSTEM, DriverProcess, Json, Workloads, wait_for
 from tests.testbed import ControlPlane, KubeError
 from tests.testbed.kubelet import Kubelet, NodeCA
 
@@ -117,3 +118,33 @@ def test_the_real_kubelet_registers_the_driver_and_prepares_a_wrapping_window(
     wait_for(lambda: driver.cdi_spec(uid) is None, "the kubelet to unprepare the claim")
     assert uid not in driver.checkpoint.read_text()
     assert "Traceback" not in driver.process.log_path.read_text()
+    # The node is shared with the module's other tests: what this one held goes.
+    for name in ("hold-2-8", "hold-9-10", "window"):
+        work.release(name, name)
+
+
+def test_the_real_kubelet_prepares_a_core_claim(real: RealDraNode) -> None:
+    """A 2-core claim (neuroncore-2): the kubelet calls the driver for it, the pod starts, and
+    what the container is given is exactly the claim's cores and the devices they are on."""
+    work, driver = real.work, real.driver
+    work.claim("two-cores", 2, cores=True)
+    work.pod("two-cores", claim="two-cores", node_selector={"kubernetes.io/hostname": NODE})
+    try:
+        wait_for(lambda: real.pod("two-cores")["status"].get("phase") == "Running", "Running")
+    except AssertionError:
+        raise AssertionError(real.why("two-cores")) from None
+    claim = work.get_claim("two-cores")
+    uid = claim["metadata"]["uid"]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    shape = shapes_by_name(CATALOG.resolve(INSTANCE).topology)[result["device"]]
+    assert shape.count == 2 and shape.name.startswith("cores-2-at-")
+    spec = driver.cdi_spec(uid)
+    assert spec is not None, driver.process.log_tail(30)
+    (device,) = spec["devices"]
+    edits = device["containerEdits"]
+    assert edits["env"] == ["NEURON_RT_VISIBLE_CORES=" + ",".join(map(str, shape.cores))]
+    assert [n["path"] for n in edits["deviceNodes"]] == [
+        f"/dev/neuron{d}" for d in shape.device_ids
+    ]
+    work.release("two-cores", "two-cores")
+    wait_for(lambda: driver.cdi_spec(uid) is None, "the kubelet to unprepare the claim")

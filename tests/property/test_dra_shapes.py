@@ -1,8 +1,10 @@
 """The DRA driver's published devices against the allocator's rules.
 
 - every published device is a set the allocator allows, and every allowed set is published;
-- the counters make two overlapping shapes impossible together: an allocator that only looks at
-  the published counters (as kube-scheduler's does) never hands out a device twice;
+- the published core windows are the windows the allocator may give a core request;
+- the counters make two shapes that share a core impossible together, device sets and core
+  windows alike: an allocator that only looks at the published counters (as kube-scheduler's
+  does) never hands out a core twice;
 - on a node without holes, the scheduler's first fit over our order is our best fit.
 """
 
@@ -17,15 +19,17 @@ from neuron_scheduler.core.allocation import (
     NodeState,
     Placement,
     allocate,
+    allowed_blocks,
+    is_valid_core_set,
     is_valid_device_set,
 )
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import ids_mask, mask_ids
-from neuron_scheduler.core.resources import NEURON, NeuronRequest
+from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.core.topology import Topology, TopologyKind
 from neuron_scheduler.dra.firstfit import first_fit
-from neuron_scheduler.dra.shapes import published_shapes
-from neuron_scheduler.dra.slices import NodeInventory, pool_slices
+from neuron_scheduler.dra.shapes import core_windows_fit, published_shapes, shapes_by_name
+from neuron_scheduler.dra.slices import NodeInventory, SliceContent, limit_problems, pool_slices
 
 CATALOG = Catalog.builtin()
 DRIVER = "neuron.example.com"
@@ -67,64 +71,159 @@ def test_published_is_exactly_the_allowed_sets(topology: Topology) -> None:
     assert set(masks) == allowed_sets(topology)
 
 
-def consumed(device: dict[str, Any]) -> set[tuple[str, str]]:
+class Counters:
+    """An allocator that knows only what the slices publish, as kube-scheduler's does: each
+    device's counter consumption, the counter sets' values, and that a device is allocated at
+    most once."""
+
+    def __init__(self, slices: list[SliceContent]) -> None:
+        self.capacity = {
+            (s["name"], name): int(v["value"])
+            for c in slices
+            for s in c.shared_counters
+            for name, v in s["counters"].items()
+        }
+        self.devices = [d for c in slices for d in c.devices]
+        self.draws = {d["name"]: drawn(d) for d in self.devices}
+        self.used: dict[tuple[str, str], int] = {}
+        self.allocated: list[str] = []
+
+    def fits(self, name: str) -> bool:
+        return name not in self.allocated and all(
+            self.used.get(k, 0) + amount <= self.capacity[k]
+            for k, amount in self.draws[name].items()
+        )
+
+    def take(self, name: str) -> None:
+        for k, amount in self.draws[name].items():
+            self.used[k] = self.used.get(k, 0) + amount
+        self.allocated.append(name)
+
+    def give_back(self, name: str) -> None:
+        for k, amount in self.draws[name].items():
+            self.used[k] -= amount
+        self.allocated.remove(name)
+
+
+def drawn(device: dict[str, Any]) -> dict[tuple[str, str], int]:
     return {
-        (c["counterSet"], name)
+        (c["counterSet"], name): int(value["value"])
         for c in device.get("consumesCounters", [])
         for name, value in c["counters"].items()
-        if value == {"value": "1"}
     }
+
+
+# Catalog types, their other LNC settings, and lab rings and chains, each with core windows of
+# any counts of 1 .. 32 cores (none included).
+node_shapes = st.tuples(
+    st.one_of(
+        topologies,
+        st.builds(
+            lambda kind, n, cores: Topology(f"lab.{kind.value}{n}", kind, n, cores),
+            st.sampled_from([TopologyKind.RING, TopologyKind.CHAIN]),
+            st.integers(1, 12),
+            st.integers(1, 8),
+        ),
+        # Trn2 at LNC=1 (8 cores per device: 128 cores, 4 sets of core counters) and LNC=2.
+        st.sampled_from([4, 8]).map(
+            lambda cores: CATALOG.resolve("trn2.48xlarge", 16, 16 * cores).topology
+        ),
+    ),
+    st.sets(st.integers(1, 32), max_size=8).map(lambda counts: tuple(sorted(counts))),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(node_shapes, st.data())
+def test_core_and_device_windows_never_allocate_overlapping_cores(
+    node: tuple[Topology, tuple[int, ...]], data: st.DataObject
+) -> None:
+    """Any sequence of allocations and releases an allocator that reads only the counters can
+    make (any free device, not only the first) holds no core twice; and two devices fit
+    together from an empty node exactly when they share no core."""
+    topology, core_windows = node
+    slices = pool_slices(DRIVER, NodeInventory("n", topology, core_windows=core_windows))
+    assert limit_problems(slices) == []
+    by_name = shapes_by_name(topology)
+    counters = Counters(slices)
+    names = [d["name"] for d in counters.devices]
+    if len(names) < 2:
+        return
+    for a, b in data.draw(
+        st.lists(st.tuples(st.sampled_from(names), st.sampled_from(names)), max_size=30)
+    ):
+        if a == b:
+            continue
+        empty = Counters(slices)
+        empty.take(a)
+        together = empty.fits(b)
+        assert together == (not by_name[a].core_mask & by_name[b].core_mask), (a, b)
+    for release, name in data.draw(
+        st.lists(st.tuples(st.booleans(), st.sampled_from(names)), max_size=80)
+    ):
+        if release and counters.allocated:
+            counters.give_back(
+                counters.allocated[data.draw(st.integers(0, len(counters.allocated) - 1))]
+            )
+            continue
+        if not counters.fits(name):
+            continue
+        counters.take(name)
+        held = [by_name[n].core_mask for n in counters.allocated]
+        assert (
+            sum(m.bit_count() for m in held)
+            == ids_mask(c for m in held for c in mask_ids(m)).bit_count()
+        ), f"two devices share a core: {counters.allocated}"
 
 
 @settings(max_examples=100, deadline=None)
-@given(topologies, st.data())
-def test_counters_make_overlapping_shapes_impossible_together(
-    topology: Topology, data: st.DataObject
+@given(node_shapes, st.data())
+def test_first_fit_by_cores_is_first_fit_by_counters(
+    node: tuple[Topology, tuple[int, ...]], data: st.DataObject
 ) -> None:
-    slices = pool_slices(DRIVER, NodeInventory("n", topology))
-    capacity = {
-        (s["name"], name): int(v["value"])
-        for c in slices
-        for s in c.shared_counters
-        for name, v in s["counters"].items()
-    }
-    devices = [d for c in slices for d in c.devices]
-    by_name = {s.name: s for s in published_shapes(topology)}
-    counted = bool(capacity)
-    # Pairwise: counters overlap exactly when the device sets do.
-    for a, b in data.draw(
-        st.lists(st.tuples(st.sampled_from(devices), st.sampled_from(devices)), max_size=30)
-    ):
-        if a is b or not counted:
-            continue
-        shares = bool(consumed(a) & consumed(b))
-        assert shares == bool(by_name[a["name"]].mask & by_name[b["name"]].mask)
-    # An allocator that knows only the published counters (and that a device is allocated at
-    # most once) never hands out one physical device twice.
-    used: dict[tuple[str, str], int] = {}
-    allocated: list[str] = []
-    for step in data.draw(
-        st.lists(st.tuples(st.booleans(), st.sampled_from(devices)), max_size=60)
-    ):
-        release, device = step
-        if release and allocated:
-            name = allocated.pop(data.draw(st.integers(0, len(allocated) - 1)))
-            for key in consumed(next(d for d in devices if d["name"] == name)):
-                used[key] -= 1
-            continue
-        if device["name"] in allocated:
-            continue
-        keys = consumed(device)
-        if any(used.get(k, 0) + 1 > capacity[k] for k in keys):
-            continue
-        for k in keys:
-            used[k] = used.get(k, 0) + 1
-        allocated.append(device["name"])
-        held = [by_name[n].mask for n in allocated]
-        assert (
-            sum(m.bit_count() for m in held)
-            == ids_mask(d for m in held for d in mask_ids(m)).bit_count()
-        ), f"overlapping allocation {allocated}"
+    """`dra.firstfit` (what benchmarks and node scores use) decides by cores in use; the
+    scheduler by counters. On any state the counters reach, they pick the same device."""
+    topology, core_windows = node
+    slices = pool_slices(DRIVER, NodeInventory("n", topology, core_windows=core_windows))
+    shapes = published_shapes(topology, core_windows)
+    counters = Counters(slices)
+    kinds = sorted({(s.unit, s.count) for s in shapes})
+    for unit, count in data.draw(st.lists(st.sampled_from(kinds), max_size=40)):
+        used = 0
+        for name in counters.allocated:
+            used |= shapes_by_name(topology)[name].core_mask
+        chosen = first_fit(topology, used, unit, count, core_windows=core_windows)
+        by_counters = next(
+            (s for s in shapes if (s.unit, s.count) == (unit, count) and counters.fits(s.name)),
+            None,
+        )
+        assert chosen == by_counters
+        if chosen is not None:
+            counters.take(chosen.name)
+        elif counters.allocated and data.draw(st.booleans()):
+            counters.give_back(counters.allocated[0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(node_shapes)
+def test_core_windows_are_the_allocators_windows(node: tuple[Topology, tuple[int, ...]]) -> None:
+    """Every published core window is one `core.allocation` may give a request of its count;
+    all of them are published for each configured count, unless the counters cannot express
+    them (a window across a 32-core boundary draws on two sets of core counters)."""
+    topology, core_windows = node
+    windows = [s for s in published_shapes(topology, core_windows) if s.unit is Unit.CORE]
+    for shape in windows:
+        assert is_valid_core_set(topology, list(shape.cores)), shape
+        assert shape.members == tuple(sorted({c // topology.cores_per_device for c in shape.cores}))
+    if not core_windows_fit(topology):
+        assert windows == []
+        return
+    published = {w.core_mask for w in windows}
+    for count in (c for c in core_windows if c <= topology.total_cores):
+        for block in allowed_blocks(topology, Unit.CORE, count):
+            first = (block & -block).bit_length() - 1
+            crosses = first // 32 != (first + count - 1) // 32
+            assert (block in published) != crosses, (count, mask_ids(block))
 
 
 @settings(max_examples=200, deadline=None)
@@ -141,7 +240,7 @@ def test_without_holes_first_fit_in_our_order_is_best_fit(
         best = allocate(
             topology, NodeState(topology.core_mask_of_devices(busy)), NeuronRequest(NEURON, size)
         )
-        shape = first_fit(topology, busy, size)
+        shape = first_fit(topology, topology.core_mask_of_devices(busy), Unit.DEVICE, size)
         if not isinstance(best, Placement):
             assert shape is None
             continue
@@ -157,7 +256,7 @@ def test_first_fit_differs_from_best_fit_once_there_are_holes() -> None:
     busy = ids_mask([0, *range(3, 11)])
     state = NodeState(topology.core_mask_of_devices(busy))
     best = allocate(topology, state, NeuronRequest(NEURON, 1))
-    shape = first_fit(topology, busy, 1)
+    shape = first_fit(topology, state.used_cores, Unit.DEVICE, 1)
     assert isinstance(best, Placement) and shape is not None
     assert best.devices == (11,)
     assert shape.members == (1,)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
-from neuron_scheduler.sim.kubescheduler import CHART, Profile, scheduler_profile
+from neuron_scheduler.sim.kubescheduler import CHART, FitStrategy, Profile, scheduler_profile
 
 if TYPE_CHECKING:
     from .pki import Pki
@@ -20,6 +20,7 @@ def scheduler_config(
     kubeconfig: str | None = None,
     pki: Pki | None = None,
     profile: Profile = CHART,
+    dra_prioritize: bool = False,
 ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with one profile and, optionally, our extender.
 
@@ -29,6 +30,8 @@ def scheduler_config(
     Without kubeconfig the scheduler uses its in-cluster service account, which
     is what the Helm chart deploys; the testbed passes one. With `pki`, kube-scheduler calls
     the extender over HTTPS with my-scheduler's client certificate, as the chart sets it up.
+    With `dra_prioritize`, the entries that score nodes for pods with our DRA claims, as the
+    chart adds them with dra.enabled (the packing one with a packing profile, packNeuron).
     """
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -65,11 +68,26 @@ def scheduler_config(
             del config["extenders"][0]["prioritizeVerb"]
         if preemption:
             config["extenders"][0]["preemptVerb"] = "preempt"
+        if dra_prioritize:
+            entries = [("prioritize-claims", profile.extender_weight)]
+            if profile.fit_strategy is FitStrategy.MOST_ALLOCATED:
+                entries.append(("prioritize-claims-packing", 1))  # the chart's packNeuron
+            config["extenders"] += [
+                {
+                    "urlPrefix": extender_url,
+                    "prioritizeVerb": verb,
+                    "weight": weight,
+                    "nodeCacheCapable": node_cache_capable,
+                    "ignorable": True,
+                }
+                for verb, weight in entries
+            ]
         if pki is not None:
-            config["extenders"][0]["enableHTTPS"] = True
-            config["extenders"][0]["tlsConfig"] = {
-                "certFile": str(pki.client_cert),
-                "keyFile": str(pki.client_key),
-                "caFile": str(pki.ca),
-            }
+            for entry in config["extenders"]:
+                entry["enableHTTPS"] = True
+                entry["tlsConfig"] = {
+                    "certFile": str(pki.client_cert),
+                    "keyFile": str(pki.client_key),
+                    "caFile": str(pki.ca),
+                }
     return config

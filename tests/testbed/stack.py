@@ -34,9 +34,11 @@ SCHEDULER_NAMES = ("my-scheduler", "nobody")
 RULES = REPO / "charts" / "neuron-scheduler" / "files" / "extender-rules.yaml"
 CLAIM_CRD = REPO / "charts" / "neuron-scheduler" / "files" / "ultraserverclaims-crd.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# With consolidation on, the chart adds these (the tests run it on); likewise capacity requests.
+# With consolidation on, the chart adds these (the tests run it on); likewise capacity requests
+# and, with the DRA driver on, the DRA scoring rules.
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
 CAPACITY_RULES = RULES.with_name("capacity-rules.yaml")
+DRA_SCORING_RULES = RULES.with_name("dra-scoring-rules.yaml")
 # The chart's PriorityClass of capacity requests' placeholders.
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
@@ -237,6 +239,7 @@ class Stack:
             *yaml.safe_load(PREEMPTION_RULES.read_text()),
             *yaml.safe_load(CONSOLIDATION_RULES.read_text()),
             *yaml.safe_load(CAPACITY_RULES.read_text()),
+            *yaml.safe_load(DRA_SCORING_RULES.read_text()),
         ]
         cp.request(
             "POST",
@@ -286,7 +289,7 @@ class Stack:
         self.extra_logs: dict[str, Path] = {}  # more components' logs, for a failed test
         self.node_cache_capable = True
         self.preemption = True
-        self._scheduler_setup: tuple[bool, bool, Profile] | None = None
+        self._scheduler_setup: tuple[bool, bool, Profile, bool] | None = None
 
     @staticmethod
     def _budget_role(cp: ControlPlane) -> None:
@@ -377,11 +380,16 @@ class Stack:
             )
 
     def use_scheduler(
-        self, node_cache_capable: bool, preemption: bool = True, profile: Profile = CHART
+        self,
+        node_cache_capable: bool,
+        preemption: bool = True,
+        profile: Profile = CHART,
+        dra_prioritize: bool = False,
     ) -> Scheduler:
         """(Re)start `my-scheduler` with the extender in the given node mode, with or without
-        the preempt verb, scoring as `profile` says (the chart's by default)."""
-        wanted = (node_cache_capable, preemption, profile)
+        the preempt verb, scoring as `profile` says (the chart's by default), with or without
+        the DRA scoring entry."""
+        wanted = (node_cache_capable, preemption, profile, dra_prioritize)
         if self.scheduler is not None and self._scheduler_setup == wanted:
             return self.scheduler
         if self.scheduler is not None:
@@ -394,6 +402,7 @@ class Stack:
             preemption=preemption,
             pki=self.pki,
             profile=profile,
+            dra_prioritize=dra_prioritize,
         )
         self.scheduler = self.cp.start_scheduler(config=config)
         return self.scheduler

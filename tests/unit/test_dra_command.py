@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.dra.command import register
-from neuron_scheduler.dra.driver import efa_pairing, node_topology
+from neuron_scheduler.dra.driver import efa_pairing
 from neuron_scheduler.dra.hardware import read_host, read_logical_nc
+from neuron_scheduler.dra.pools import node_topology
 from tests.unit.commands import app_with
 
 
@@ -30,6 +31,14 @@ def app() -> typer.Typer:
         (["--node-name", "n", "--log-level", "loud"], "--log-level 'loud'"),
         (["--node-name", "n", "--cores-per-device", "0"], "--cores-per-device 0"),
         (["--node-name", "n", "--health-interval", "0"], "--health-interval 0.0"),
+        (
+            ["--node-name", "n", "--core-windows", "1,33"],
+            "must list core counts of 1 .. 32, got '1,33'",
+        ),
+        (
+            ["--node-name", "n", "--core-windows", "1,x"],
+            "must list core counts of 1 .. 32, got '1,x'",
+        ),
         (["--node-name", "n", "--kubeconfig", "/nonexistent"], "/nonexistent: no such file"),
     ],
 )
@@ -81,13 +90,13 @@ def test_topology_from_label_and_devices(tmp_path: Path) -> None:
     host = read_host(dev, sys)
     assert host.efa_bdfs == {"0000:c9:00.0", "0000:10:1a.0"}
     catalog = Catalog.builtin()
-    topology, warning = node_topology(catalog, "trn2.48xlarge", host, 4)
+    topology, warning = node_topology(catalog, "trn2.48xlarge", host.count, 4)
     assert (topology.kind.value, topology.devices, topology.cores_per_device) == ("torus", 16, 4)
     assert warning is None
     assert efa_pairing("trn2.48xlarge", host, 16) is not None
     assert efa_pairing("inf2.48xlarge", host, 16) is None
     # The devices win over a label that disagrees with them.
-    topology, warning = node_topology(catalog, "inf2.48xlarge", host, 2)
+    topology, warning = node_topology(catalog, "inf2.48xlarge", host.count, 2)
     assert topology.kind.value == "chain" and topology.devices == 16
     assert warning is not None and "inf2.48xlarge" in warning
 

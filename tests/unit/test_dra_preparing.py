@@ -129,7 +129,7 @@ async def test_a_restarted_driver_keeps_what_it_prepared(world: World) -> None:
     assert world.spec("uid-1")["devices"][0]["name"] == "uid-1-window-4-at-0"
     overlapping = world.api.add(claim_json("uid-2", ["window-2-at-3"]))
     refused = await restarted.prepare([overlapping])
-    assert refused == {"uid-2": "devices 3 are in use by another prepared claim"}
+    assert refused == {"uid-2": "cores 6,7 are in use by another prepared claim"}
 
 
 async def test_a_prepared_claim_that_no_longer_exists_frees_its_devices(world: World) -> None:
@@ -273,6 +273,86 @@ async def test_logical_neuroncore_per_claim_on_trn2(tmp_path: Path) -> None:
     await world.preparer.prepare([plain])
     assert world.spec("p")["devices"][0]["containerEdits"]["env"][0] == (
         "NEURON_RT_VISIBLE_CORES=8,9,10,11"
+    )
+
+
+async def test_a_core_window_gets_exactly_its_cores_and_the_devices_they_are_on(
+    world: World,
+) -> None:
+    ref = world.api.add(claim_json("c", ["cores-3-at-3"]))
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert not isinstance(answer, str), answer
+    (device,) = world.spec("c")["devices"]
+    assert device["name"] == "c-cores-3-at-3"
+    edits = device["containerEdits"]
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/neuron1", "/dev/neuron2"]
+    # As the device plugin answers a core request: the cores, no device list.
+    assert edits["env"] == ["NEURON_RT_VISIBLE_CORES=3,4,5"]
+    assert answer.devices[0].cores == (3, 4, 5)
+
+
+async def test_core_and_device_claims_never_share_a_core(world: World) -> None:
+    """Core 1 in use: its device is taken for device claims, its other core is not."""
+    first = world.api.add(claim_json("one", ["cores-1-at-1"]))
+    assert not isinstance((await world.preparer.prepare([first]))["one"], str)
+    device = world.api.add(claim_json("dev", ["single-0"]))
+    assert await world.preparer.prepare([device]) == {
+        "dev": "cores 1 are in use by another prepared claim"
+    }
+    neighbour = world.api.add(claim_json("nb", ["cores-1-at-0"]))
+    assert not isinstance((await world.preparer.prepare([neighbour]))["nb"], str)
+    across = world.api.add(claim_json("across", ["cores-2-at-1"]))
+    assert await world.preparer.prepare([across]) == {
+        "across": "cores 1 are in use by another prepared claim"
+    }
+    # A device claim held first keeps core windows off its device, after a restart too.
+    window = world.api.add(claim_json("win", ["window-2-at-5"]))
+    assert not isinstance((await world.preparer.prepare([window]))["win"], str)
+    restarted = world.start()
+    inside = world.api.add(claim_json("in", ["cores-1-at-11"]))
+    assert await restarted.prepare([inside]) == {
+        "in": "cores 11 are in use by another prepared claim"
+    }
+
+
+async def test_a_core_request_must_get_one_window(world: World) -> None:
+    split = world.api.add(claim_json("s", ["cores-1-at-0", "cores-1-at-5"]))
+    (answer,) = (await world.preparer.prepare([split])).values()
+    assert isinstance(answer, str)
+    assert "was given cores 0,5, which are not one window of connected cores" in answer
+    mixed = world.api.add(claim_json("m", ["cores-1-at-0", "single-3"]))
+    (answer,) = (await world.preparer.prepare([mixed])).values()
+    assert isinstance(answer, str) and "both device sets and core windows" in answer
+    # Two windows that together are one window are one legal set (count: 2 of a 1-core class).
+    joined = world.api.add(claim_json("j", ["cores-1-at-6", "cores-1-at-7"]))
+    (answer,) = (await world.preparer.prepare([joined])).values()
+    assert not isinstance(answer, str), answer
+
+
+async def test_a_core_claim_keeps_the_nodes_logical_cores(tmp_path: Path) -> None:
+    world = World(tmp_path, "trn2.48xlarge", physical=8)  # LNC=2: 4 logical cores per device
+
+    def lnc(value: int) -> list[dict[str, Any]]:
+        parameters = {"apiVersion": f"{DRIVER}/v1", "kind": "NeuronConfig"}
+        return [
+            {
+                "source": "FromClaim",
+                "opaque": {
+                    "driver": DRIVER,
+                    "parameters": {**parameters, "logicalNeuronCore": value},
+                },
+            }
+        ]
+
+    other = world.api.add(claim_json("o", ["cores-2-at-4"], config=lnc(1)))
+    (answer,) = (await world.preparer.prepare([other])).values()
+    assert isinstance(answer, str)
+    assert "its cores are the node's logical cores (LNC 2)" in answer
+    same = world.api.add(claim_json("s", ["cores-2-at-4"], config=lnc(2)))
+    (answer,) = (await world.preparer.prepare([same])).values()
+    assert not isinstance(answer, str), answer
+    assert (
+        world.spec("s")["devices"][0]["containerEdits"]["env"][0] == "NEURON_RT_VISIBLE_CORES=4,5"
     )
 
 

@@ -9,8 +9,14 @@ import pytest
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.topology import MAX_DEVICES, Topology, TopologyKind
+from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
 from neuron_scheduler.dra.devicegroups import pairing
-from neuron_scheduler.dra.shapes import ShapeKind, published_shapes
+from neuron_scheduler.dra.shapes import (
+    EVERY_CORE_WINDOW,
+    ShapeKind,
+    core_windows_fit,
+    published_shapes,
+)
 from neuron_scheduler.dra.slices import (
     NodeInventory,
     SliceContent,
@@ -35,18 +41,23 @@ def devices_of(slices: list[SliceContent]) -> list[dict]:  # type: ignore[type-a
     return [d for s in slices for d in s.devices]
 
 
+@pytest.mark.parametrize("core_windows", [(), DEFAULT_CORE_WINDOWS, EVERY_CORE_WINDOW])
 @pytest.mark.parametrize("instance_type", CATALOG.instance_types)
-def test_every_catalog_type_fits_the_api_limits(instance_type: str) -> None:
+def test_every_catalog_type_fits_the_api_limits(
+    instance_type: str, core_windows: tuple[int, ...]
+) -> None:
     topology = topology_of(instance_type)
-    inventory = NodeInventory("ip-10-0-1-7.ec2.internal", topology, pairing(instance_type))
+    inventory = NodeInventory(
+        "ip-10-0-1-7.ec2.internal", topology, pairing(instance_type), core_windows=core_windows
+    )
     slices = pool_slices(DRIVER, inventory)
     assert limit_problems(slices) == []
     # Also with every device unhealthy (each shape then carries a taint).
     sick = NodeInventory(
-        inventory.node, topology, None, dict.fromkeys(range(topology.devices), "x")
+        inventory.node, topology, None, dict.fromkeys(range(topology.devices), "x"), core_windows
     )
     assert limit_problems(pool_slices(DRIVER, sick)) == []
-    assert len(devices_of(slices)) == len(published_shapes(topology))
+    assert len(devices_of(slices)) == len(published_shapes(topology, core_windows))
 
 
 @pytest.mark.parametrize("kind", [TopologyKind.RING, TopologyKind.CHAIN])
@@ -79,7 +90,8 @@ def test_inf2_counts_and_a_wrapping_window() -> None:
     assert [len(s.devices) for s in slices] == [0, 64, 64, 5]  # 12 x 11 windows + the ring
     (counter_set,) = slices[0].shared_counters
     assert counter_set["name"] == "neuron-devices-0"
-    assert counter_set["counters"] == {f"d{d}": {"value": "1"} for d in range(12)}
+    # A device's counter is worth its cores: a device set takes it all.
+    assert counter_set["counters"] == {f"d{d}": {"value": "2"} for d in range(12)}
     device = {d["name"]: d for d in devices_of(slices)}["window-3-at-11"]
     assert device["attributes"]["members"] == {"string": "11,0,1"}
     assert device["attributes"]["deviceIds"] == {"string": "0,1,11"}
@@ -89,7 +101,7 @@ def test_inf2_counts_and_a_wrapping_window() -> None:
     assert device["consumesCounters"] == [
         {
             "counterSet": "neuron-devices-0",
-            "counters": {"d11": {"value": "1"}, "d0": {"value": "1"}, "d1": {"value": "1"}},
+            "counters": {"d11": {"value": "2"}, "d0": {"value": "2"}, "d1": {"value": "2"}},
         }
     ]
     assert not any(k.startswith("resource.aws.com/") for k in device["attributes"])
@@ -186,6 +198,85 @@ def test_efa_group_attributes_on_trn2() -> None:
         group.format(16): {"string": "821d14afaf11327d"},
     }
     assert all(s.kind is not ShapeKind.WINDOW for s in published_shapes(topology))
+
+
+def test_core_windows_beside_the_device_sets_on_inf2() -> None:
+    topology = topology_of("inf2.48xlarge")
+    slices = pool_slices(DRIVER, NodeInventory("node-a", topology, core_windows=(1, 2, 3, 4)))
+    devices = {d["name"]: d for d in devices_of(slices)}
+    # 133 device sets, then windows of 1-4 cores: 24 + 23 + 22 + 21.
+    assert len(devices) == 133 + 90
+    assert [d["name"] for d in devices_of(slices)][133:136] == [
+        "cores-1-at-0",
+        "cores-1-at-1",
+        "cores-1-at-2",
+    ]
+    devices_set, cores_set = slices[0].shared_counters
+    assert devices_set["name"] == "neuron-devices-0" and len(devices_set["counters"]) == 12
+    assert cores_set == {
+        "name": "neuron-cores-0",
+        "counters": {f"c{c}": {"value": "1"} for c in range(24)},
+    }
+    window = devices["cores-3-at-1"]
+    assert window["attributes"]["size"] == {"int": 0}  # no `neuron-N` class matches it
+    assert window["attributes"]["cores"] == {"int": 3}
+    assert window["attributes"]["coreIds"] == {"string": "1,2,3"}
+    assert window["attributes"]["shape"] == {"string": "cores"}
+    assert window["attributes"]["members"] == {"string": "0,1"}
+    assert window["consumesCounters"] == [
+        {
+            "counterSet": "neuron-devices-0",
+            "counters": {"d0": {"value": "1"}, "d1": {"value": "2"}},
+        },
+        {
+            "counterSet": "neuron-cores-0",
+            "counters": {"c1": {"value": "1"}, "c2": {"value": "1"}, "c3": {"value": "1"}},
+        },
+    ]
+    # Of each count, the windows inside one device come first: they break no second device.
+    twos = [n for n in devices if n.startswith("cores-2-")]
+    assert twos[:3] == ["cores-2-at-0", "cores-2-at-2", "cores-2-at-4"]
+    assert twos[12] == "cores-2-at-1"
+
+
+def test_core_windows_on_a_torus_stay_in_a_row_or_half() -> None:
+    """trn1: 2 cores a device; a window over 2-4 devices stays in one row, over 5-8 in a half."""
+    names = {s.name for s in published_shapes(topology_of("trn1.32xlarge"), EVERY_CORE_WINDOW)}
+    assert "cores-2-at-1" in names  # devices 0 and 1, row 0
+    assert "cores-2-at-7" not in names  # devices 3 and 4: two rows
+    assert "cores-9-at-0" in names and "cores-9-at-8" not in names  # devices 4-8: two halves
+    assert "cores-16-at-0" in names and "cores-16-at-16" in names and "cores-16-at-8" not in names
+
+
+def test_trn2_at_lnc1_has_128_cores_in_four_sets() -> None:
+    topology = CATALOG.resolve("trn2.48xlarge", 16, 128).topology
+    slices = pool_slices(DRIVER, NodeInventory("n", topology, core_windows=EVERY_CORE_WINDOW))
+    assert limit_problems(slices) == []
+    names = [s["name"] for s in slices[0].shared_counters]
+    assert names == ["neuron-devices-0", *(f"neuron-cores-{k}" for k in range(4))]
+    windows = {d["name"] for d in devices_of(slices) if d["name"].startswith("cores-")}
+    assert "cores-32-at-32" in windows and "cores-8-at-120" in windows
+    assert "cores-2-at-31" not in windows  # across two sets of core counters
+
+
+def test_no_core_windows_where_the_counters_cannot_hold_them() -> None:
+    """More than 32 devices: device counters fill two sets, a window may draw on only two."""
+    topology = Topology("big.ring", TopologyKind.RING, 40, 2)
+    assert not core_windows_fit(topology)
+    assert all(s.kind is not ShapeKind.CORES for s in published_shapes(topology, (1, 2)))
+
+
+def test_a_single_device_node_with_core_windows_counts_them() -> None:
+    slices = pool_slices(
+        DRIVER, NodeInventory("n", topology_of("inf2.xlarge"), core_windows=(1, 2))
+    )
+    assert [d["name"] for d in devices_of(slices)] == [
+        "single-0",
+        "cores-1-at-0",
+        "cores-1-at-1",
+        "cores-2-at-0",
+    ]
+    assert slices[0].shared_counters and limit_problems(slices) == []
 
 
 def test_long_id_lists_become_ranges_in_member_order() -> None:

@@ -210,6 +210,19 @@ def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> 
     assert all(0 <= s <= 10 for s in by_host.values())
 
 
+def test_prioritize_claims_answers_every_node_and_zero_for_pods_without_our_claims(
+    extender: tuple[str, Extender],
+) -> None:
+    """The DRA scoring entry is asked about every pod: without --dra-driver (here), or for a pod
+    with no claim of ours, every node scores 0 (tests/unit/test_dra_prioritize.py scores the
+    rest)."""
+    base, _ = extender
+    for body in (pod_json("p", {DEV: 4}), pod_json("q", {})):
+        for verb in ("/prioritize-claims", "/prioritize-claims-packing"):
+            scores = post(base, verb, cache_args(body, ALL))
+            assert {s["Host"]: s["Score"] for s in scores} == dict.fromkeys(ALL, 0)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [

@@ -236,6 +236,39 @@ its kube-scheduler (tests/testbed/manifests.py).
       ignoredByScheduler: false
     - name: aws.amazon.com/neurondevice
       ignoredByScheduler: false
+  {{- include "ns.extenderTLS" . }}
+{{- end -}}
+
+{{/*
+With the DRA driver on, extender entries that score nodes for pods with claims of the chart's DRA
+classes (docs/dra.md "Node choice"): prioritize-claims, the best-fit measure, at the extender's
+weight; and with scoring.packNeuron, prioritize-claims-packing at weight 1, how full each node is
+(the MostAllocated tie-break NodeResourcesFit gives Neuron resources, which cannot count DRA
+claims). Prioritize only: such pods request no resource the first entry manages, so these have no
+managedResources and kube-scheduler asks them about every pod (they answer 0 for all but ours);
+they never filter, bind or fail a pod, and a down extender costs only the scores
+(kube-scheduler ignores prioritize errors).
+*/}}
+{{- define "ns.draExtenderEntry" -}}
+{{- if .Values.dra.enabled -}}
+{{- include "ns.claimsEntry" (list . "prioritize-claims" .Values.scheduler.scoring.extenderWeight) }}
+{{- if .Values.scheduler.scoring.packNeuron }}
+{{ include "ns.claimsEntry" (list . "prioritize-claims-packing" 1) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "ns.claimsEntry" -}}
+{{- $ := index . 0 -}}
+- urlPrefix: {{ include "ns.urlPrefix" $ | quote }}
+  prioritizeVerb: {{ index . 1 }}
+  weight: {{ index . 2 }}
+  nodeCacheCapable: {{ $.Values.scheduler.nodeCacheCapable }}
+  ignorable: true
+  {{- include "ns.extenderTLS" $ }}
+{{- end -}}
+
+{{- define "ns.extenderTLS" -}}
   {{- if .Values.scheduler.tls.enabled }}
   enableHTTPS: true
   # kube-scheduler checks the extender's certificate and presents its own client certificate:

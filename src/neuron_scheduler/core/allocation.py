@@ -252,10 +252,20 @@ def _block_size(topology: Topology, busy: int, chosen: int) -> int:
     return chosen.bit_count()
 
 
+MAX_SCORE = 10  # an extender's scores are 0-10 (kube-scheduler's MaxExtenderPriority)
+
+
 @lru_cache(maxsize=4096)
 def fit_score(requested: int, block: int) -> int:
     """0-10; 10 when the request fills its free block exactly, so big free blocks stay free."""
-    return max(1, min(10, round(10 * requested / max(block, 1))))
+    return max(1, min(MAX_SCORE, round(MAX_SCORE * requested / max(block, 1))))
+
+
+def fullness_score(topology: Topology, used_cores: int) -> int:
+    """0-10: how full a node is (its cores in use, as a share of its cores), as
+    NodeResourcesFit's MostAllocated scores a node by what its pods request: kube-scheduler's
+    tie-break toward fuller nodes, for placements it cannot count (DRA claims)."""
+    return round(MAX_SCORE * used_cores.bit_count() / topology.total_cores)
 
 
 def _ordered(topology: Topology, mask: int) -> tuple[int, ...]:
@@ -587,6 +597,39 @@ def _decide_by_demand(
         return Placement(devices, cores_of_devices(devices, topology.cores_per_device), score)
     per_device = topology.cores_per_device
     return Placement(tuple(sorted({core // per_device for core in cores})), cores, score)
+
+
+def placement_score(
+    topology: Topology,
+    state: NodeState,
+    unit: Unit,
+    taken: int,
+    policy: Policy = Policy.BEST_FIT,
+    demand: DemandWeights = (),
+) -> int:
+    """0-10: the node score `allocate` gives a placement, for one chosen elsewhere (the
+    scheduler's DRA allocator picks the device; the extender scores its node). `taken`: the
+    placement's cores (a device request's: all of its devices' cores).
+
+    Without demand, how tightly the request fills the free block it is cut from; with it, how
+    little it wastes, capped for small device requests by the fit (allocate caps by the fit of
+    its own best-fit pick, which may be another placement of the same request)."""
+    used = state.used_cores
+    count = taken.bit_count()
+    if unit is Unit.DEVICE:
+        chosen = devices_touched(taken, topology.cores_per_device, topology.devices)
+        count = chosen.bit_count()
+        fit = fit_score(count, _block_size(topology, busy_devices(topology, used), chosen))
+    else:
+        start = (taken & -taken).bit_length() - 1
+        run_start, run_end = _run_around(used, start, topology.total_cores)
+        fit = fit_score(count, run_end - run_start)
+    if not decides_by_demand(topology, policy, demand):
+        return fit
+    score = demand_score(topology, used, taken, demand)
+    if unit is Unit.DEVICE and count <= SMALL_DEVICE_COUNT:
+        score = min(score, fit)
+    return score
 
 
 def demand_score(topology: Topology, used: int, taken: int, demand: DemandWeights) -> int:

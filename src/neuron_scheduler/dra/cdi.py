@@ -1,8 +1,9 @@
 """CDI specs: how the container runtime learns which /dev/neuronN nodes and environment a prepared
 claim gives a container. One spec file per claim UID, so a runtime never sees a stale device.
 
-The environment is the one our device plugin sets for a device request: NEURON_RT_VISIBLE_CORES
-(the cores the devices own, ascending) and AWS_NEURON_VISIBLE_DEVICES.
+The environment is the one our device plugin sets: for a device set NEURON_RT_VISIBLE_CORES (the
+cores the devices own, ascending) and AWS_NEURON_VISIBLE_DEVICES; for a core window
+NEURON_RT_VISIBLE_CORES (its cores) alone, with the device nodes of the devices it touches.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class CdiDevice:
     devices: tuple[int, ...]  # Neuron device ids
     cores_per_device: int  # logical cores per device for this claim
     logical_nc: int | None = None  # a per-claim Logical NeuronCore setting, if the claim set one
+    cores: tuple[int, ...] = ()  # a core window's cores; empty: every core of `devices`
 
 
 def kind(driver: str) -> str:
@@ -46,10 +48,13 @@ def device_id(driver: str, name: str) -> str:
 
 def environment(device: CdiDevice) -> list[str]:
     ids = sorted(device.devices)
-    env = [
-        f"{VISIBLE_CORES}={comma_ids(cores_of_devices(ids, device.cores_per_device))}",
-        f"{VISIBLE_DEVICES}={comma_ids(ids)}",
-    ]
+    if device.cores:
+        env = [f"{VISIBLE_CORES}={comma_ids(sorted(device.cores))}"]
+    else:
+        env = [
+            f"{VISIBLE_CORES}={comma_ids(cores_of_devices(ids, device.cores_per_device))}",
+            f"{VISIBLE_DEVICES}={comma_ids(ids)}",
+        ]
     if device.logical_nc is not None:
         env.append(f"{LOGICAL_NC}={device.logical_nc}")
     return env

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from neuron_scheduler.core.ids import core_mask_of_devices, ids_mask
+
 log = logging.getLogger(__name__)
 
 VERSION = 1
@@ -28,6 +30,15 @@ class PreparedDevice(msgspec.Struct, frozen=True):
     cdi_id: str
     cores_per_device: int  # logical, for this claim
     logical_nc: int | None = None  # the claim's own Logical NeuronCore setting, if any
+    # A core window's global core ids (at the node's cores per device); empty for a device set,
+    # which holds every core of its members. (Files written before core windows have none.)
+    cores: tuple[int, ...] = ()
+
+    def core_mask(self, node_cores_per_device: int) -> int:
+        """The cores it holds, counted at the node's cores per device (what other claims see)."""
+        if self.cores:
+            return ids_mask(self.cores)
+        return core_mask_of_devices(ids_mask(self.members), node_cores_per_device)
 
 
 class PreparedClaim(msgspec.Struct, frozen=True):
@@ -36,12 +47,10 @@ class PreparedClaim(msgspec.Struct, frozen=True):
     name: str
     devices: tuple[PreparedDevice, ...] = ()
 
-    @property
-    def mask(self) -> int:
+    def core_mask(self, node_cores_per_device: int) -> int:
         mask = 0
         for device in self.devices:
-            for d in device.members:
-                mask |= 1 << d
+            mask |= device.core_mask(node_cores_per_device)
         return mask
 
 
@@ -93,12 +102,12 @@ class Checkpoint:
         self.claims = dict(stored.claims)
         log.info("checkpoint %s: %d prepared claims", self.path, len(self.claims))
 
-    def held(self, *, besides: str = "") -> int:
-        """Devices (mask) of every prepared claim but `besides`."""
+    def held(self, node_cores_per_device: int, *, besides: str = "") -> int:
+        """Cores (mask, at the node's cores per device) of every prepared claim but `besides`."""
         mask = 0
         for uid, claim in self.claims.items():
             if uid != besides:
-                mask |= claim.mask
+                mask |= claim.core_mask(node_cores_per_device)
         return mask
 
     def put(self, claim: PreparedClaim) -> None:

@@ -1,6 +1,7 @@
-"""ResourceClaims as the driver reads them, and what an allocation means for this node. Pure.
+"""ResourceClaims as the driver (and the extender) read them, and what an allocation means for a
+node. Pure.
 
-Only the fields the driver uses, decoded with msgspec; everything is untrusted and bounded. Opaque
+Only the fields they use, decoded with msgspec; everything is untrusted and bounded. Opaque
 per-claim config (`kind: NeuronConfig`) may choose the Logical NeuronCore setting, with AWS's
 field name so claims written for AWS's driver keep their meaning.
 """
@@ -69,8 +70,28 @@ class ClaimStatus(msgspec.Struct):
     allocation: Allocation | None = None
 
 
+class ExactRequest(msgspec.Struct):
+    deviceClassName: str = ""
+    allocationMode: str = "ExactCount"
+    count: int = 1
+
+
+class DeviceRequest(msgspec.Struct):
+    name: str = ""
+    exactly: ExactRequest | None = None  # (firstAvailable requests are not read)
+
+
+class DeviceClaim(msgspec.Struct):
+    requests: list[DeviceRequest] = []
+
+
+class ClaimSpec(msgspec.Struct):
+    devices: DeviceClaim = msgspec.field(default_factory=DeviceClaim)
+
+
 class ResourceClaim(msgspec.Struct):
     metadata: ClaimMeta = msgspec.field(default_factory=ClaimMeta)
+    spec: ClaimSpec = msgspec.field(default_factory=ClaimSpec)
     status: ClaimStatus = msgspec.field(default_factory=ClaimStatus)
 
 

@@ -10,11 +10,33 @@ import typer
 from neuron_scheduler import commandline
 from neuron_scheduler.dra import (
     DEFAULT_CDI_ROOT,
+    DEFAULT_CORE_WINDOWS,
     DEFAULT_DRIVER_NAME,
     DEFAULT_LOGICAL_NC_CONFIG,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRY_DIR,
 )
+
+CoreWindowsOption = Annotated[
+    str,
+    typer.Option(
+        help="publish windows of NeuronCores of these counts beside the device sets, for core "
+        "claims: a comma-separated list of 1 .. 32 (empty or 0: none)"
+    ),
+]
+DEFAULT_CORE_WINDOWS_TEXT = ",".join(map(str, DEFAULT_CORE_WINDOWS))
+
+
+def core_window_option(text: str) -> tuple[int, ...]:
+    """--core-windows, checked: the counts as published, or a UsageError naming the option."""
+    from neuron_scheduler.dra.shapes import MAX_CORE_WINDOW, core_window_counts
+
+    counts = [c.strip() for c in text.split(",") if c.strip() not in ("", "0")]
+    if not all(c.isdigit() and 1 <= int(c) <= MAX_CORE_WINDOW for c in counts):
+        raise commandline.UsageError(
+            f"--core-windows must list core counts of 1 .. {MAX_CORE_WINDOW}, got {text[:60]!r}"
+        )
+    return core_window_counts(int(c) for c in counts)
 
 
 def dra_driver(
@@ -38,6 +60,7 @@ def dra_driver(
     cdi_root: Annotated[
         Path, typer.Option(help="where CDI specs go (one the container runtime reads)")
     ] = DEFAULT_CDI_ROOT,
+    core_windows: CoreWindowsOption = DEFAULT_CORE_WINDOWS_TEXT,
     health_interval: commandline.HealthInterval = 5.0,
     resync_interval: Annotated[
         float, typer.Option(help="seconds between checks that the ResourceSlices are intact")
@@ -45,8 +68,10 @@ def dra_driver(
     log_level: commandline.LogLevel = "info",
 ) -> None:
     """Serve Neuron devices through Dynamic Resource Allocation: publish every legal device set
-    of this node as a ResourceSlice device and prepare the claims kubelet hands over."""
-    from neuron_scheduler.dra.driver import DriverConfig, driver_name_problem, run
+    of this node, and its NeuronCore windows, as ResourceSlice devices and prepare the claims
+    kubelet hands over."""
+    from neuron_scheduler.dra import driver_name_problem
+    from neuron_scheduler.dra.driver import DriverConfig, run
     from neuron_scheduler.kube.config import ConfigError
 
     with commandline.user_errors(ConfigError):
@@ -55,6 +80,7 @@ def dra_driver(
         if problem:
             raise commandline.UsageError(f"--driver-name: {problem}")
         commandline.check_positive("--resync-interval", resync_interval)
+        windows = core_window_option(core_windows)
         commandline.setup_logging(level)
         run(
             DriverConfig(
@@ -63,6 +89,7 @@ def dra_driver(
                 plugins_dir=plugins_dir,
                 registry_dir=registry_dir,
                 cdi_root=cdi_root,
+                core_windows=windows,
                 resync_interval=resync_interval,
             )
         )
@@ -80,6 +107,7 @@ def slice_templates(
         Path | None,
         typer.Option("--topology-file", help="YAML file adding or overriding instance types."),
     ] = None,
+    core_windows: CoreWindowsOption = DEFAULT_CORE_WINDOWS_TEXT,
 ) -> None:
     """Print the ResourceSlices the DRA driver would publish on a node of each instance type, as
     JSON {instance type: [ResourceSliceSpec, ...]}: ResourceSliceTemplates for an autoscaler's
@@ -87,15 +115,16 @@ def slice_templates(
     import json
 
     from neuron_scheduler.core.catalog import Catalog, CatalogError
-    from neuron_scheduler.dra.driver import driver_name_problem
+    from neuron_scheduler.dra import driver_name_problem
     from neuron_scheduler.dra.templates import slice_templates as templates
 
     with commandline.user_errors(CatalogError, ValueError):
         problem = driver_name_problem(driver_name)
         if problem:
             raise commandline.UsageError(f"--driver-name: {problem}")
+        windows = core_window_option(core_windows)
         catalog = Catalog.load(topology_file)
-        print(json.dumps(templates(catalog, driver_name, instance_type), indent=1))
+        print(json.dumps(templates(catalog, driver_name, instance_type, windows), indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_scheduler.core.catalog import CapacityError, Catalog
-from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.dra import (
     DEFAULT_CDI_ROOT,
+    DEFAULT_CORE_WINDOWS,
     DEFAULT_DRIVER_NAME,
     DEFAULT_LOGICAL_NC_CONFIG,
     DEFAULT_PLUGINS_DIR,
@@ -24,6 +24,7 @@ from neuron_scheduler.dra.checkpoint import Checkpoint
 from neuron_scheduler.dra.claims import ResourceClaim
 from neuron_scheduler.dra.devicegroups import pairing
 from neuron_scheduler.dra.hardware import HostDevices, read_host, read_logical_nc
+from neuron_scheduler.dra.pools import node_topology
 from neuron_scheduler.dra.preparing import NodeDevices, Preparer
 from neuron_scheduler.dra.publisher import Owner, Publisher
 from neuron_scheduler.dra.service import Registration, dra_server, registration_server
@@ -35,23 +36,6 @@ from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, NotFound, error_text
 
 log = logging.getLogger(__name__)
-
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
-# Not ours to publish under: AWS's driver is neuron.aws.com.
-FOREIGN_DOMAINS = ("aws.com", "amazonaws.com", "amazon.com", "k8s.io", "kubernetes.io")
-
-
-def driver_name_problem(name: str) -> str | None:
-    """Why a driver name cannot be used, or None."""
-    if len(name) > 63 or not _DNS_SUBDOMAIN.fullmatch(name):
-        return (
-            f"{name[:80]!r} is not a domain-qualified DNS subdomain of at most 63 characters "
-            "(e.g. neuron.example.com)"
-        )
-    for domain in FOREIGN_DOMAINS:
-        if name == domain or name.endswith("." + domain):
-            return f"{name} is under {domain}, which is not ours to publish devices for"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +50,8 @@ class DriverConfig:
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
     cdi_root: Path = DEFAULT_CDI_ROOT
+    # The counts of cores windows are published for beside the device sets (none: no windows).
+    core_windows: tuple[int, ...] = DEFAULT_CORE_WINDOWS
     health_interval: float = 5.0
     resync_interval: float = 60.0
     socket_poll_interval: float = 1.0
@@ -81,22 +67,6 @@ class DriverConfig:
     @property
     def registration_socket(self) -> Path:
         return self.registry_dir / f"{self.driver_name}-reg.sock"
-
-
-def node_topology(
-    catalog: Catalog, instance_type: str, host: HostDevices, cores: int
-) -> tuple[Topology, str | None]:
-    """The node's topology from its label and the devices found; a warning when they disagree
-    (the devices win: they are what kubelet will hand out)."""
-    try:
-        resolved = catalog.resolve(instance_type, host.count, host.count * cores)
-    except CapacityError as error:
-        resolved = catalog.resolve("", host.count, host.count * cores)
-        return resolved.topology, (
-            f"{instance_type or 'no instance type'}: {error}; treating the {host.count} devices "
-            "found as a chain"
-        )
-    return resolved.topology, resolved.warning
 
 
 def efa_pairing(instance_type: str, host: HostDevices, devices: int) -> tuple[str, ...] | None:
@@ -177,12 +147,14 @@ class Driver:
         if owner is None or found is None:
             return
         host, cores = found
-        topology, warning = node_topology(self.catalog, self.instance_type, host, cores)
+        topology, warning = node_topology(self.catalog, self.instance_type, host.count, cores)
         if warning:
             log.warning("%s", warning)
         self.devices = NodeDevices(topology, host.physical_cores, dict(host.problems))
         paired = efa_pairing(topology.instance_type, host, topology.devices)
-        self.inventory = NodeInventory(owner.name, topology, paired, dict(host.problems))
+        self.inventory = NodeInventory(
+            owner.name, topology, paired, dict(host.problems), self.config.core_windows
+        )
         log.info(
             "node %s: %s, %s of %d devices x %d cores, %d unhealthy%s",
             owner.name,
@@ -274,10 +246,7 @@ class Driver:
                 elif d not in problems:
                     log.info("neuron%d is healthy again", d)
             self.devices.unhealthy = problems
-            inventory = self.inventory
-            self.inventory = NodeInventory(
-                inventory.node, inventory.topology, inventory.efa_pairing, dict(problems)
-            )
+            self.inventory = dataclasses.replace(self.inventory, unhealthy=dict(problems))
             self.changed.set()
 
 

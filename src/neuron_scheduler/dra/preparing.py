@@ -2,8 +2,9 @@
 spec the runtime applies, re-checked with the allocator's rules first.
 
 kubelet names a claim (namespace, name, uid) and nothing else, so Prepare reads the claim, maps
-each allocated device to its physical Neuron devices and refuses a set that is not legal, overlaps
-another prepared claim or holds an unhealthy device. Both calls are idempotent: a claim prepared
+each allocated device to its physical Neuron devices and cores (a device set holds every core of
+its devices, a core window its own) and refuses a set that is not legal, shares a core with
+another prepared claim or touches an unhealthy device. Both calls are idempotent: a claim prepared
 before (by this process or, through the checkpoint, an earlier one) gets the same answer again;
 unpreparing an unknown claim succeeds.
 """
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from neuron_scheduler.core.allocation import is_valid_device_set
+from neuron_scheduler.core.allocation import is_valid_core_set, is_valid_device_set
 from neuron_scheduler.core.ids import format_ids, mask_ids
 from neuron_scheduler.core.logtext import loggable
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra import cdi
 from neuron_scheduler.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -74,11 +76,13 @@ def plan(
     held_elsewhere: int,
     unhealthy: Mapping[int, str],
 ) -> list[tuple[Result, Shape]]:
-    """Each allocated device's shape, after the allocator's checks; ClaimError otherwise."""
+    """Each allocated device's shape, after the allocator's checks; ClaimError otherwise.
+
+    held_elsewhere: the cores (mask) other prepared claims hold."""
     published = shapes_by_name(topology)
     planned: list[tuple[Result, Shape]] = []
-    by_request: dict[str, int] = {}
-    claimed = 0
+    by_request: dict[str, list[Shape]] = {}
+    claimed = 0  # cores
     for result in results:
         shape = published.get(result.device)
         if shape is None:
@@ -86,24 +90,17 @@ def plan(
                 f"device {result.device[:80]!r} is not one this driver publishes for "
                 f"{topology.instance_type}"
             )
-        if shape.mask & claimed:
+        if shape.core_mask & claimed:
             raise ClaimError(f"device {shape.name} overlaps another device of the same claim")
-        claimed |= shape.mask
-        request = result.base_request
-        by_request[request] = by_request.get(request, 0) | shape.mask
+        claimed |= shape.core_mask
+        by_request.setdefault(result.base_request, []).append(shape)
         planned.append((result, shape))
-    for request, mask in by_request.items():
-        ids = mask_ids(mask)
-        if not is_valid_device_set(topology, ids):
-            raise ClaimError(
-                f"request {request[:64]!r} was given devices {format_ids(ids)}, which are not "
-                f"directly connected on {topology.instance_type}; ask for count: 1 of a "
-                "size's device class"
-            )
+    for request, shapes in by_request.items():
+        _check_request(topology, request[:64], shapes)
     if claimed & held_elsewhere:
         taken = mask_ids(claimed & held_elsewhere)
-        raise ClaimError(f"devices {format_ids(taken)} are in use by another prepared claim")
-    sick = [d for d in mask_ids(claimed) if d in unhealthy]
+        raise ClaimError(f"cores {format_ids(taken)} are in use by another prepared claim")
+    sick = [d for d in mask_ids(_devices_of(planned)) if d in unhealthy]
     if sick:
         raise ClaimError(
             "unhealthy devices: " + "; ".join(f"neuron{d}: {unhealthy[d]}" for d in sick[:4])
@@ -111,12 +108,59 @@ def plan(
     return planned
 
 
-def cores_per_device(devices: NodeDevices, config: NeuronConfig) -> int:
-    """Logical cores per device for a claim: the node's own, or the claim's LNC setting."""
+def _devices_of(planned: Sequence[tuple[Result, Shape]]) -> int:
+    mask = 0
+    for _, shape in planned:
+        mask |= shape.mask
+    return mask
+
+
+def _check_request(topology: Topology, request: str, shapes: Sequence[Shape]) -> None:
+    """What one request was given must be one legal set: of devices, or of cores."""
+    units = {shape.unit for shape in shapes}
+    if len(units) > 1:
+        raise ClaimError(
+            f"request {request!r} was given both device sets and core windows; ask for count: 1 "
+            "of one class"
+        )
+    cores = 0
+    devices = 0
+    for shape in shapes:
+        cores |= shape.core_mask
+        devices |= shape.mask
+    if Unit.CORE in units:
+        if not is_valid_core_set(topology, mask_ids(cores)):
+            raise ClaimError(
+                f"request {request!r} was given cores {format_ids(mask_ids(cores))}, which are "
+                f"not one window of connected cores on {topology.instance_type}; ask for "
+                "count: 1 of a core count's device class"
+            )
+        return
+    ids = mask_ids(devices)
+    if not is_valid_device_set(topology, ids):
+        raise ClaimError(
+            f"request {request!r} was given devices {format_ids(ids)}, which are not "
+            f"directly connected on {topology.instance_type}; ask for count: 1 of a "
+            "size's device class"
+        )
+
+
+def cores_per_device(devices: NodeDevices, config: NeuronConfig, shape: Shape) -> int:
+    """Logical cores per device for a claim: the node's own, or the claim's LNC setting (device
+    sets only: a core window's ids are the node's logical cores)."""
     lnc = config.logical_neuron_core
     if lnc is None:
         return devices.topology.cores_per_device
     physical = devices.physical_cores
+    if shape.unit is Unit.CORE:
+        node_lnc = physical // devices.topology.cores_per_device if physical else None
+        if lnc != node_lnc:
+            raise ClaimError(
+                f"logicalNeuronCore {lnc} cannot apply to core window {shape.name}: its cores "
+                f"are the node's logical cores (LNC {node_lnc or 'unknown'}); set "
+                "logicalNeuronCore on device claims, or leave it out"
+            )
+        return devices.topology.cores_per_device
     if physical is None or physical % lnc:
         raise ClaimError(f"logicalNeuronCore {lnc} does not divide the devices' cores")
     if lnc != 1 and physical != LNC_PHYSICAL_CORES:
@@ -125,6 +169,12 @@ def cores_per_device(devices: NodeDevices, config: NeuronConfig) -> int:
             f"NeuronCores (Trn2 and later); {devices.topology.instance_type} has {physical}"
         )
     return physical // lnc
+
+
+def _described(device: PreparedDevice) -> str:
+    if device.cores:
+        return f"{device.device} = cores {format_ids(list(device.cores))}"
+    return f"{device.device} = neuron {format_ids(list(device.members))}"
 
 
 class Preparer:
@@ -175,14 +225,18 @@ class Preparer:
         claim = await self._read(ref)
         results = our_results(claim, self.driver, self.node)
         topology = self.devices.topology
+        per_device = topology.cores_per_device
         wanted = 0
         for result in results:
             shape = shapes_by_name(topology).get(result.device)
-            wanted |= shape.mask if shape is not None else 0
-        if wanted & self.checkpoint.held(besides=ref.uid):
+            wanted |= shape.core_mask if shape is not None else 0
+        if wanted & self.checkpoint.held(per_device, besides=ref.uid):
             await self._forget_deleted(wanted, besides=ref.uid)
         planned = plan(
-            topology, results, self.checkpoint.held(besides=ref.uid), self.devices.unhealthy
+            topology,
+            results,
+            self.checkpoint.held(per_device, besides=ref.uid),
+            self.devices.unhealthy,
         )
         configs = request_configs(claim, self.driver, [r.base_request for r, _ in planned])
         devices = []
@@ -195,8 +249,9 @@ class Preparer:
                     shape.name,
                     shape.members,
                     cdi.device_id(self.driver, f"{ref.uid}-{shape.name}"),
-                    cores_per_device(self.devices, config),
+                    cores_per_device(self.devices, config, shape),
                     config.logical_neuron_core,
+                    shape.cores if shape.unit is Unit.CORE else (),
                 )
             )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(devices))
@@ -211,19 +266,19 @@ class Preparer:
             loggable(ref.namespace),
             loggable(ref.name),
             loggable(ref.uid),
-            ", ".join(f"{d.device} = neuron {format_ids(list(d.members))}" for d in devices)
-            or "no devices of ours",
+            ", ".join(_described(d) for d in devices) or "no devices of ours",
         )
         return prepared
 
-    async def _forget_deleted(self, devices: int, *, besides: str) -> None:
-        """Drop prepared claims holding these devices that no longer exist in the API.
+    async def _forget_deleted(self, cores: int, *, besides: str) -> None:
+        """Drop prepared claims holding these cores that no longer exist in the API.
 
         kubelet unprepares a claim before it is deleted, but a claim deleted while this driver
         was down (and kubelet's own record lost) would otherwise hold its devices for ever. A
         claim that is gone is used by no pod: the API keeps a claim until its pods are done."""
         for uid, prepared in list(self.checkpoint.claims.items()):
-            if uid == besides or not prepared.mask & devices:
+            per_device = self.devices.topology.cores_per_device
+            if uid == besides or not prepared.core_mask(per_device) & cores:
                 continue
             try:
                 current = await self.read_claim(prepared.namespace, prepared.name)
@@ -259,7 +314,9 @@ class Preparer:
 
     def _write_spec(self, claim: PreparedClaim) -> None:
         devices = [
-            cdi.CdiDevice(f"{claim.uid}-{d.device}", d.members, d.cores_per_device, d.logical_nc)
+            cdi.CdiDevice(
+                f"{claim.uid}-{d.device}", d.members, d.cores_per_device, d.logical_nc, d.cores
+            )
             for d in claim.devices
         ]
         if not devices:

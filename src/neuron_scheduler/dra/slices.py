@@ -1,10 +1,16 @@
-"""A node's ResourceSlices: one counter slice (a counter per physical Neuron device) and device
-slices holding every published shape, each consuming the counters of its members. Pure.
+"""A node's ResourceSlices: one counter slice and device slices holding every published shape,
+each consuming the counters of what it takes. Pure.
 
-The scheduler's allocator can then never hand out two shapes that share a device: the second one's
-counters are used up. Slices are named so that name order is the order of `published_shapes`
-(the allocator sorts a pool's slices by name and walks each slice's devices in order), and split
-within resource.k8s.io/v1's limits.
+Counters: one per physical Neuron device (`d<i>`, worth the device's logical cores), and, when
+core windows are published, one per core (`c<j>`, worth 1). A device set takes all of each of its
+devices' counters; a core window takes, on each device it touches, as much as it takes cores
+there, and each of its cores' counters. So the scheduler's allocator can never hand out two
+shapes that share a core: two device sets share a device's whole counter, a device set and a core
+window overdraw a device's counter, two core windows share a core's counter.
+
+Slices are named so that name order is the order of `published_shapes` (the allocator sorts a
+pool's slices by name and walks each slice's devices in order), and split within
+resource.k8s.io/v1's limits.
 """
 
 from __future__ import annotations
@@ -14,10 +20,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_scheduler.core.ids import comma_ids
+from neuron_scheduler.core.ids import comma_ids, mask_ids
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.devicegroups import group_attributes
-from neuron_scheduler.dra.shapes import Shape, ShapeKind, published_shapes
+from neuron_scheduler.dra.shapes import (
+    CORE_SET_SIZE,
+    CoreWindows,
+    Shape,
+    ShapeKind,
+    published_shapes,
+)
 
 # resource.k8s.io/v1 limits (k8s.io/api v0.36.3 resource/v1/types.go).
 MAX_DEVICES_PER_SLICE = 128
@@ -35,6 +47,7 @@ MAX_NAME_LENGTH = 253
 MAX_CONSUMED_COUNTERS_PER_SLICE = 2048
 
 COUNTER_SET_PREFIX = "neuron-devices"
+CORE_COUNTER_SET_PREFIX = "neuron-cores"
 SPEC_HASH_ANNOTATION = "neuron-scheduler.io/spec-hash"
 
 JSON = dict[str, Any]
@@ -50,6 +63,12 @@ class NodeInventory:
     efa_pairing: tuple[str, ...] | None = None
     # Unhealthy device id -> a short reason: every shape holding it gets a NoSchedule taint.
     unhealthy: Mapping[int, str] = field(default_factory=dict)
+    # The counts of cores windows are published for beside the device sets (none: no windows).
+    core_windows: CoreWindows = ()
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return published_shapes(self.topology, self.core_windows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +107,14 @@ def counter_name(device: int) -> str:
     return f"d{device}"
 
 
+def core_counter_set_name(core: int) -> str:
+    return f"{CORE_COUNTER_SET_PREFIX}-{core // CORE_SET_SIZE}"
+
+
+def core_counter_name(core: int) -> str:
+    return f"c{core}"
+
+
 def unhealthy_taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
@@ -105,12 +132,16 @@ def slice_prefix(driver: str, node: str) -> str:
 def pool_slices(driver: str, inventory: NodeInventory) -> list[SliceContent]:
     """The node's slices in name order: the counter slice, then device slices in shape order."""
     topology = inventory.topology
-    shapes = published_shapes(topology)
+    shapes = inventory.shapes
     prefix = slice_prefix(driver, inventory.node)
-    counted = any(s.size > 1 for s in shapes)
+    # One shape alone (a one-device node without core windows) can overlap nothing.
+    counted = len(shapes) > 1
     slices: list[SliceContent] = []
     if counted:
-        slices.append(SliceContent(f"{prefix}-counters", shared_counters=_counter_sets(topology)))
+        with_cores = any(s.kind is ShapeKind.CORES for s in shapes)
+        slices.append(
+            SliceContent(f"{prefix}-counters", shared_counters=_counter_sets(topology, with_cores))
+        )
     limit = MAX_DEVICES_PER_SLICE_WITH_COUNTERS if counted else MAX_DEVICES_PER_SLICE
     if inventory.unhealthy:
         limit = MAX_DEVICES_PER_SLICE_WITH_COUNTERS
@@ -118,16 +149,21 @@ def pool_slices(driver: str, inventory: NodeInventory) -> list[SliceContent]:
     consumed = 0
     for shape in shapes:
         device = _device(driver, inventory, shape, counted)
-        if batch and (
-            len(batch) >= limit or consumed + shape.size > MAX_CONSUMED_COUNTERS_PER_SLICE
-        ):
+        draws = _counters_drawn(shape) if counted else 0
+        if batch and (len(batch) >= limit or consumed + draws > MAX_CONSUMED_COUNTERS_PER_SLICE):
             slices.append(SliceContent(f"{prefix}-devices-{len(slices):03d}", devices=tuple(batch)))
             batch, consumed = [], 0
         batch.append(device)
-        consumed += shape.size if counted else 0
+        consumed += draws
     if batch:
         slices.append(SliceContent(f"{prefix}-devices-{len(slices):03d}", devices=tuple(batch)))
     return slices
+
+
+def _counters_drawn(shape: Shape) -> int:
+    if shape.kind is ShapeKind.CORES:
+        return len(shape.members) + shape.count
+    return len(shape.members)
 
 
 def id_text(ids: Sequence[int]) -> str:
@@ -145,11 +181,29 @@ def id_text(ids: Sequence[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def _counter_sets(topology: Topology) -> tuple[JSON, ...]:
+def _counter_sets(topology: Topology, with_cores: bool) -> tuple[JSON, ...]:
     sets: dict[str, JSON] = {}
+    worth = {"value": str(topology.cores_per_device)}
     for d in range(topology.devices):
-        sets.setdefault(counter_set_name(d), {})[counter_name(d)] = {"value": "1"}
+        sets.setdefault(counter_set_name(d), {})[counter_name(d)] = worth
+    if with_cores:
+        for c in range(topology.total_cores):
+            sets.setdefault(core_counter_set_name(c), {})[core_counter_name(c)] = {"value": "1"}
     return tuple({"name": name, "counters": counters} for name, counters in sets.items())
+
+
+def _consumption(topology: Topology, shape: Shape) -> list[JSON]:
+    consumes: dict[str, JSON] = {}
+    per_device = topology.cores_per_device
+    for d in shape.members:
+        taken = (shape.core_mask >> (d * per_device)) & ((1 << per_device) - 1)
+        consumes.setdefault(counter_set_name(d), {})[counter_name(d)] = {
+            "value": str(taken.bit_count())
+        }
+    if shape.kind is ShapeKind.CORES:
+        for c in mask_ids(shape.core_mask):
+            consumes.setdefault(core_counter_set_name(c), {})[core_counter_name(c)] = {"value": "1"}
+    return [{"counterSet": name, "counters": counters} for name, counters in consumes.items()]
 
 
 def _device(driver: str, inventory: NodeInventory, shape: Shape, counted: bool) -> JSON:
@@ -166,18 +220,15 @@ def _device(driver: str, inventory: NodeInventory, shape: Shape, counted: bool) 
     if shape.kind is ShapeKind.SINGLE:
         # AWS's driver's name for the same thing, so its per-device CEL selectors read the same.
         attributes["deviceId"] = {"int": shape.members[0]}
+    if shape.kind is ShapeKind.CORES:
+        attributes["cores"] = {"int": shape.count}
+        attributes["coreIds"] = {"string": id_text(shape.cores)}
     if inventory.efa_pairing:
         for name, value in group_attributes(inventory.efa_pairing, shape.members).items():
             attributes[name] = {"string": value}
     device: JSON = {"name": shape.name, "attributes": attributes}
     if counted:
-        consumes: dict[str, JSON] = {}
-        for d in shape.members:
-            consumes.setdefault(counter_set_name(d), {})[counter_name(d)] = {"value": "1"}
-        device["consumesCounters"] = [
-            {"counterSet": name, "counters": counters}
-            for name, counters in sorted(consumes.items())
-        ]
+        device["consumesCounters"] = _consumption(topology, shape)
     sick = [d for d in shape.device_ids if d in inventory.unhealthy]
     if sick:
         device["taints"] = [

@@ -19,14 +19,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.dra import DEFAULT_CORE_WINDOWS
+from neuron_scheduler.dra.shapes import CoreWindows
 from neuron_scheduler.dra.slices import JSON, NodeInventory, pool_slices
 
 
 def slice_templates(
-    catalog: Catalog, driver: str, instance_types: Iterable[str] | None = None
+    catalog: Catalog,
+    driver: str,
+    instance_types: Iterable[str] | None = None,
+    core_windows: CoreWindows = DEFAULT_CORE_WINDOWS,
 ) -> dict[str, list[JSON]]:
     """{instance type: [ResourceSliceSpec, ...]} for the catalog's types of a fixed size (all
-    of them by default; types sized by their node, switches, are left out)."""
+    of them by default; types sized by their node, switches, are left out), with the core
+    windows the driver publishes (its --core-windows)."""
     if instance_types is None:
         names = [n for n in catalog.instance_types if catalog.device_count(n) is not None]
     else:
@@ -36,7 +42,7 @@ def slice_templates(
         if not catalog.knows(name) or catalog.device_count(name) is None:
             raise ValueError(f"{name}: not an instance type of a fixed size in the catalog")
         topology = catalog.resolve(name).topology
-        slices = pool_slices(driver, NodeInventory(name, topology))
+        slices = pool_slices(driver, NodeInventory(name, topology, core_windows=core_windows))
         specs = []
         for content in slices:
             spec: dict[str, Any] = content.spec(driver, name, 0, len(slices))

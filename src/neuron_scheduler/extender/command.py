@@ -5,6 +5,7 @@ Options are checked here, before anything starts, so a mistake is one line namin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,8 @@ import typer
 
 from neuron_scheduler.commandline import UsageError, check_log_level, user_errors
 from neuron_scheduler.core.catalog import Catalog, CatalogError
+
+_CLASS_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")
 
 TopologyFile = Annotated[
     Path | None,
@@ -191,12 +194,28 @@ def extender(
             "API when a controller recreates it: docs/operations.md)"
         ),
     ] = "report",
+    dra_driver: Annotated[
+        str,
+        typer.Option(
+            help="score nodes for pods with claims of this DRA driver's classes "
+            "(POST /prioritize-claims); empty: none"
+        ),
+    ] = "",
+    dra_device_class_prefix: Annotated[
+        str, typer.Option(help="its DeviceClasses for k connected devices: <prefix>-k")
+    ] = "neuron",
+    dra_core_class_prefix: Annotated[
+        str, typer.Option(help="its DeviceClasses for k connected NeuronCores: <prefix>-k")
+    ] = "neuroncore",
 ) -> None:
-    """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind."""
+    """Serve kube-scheduler's extender calls: POST /filter, /prioritize, /bind, /preempt, and
+    /prioritize-claims for pods with DRA claims."""
+    from neuron_scheduler.dra import driver_name_problem
     from neuron_scheduler.extender.loops.consolidating import Limits, Mode
     from neuron_scheduler.extender.loops.devicefailures import Action
     from neuron_scheduler.extender.loops.requesting import CapacityLimits, CapacityMode
     from neuron_scheduler.extender.serve import ExtenderOptions, run
+    from neuron_scheduler.extender.state.dranodes import ClaimClasses
     from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
     from neuron_scheduler.kube.config import ConfigError, own_namespace
     from neuron_scheduler.kube.election import ElectionConfig, default_identity
@@ -297,6 +316,20 @@ def extender(
             capacity_priority_class,
             capacity_placeholder_image,
         )
+        dra = None
+        if dra_driver:
+            problem = driver_name_problem(dra_driver)
+            if problem:
+                raise UsageError(f"--dra-driver: {problem}")
+            for option, prefix in (
+                ("--dra-device-class-prefix", dra_device_class_prefix),
+                ("--dra-core-class-prefix", dra_core_class_prefix),
+            ):
+                if not _CLASS_PREFIX.fullmatch(prefix):
+                    raise UsageError(f"{option} {prefix[:60]!r} is not a DNS label prefix")
+            if dra_device_class_prefix == dra_core_class_prefix:
+                raise UsageError("--dra-device-class-prefix and --dra-core-class-prefix differ")
+            dra = ClaimClasses(dra_driver, dra_device_class_prefix, dra_core_class_prefix)
         names = tuple(scheduler_name or DEFAULT_SCHEDULER_NAMES)
         if any(not n for n in names):
             raise UsageError("--scheduler-name cannot be empty")
@@ -336,6 +369,7 @@ def extender(
                 capacity=capacity,
                 do_not_disrupt=autoscaler_do_not_disrupt,
                 device_failure_action=Action(device_failure_action),
+                dra=dra,
             )
         )
 

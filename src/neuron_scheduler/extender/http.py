@@ -168,6 +168,12 @@ def build_apps(
     async def do_prioritize(args: ExtenderArgs, body: bytes) -> Any:
         return judge.prioritize(args, body)
 
+    async def do_prioritize_claims(args: ExtenderArgs, body: bytes) -> Any:
+        return judge.prioritize_claims(args, body)
+
+    async def do_prioritize_claims_packing(args: ExtenderArgs, body: bytes) -> Any:
+        return judge.prioritize_claims_packing(args, body)
+
     async def do_bind(args: ExtenderBindingArgs, _: bytes) -> Any:
         if elector is not None and not elector.is_leader:
             metrics.binds.labels("not_leader").inc()
@@ -198,8 +204,8 @@ def build_apps(
         detail = exc.detail
         if exc.status_code == 404:
             detail = (
-                "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt "
-                "(and /metrics on its metrics port)"
+                "unknown path; the extender serves POST /filter, /prioritize, /bind, /preempt, "
+                "/prioritize-claims, /prioritize-claims-packing (and /metrics on its metrics port)"
             )
         return _json_error(detail, exc.status_code)
 
@@ -210,6 +216,17 @@ def build_apps(
     verbs = {
         "/filter": Verb("filter", ExtenderArgs, do_filter, metrics, body_limit),
         "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
+        # Pods with our DRA claims (prioritize-only extender entries without managedResources).
+        "/prioritize-claims": Verb(
+            "prioritize-claims", ExtenderArgs, do_prioritize_claims, metrics, body_limit
+        ),
+        "/prioritize-claims-packing": Verb(
+            "prioritize-claims-packing",
+            ExtenderArgs,
+            do_prioritize_claims_packing,
+            metrics,
+            body_limit,
+        ),
         "/bind": Verb("bind", ExtenderBindingArgs, do_bind, metrics, body_limit),
         "/preempt": Verb("preempt", ExtenderPreemptionArgs, do_preempt, metrics, body_limit),
     }

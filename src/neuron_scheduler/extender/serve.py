@@ -9,7 +9,7 @@ import gc
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,12 +18,15 @@ import uvicorn
 
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.dra.claims import ResourceClaim
+from neuron_scheduler.dra.pools import PoolSlice
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, build_apps
 from neuron_scheduler.extender.loops.consolidating import Limits
 from neuron_scheduler.extender.loops.devicefailures import Action
 from neuron_scheduler.extender.loops.requesting import DEFAULT_CAPACITY, CapacityLimits
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE
 from neuron_scheduler.extender.memory import MemoryReturner, malloc_trim
+from neuron_scheduler.extender.state.dranodes import ClaimClasses
 from neuron_scheduler.extender.state.placeholders import PodRouter
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
@@ -34,6 +37,8 @@ from neuron_scheduler.kube.client import (
     NODES,
     POD_GROUPS,
     PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
     KubeAPI,
 )
 from neuron_scheduler.kube.config import load_config
@@ -88,6 +93,8 @@ class ExtenderOptions:
     do_not_disrupt: bool = False
     # What the leader does about pods running on a failed device: report, or evict too.
     device_failure_action: Action = Action.REPORT
+    # Our DRA driver and DeviceClasses: pods with such claims are scored by prioritize-claims.
+    dra: ClaimClasses | None = None
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -207,7 +214,9 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         await pods.run()
 
     loop = asyncio.get_running_loop()
+    dra_tasks = [loop.create_task(task) for task in dra_watches(api, extender)]
     return [
+        *dra_tasks,
         loop.create_task(nodes.run()),
         loop.create_task(pods_after_nodes()),
         # Disruption budgets only order preemption victims: not waited for.
@@ -229,6 +238,37 @@ async def sample_loop_lag(observe: Callable[[float], None], interval: float = LA
         start = time.perf_counter()
         await asyncio.sleep(interval)
         observe(max(0.0, time.perf_counter() - start - interval))
+
+
+def dra_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, None]]:
+    """Our DRA driver's counter slices and every ResourceClaim into the DRA view, where the
+    cluster serves resource.k8s.io/v1 and we may read them. Not waited for: they only score."""
+    dra = extender.dra
+    if dra is None:
+        return []
+    slices: Watch[PoolSlice] = Watch(
+        api,
+        RESOURCE_SLICES,
+        PoolSlice,
+        on_list=dra.replace_slices,
+        on_change=dra.apply_slice,
+        on_delete=dra.remove_slice,
+        params={"fieldSelector": f"spec.driver={dra.classes.driver}"},
+        timer=extender.metrics.watch_seconds.labels("resourceslices").observe,
+    )
+    claims: Watch[ResourceClaim] = Watch(
+        api,
+        RESOURCE_CLAIMS,
+        ResourceClaim,
+        on_list=dra.replace_claims,
+        on_change=dra.apply_claim,
+        on_delete=dra.remove_claim,
+        timer=extender.metrics.watch_seconds.labels("resourceclaims").observe,
+    )
+    return [
+        run_if_served(api, slices, "ResourceSlices (pods with DRA claims are not scored)"),
+        run_if_served(api, claims, "ResourceClaims (pods with DRA claims are not scored)"),
+    ]
 
 
 async def run_if_served(
@@ -384,6 +424,7 @@ async def serve(options: ExtenderOptions) -> None:
             capacity=options.capacity,
             do_not_disrupt=options.do_not_disrupt,
             device_failure_action=options.device_failure_action,
+            dra=options.dra,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:

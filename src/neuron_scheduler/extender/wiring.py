@@ -24,6 +24,7 @@ from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
+from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import member_excluded, member_unusable
 from neuron_scheduler.extender.state.movability import Movability
@@ -65,6 +66,7 @@ class Extender:
     placeholders: Placeholders
     requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
     protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
+    dra: DraNodes | None = None  # our DRA driver's nodes and claims (prioritize-claims)
 
 
 def wire(
@@ -80,10 +82,12 @@ def wire(
     capacity: CapacityLimits = DEFAULT_CAPACITY,
     do_not_disrupt: bool = False,
     device_failure_action: Action = Action.REPORT,
+    dra: ClaimClasses | None = None,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
     on; `do_not_disrupt`: mark the bound pods no other node has a block for with
-    karpenter.sh/do-not-disrupt."""
+    karpenter.sh/do-not-disrupt; `dra`: our DRA driver and classes, whose pods
+    prioritize-claims scores (None: none)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
@@ -180,6 +184,7 @@ def wire(
     ledger.on_deadline = waker.deadline_changed
     occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
+    dra_nodes = DraNodes(catalog, dra) if dra is not None else None
     return Extender(
         ledger,
         metrics,
@@ -187,9 +192,20 @@ def wire(
         events,
         # Plans read what movability has of a pod, consolidation what `pending` has: after them.
         # The requester only wakes up on pods and nodes: after the ledger and `pending`.
-        (ledger, occupancy, waker, movability, plans, pending, consolidator, bound, requester),
+        (
+            ledger,
+            occupancy,
+            waker,
+            movability,
+            plans,
+            pending,
+            consolidator,
+            bound,
+            requester,
+            *([dra_nodes] if dra_nodes is not None else []),
+        ),
         budgets,
-        Judge(ledger, metrics, policy, filters=[units], listener=waker),
+        Judge(ledger, metrics, policy, filters=[units], listener=waker, dra=dra_nodes),
         Binder(
             api,
             ledger,
@@ -213,4 +229,5 @@ def wire(
         placeholders,
         requester,
         protector,
+        dra_nodes,
     )

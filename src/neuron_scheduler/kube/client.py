@@ -37,6 +37,7 @@ POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 LEASES = "/apis/coordination.k8s.io/v1/leases"
 
 T = TypeVar("T")

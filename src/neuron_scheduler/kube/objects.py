@@ -93,6 +93,19 @@ class PodSchedulingGroup(msgspec.Struct):
     podGroupName: str | None = None
 
 
+class PodResourceClaim(msgspec.Struct):
+    """One of a pod's DRA claims: a claim by name, or one made for it from a template."""
+
+    name: str = ""
+    resourceClaimName: str | None = None
+    resourceClaimTemplateName: str | None = None
+
+
+class PodResourceClaimStatus(msgspec.Struct):
+    name: str = ""
+    resourceClaimName: str | None = None  # the claim made from the template
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
@@ -107,6 +120,7 @@ class PodSpec(msgspec.Struct):
     # training jobs honours it too).
     preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
+    resourceClaims: list[PodResourceClaim] = []
 
 
 class PodCondition(msgspec.Struct):
@@ -122,6 +136,7 @@ class PodStatus(msgspec.Struct):
     startTime: str | None = None
     # Set by kube-scheduler on a pod it preempted others for: the node it waits to get.
     nominatedNodeName: str = ""
+    resourceClaimStatuses: list[PodResourceClaimStatus] = []
 
 
 class Pod(msgspec.Struct):

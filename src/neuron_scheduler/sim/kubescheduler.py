@@ -53,6 +53,10 @@ class Profile:
     balanced_weight: int = 1  # NodeResourcesBalancedAllocation over cpu and memory; 0: disabled
     extender_prioritizes: bool = True  # prioritizeVerb set
     extender_weight: int = 1
+    # A second prioritize entry (our prioritize-claims-packing, for pods with DRA claims) at this
+    # weight: how full each node is once the pod is placed (core.allocation.fullness_score),
+    # kube-scheduler's packing tie-break for what NodeResourcesFit cannot count. 0: none.
+    packing_weight: int = 0
     percentage_of_nodes_to_score: int = 0  # 0: kube-scheduler's adaptive default
 
 
@@ -157,10 +161,14 @@ def in_tree_score(
     return total
 
 
+# kube-scheduler scales an extender's 0-10 to its plugins' 0-100.
+EXTENDER_SCALE = MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+
+
 def extender_score(profile: Profile, score: int) -> int:
     if not profile.extender_prioritizes:
         return 0
-    return score * profile.extender_weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+    return score * profile.extender_weight * EXTENDER_SCALE
 
 
 def _fit(

@@ -31,6 +31,7 @@ from neuron_scheduler.core.allocation import (
     allocate,
     busy_devices,
     check_request,
+    fullness_score,
     is_valid_core_set,
     is_valid_device_set,
     largest_free_run,
@@ -42,6 +43,7 @@ from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.sim.kubescheduler import (
     CHART,
     CPU,
+    EXTENDER_SCALE,
     MEMORY,
     NodeResources,
     Profile,
@@ -452,10 +454,14 @@ class Simulation:
         best_total: int | None = None
         best: list[tuple[Placement, dict[str, SimNode]]] = []
         for score, placement, members in self._shortlist(feasible, request):
-            _, requested, pods, resources = _key(next(iter(members.values())))
+            node = next(iter(members.values()))
+            state, requested, pods, resources = _key(node)
             total = in_tree_score(
                 self.profile, resources, dict(requested), pods, pod_request
             ) + extender_score(self.profile, score)
+            if self.profile.packing_weight:
+                full = fullness_score(node.topology, state.used_cores | placement.core_mask)
+                total += full * self.profile.packing_weight * EXTENDER_SCALE
             if best_total is None or total > best_total:
                 best_total, best = total, [(placement, members)]
             elif total == best_total:

@@ -13,12 +13,24 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from itertools import repeat
 
-from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
+from neuron_scheduler.core.allocation import (
+    Decision,
+    NodeState,
+    Placement,
+    Policy,
+    Refusal,
+    allocate,
+    fullness_score,
+)
 from neuron_scheduler.core.catalog import CapacityError
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.quantity import QuantityError
 from neuron_scheduler.core.resources import NeuronRequest, RequestError
+from neuron_scheduler.core.topology import Topology
+from neuron_scheduler.dra.scoring import scored_decision
+from neuron_scheduler.dra.shapes import EVERY_CORE_WINDOW
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.dranodes import DraNodes
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.extender.state.plugins import NodeFilter, RefusalListener
 from neuron_scheduler.extender.verbs.wire import (
@@ -48,10 +60,13 @@ class Judge:
         filters: Sequence[NodeFilter] = (),
         listener: RefusalListener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dra: DraNodes | None = None,
     ) -> None:
         """`filters` narrow what passed the device check, given `clock()`'s time; `listener`
-        hears which pods got no node."""
+        hears which pods got no node; `dra`: what is known of our DRA driver's nodes (None:
+        pods with DRA claims are not scored)."""
         self.clock = clock
+        self.dra = dra
         self.ledger = ledger
         self.metrics = metrics
         self.policy = policy
@@ -231,4 +246,52 @@ class Judge:
                 decision, _ = strangers(name)
                 score = decision.score if isinstance(decision, Placement) else 0
             answer.append(HostPriority(name, score))
+        return answer
+
+    def prioritize_claims(
+        self, args: ExtenderArgs, body: bytes | None = None
+    ) -> list[HostPriority]:
+        """Scores for a pod with a claim of our DRA classes: on each node, the device the
+        scheduler's DRA allocator will pick there (first fit in our order), scored by the same
+        best-fit measure as our own placements (`dra.scoring`). Every other pod, and nodes that
+        are not our DRA nodes or cannot give the claim a device, score 0: kube-scheduler's DRA
+        plugin has already filtered the nodes, and this verb never refuses one."""
+        return self._claim_scores(args, body, lambda _, __, placement: placement.score)
+
+    def prioritize_claims_packing(
+        self, args: ExtenderArgs, body: bytes | None = None
+    ) -> list[HostPriority]:
+        """prioritize-claims' tie-break, served as an entry of its own at a low weight: how full
+        each node is once the scheduler's pick is made there (`fullness_score`), as
+        NodeResourcesFit's MostAllocated packs the pods it can count, which DRA claims are not."""
+
+        def fullness(topology: Topology, state: NodeState, placement: Placement) -> int:
+            return fullness_score(topology, state.used_cores | placement.core_mask)
+
+        return self._claim_scores(args, body, fullness)
+
+    def _claim_scores(
+        self,
+        args: ExtenderArgs,
+        body: bytes | None,
+        score: Callable[[Topology, NodeState, Placement], int],
+    ) -> list[HostPriority]:
+        names = node_names(args, body)
+        dra = self.dra
+        request = dra.request_of(args.Pod) if dra is not None and args.Pod is not None else None
+        if dra is None or request is None:
+            return list(map(HostPriority, names, repeat(0)))
+        weights = dra.demand.weights
+        answer = []
+        for name in names:
+            known = dra.node(name)
+            value = 0
+            if known is not None:
+                topology, state = known
+                # Every count: a window of the claim's count is the same whichever others the
+                # node publishes, and kube-scheduler filtered out nodes without one.
+                decision = scored_decision(topology, state, request, EVERY_CORE_WINDOW, weights)
+                if isinstance(decision, Placement):
+                    value = score(topology, state, decision)
+            answer.append(HostPriority(name, value))
         return answer
