@@ -8,7 +8,11 @@ under the real kubelet. tests/e2e/dra.py says what else stands in for missing co
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -286,9 +290,31 @@ def test_device_health_becomes_device_taints(
     work.pod("half-while-13-sick", claim="half-while-13-sick", node_selector=on_node(driver))
     claim = work.wait_allocated("half-while-13-sick")
     assert allocated_devices(claim) == [(driver.node, "half-0")]
+    # status and why say what the scheduler does: the failed device, read from the same taints.
+    shown = cli(work.cp, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    dra = json.loads(shown.stdout)["dra"]
+    (node,) = [n for n in dra["nodes"] if n["name"] == driver.node]
+    assert node["unhealthy_devices"] == [13] and dra["unread"] is None
+    work.claim("all-while-13-sick", 16)
+    work.pod("all-while-13-sick", claim="all-while-13-sick", node_selector=on_node(driver))
+    answer = cli(work.cp, "why", "all-while-13-sick", "-n", work.namespace)
+    assert answer.returncode == 1, answer
+    assert "DRA plugin places it" in answer.stderr and f"{driver.node} (device 13)" in answer.stderr
+    work.release("all-while-13-sick", "all-while-13-sick")
     core_count.write_text("2\n")
     wait_for(lambda: not tainted(), "the taints to be lifted")
     work.release("half-while-13-sick", "half-while-13-sick")
+
+
+def cli(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_scheduler", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(cp.kubeconfig_path), "COLUMNS": "200"},
+        timeout=120,
+    )
 
 
 FLEET = [

@@ -24,6 +24,7 @@ from neuron_scheduler.core.resources import NEURON, NeuronRequest
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.live import commands, snapshot
 from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json
+from neuron_scheduler.live.dranodes import DraNode, dra_json
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from tests.builders import node, node_json, pod, pod_json
 from tests.testbed.process import free_port
@@ -276,6 +277,8 @@ def test_every_json_field_is_documented() -> None:
     diagnosis = diagnosis_json(diagnose(ledger, waiting))
     assert {n["verdict"] for n in diagnosis["nodes"]} == {"fits", "blocked"}
     fields = keys(fleet_json(fleet_view(ledger))) | keys(diagnosis)
+    dra = dra_json((DraNode("n", 40, (5,)),), None, "neuron.neuron-scheduler.io")
+    fields |= keys({"dra": dra})
     fields.add("pictures_capped_at")
     text = (ROOT / "docs" / "operations.md").read_text()
     # `nodes[].pods[].cores` documents nodes, pods and cores.

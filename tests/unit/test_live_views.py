@@ -11,6 +11,7 @@ from rich.console import Console
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
+from neuron_scheduler.core.health import unhealthy_taint_key
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import TopologyKind
 from neuron_scheduler.extender.state.ledger import Ledger
@@ -25,6 +26,7 @@ from neuron_scheduler.live.diagnosis import (
     freeing_text,
     pending_request,
 )
+from neuron_scheduler.live.dranodes import HealthSlice, dra_nodes, dra_text
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.terminal import shown, status_view, why_view
 from neuron_scheduler.live.ultraservers import ultraserver_view
@@ -347,3 +349,42 @@ def test_block_place_names_whole_rows_of_a_torus_only() -> None:
     assert block_place(TRN1, [0, 4, 8, 12]) == ""
     ring = Catalog.builtin().resolve("inf2.48xlarge", 12).topology
     assert block_place(ring, [0, 1, 2, 3]) == ""
+
+
+# --- nodes our DRA driver serves -------------------------------------------------------------
+
+
+def test_dra_nodes_name_the_failed_devices_their_taints_name_and_nothing_else() -> None:
+    driver = "neuron.neuron-scheduler.io"
+    key = unhealthy_taint_key(driver)
+
+    def piece(node: str, devices: list[tuple[str, list[dict[str, str]]]], by: str = driver) -> Any:
+        return msgspec.convert(
+            {
+                "spec": {
+                    "driver": by,
+                    "nodeName": node,
+                    "devices": [{"name": n, "taints": t} for n, t in devices],
+                }
+            },
+            HealthSlice,
+        )
+
+    sick = [{"key": key, "value": "neuron13", "effect": "NoSchedule"}]
+    slices = [
+        piece("trn1-b", [("single-13", sick), ("row-3", sick), ("single-0", [])]),
+        piece("trn1-b", [("all", [{"key": key, "value": "neuron12"}])]),
+        piece("inf2-a", [("single-0", []), ("single-1", [])]),
+        piece("inf2-a", [("single-2", [{"key": "someone/else", "value": "neuron2"}])]),
+        piece("inf2-a", [("single-3", [{"key": key, "value": "neuron999"}])]),  # not a device
+        piece("other", [("x", sick)], by="gpu.example.com"),  # another driver's
+    ]
+    nodes = dra_nodes(slices, driver)
+    assert [(n.name, n.devices, n.unhealthy) for n in nodes] == [
+        ("inf2-a", 4, ()),
+        ("trn1-b", 4, (12, 13)),
+    ]
+    assert dra_text(nodes) == (
+        "2 nodes served by DRA; failed devices, never allocated (their sets are tainted): "
+        "trn1-b (devices 12,13)"
+    )

@@ -49,6 +49,12 @@ def decode(text: str | None, devices: int) -> int:
     return ids_mask(ids)
 
 
+def unhealthy_taint_key(driver: str) -> str:
+    """On the DRA path the same fact is a NoSchedule taint `<driver>/unhealthy=neuronN` on every
+    published device set that contains failed device N (dra/slices)."""
+    return f"{driver}/unhealthy"
+
+
 def describe(mask: int) -> str:
     """ "device 5", "devices 3,5"."""
     ids = mask_ids(mask)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 NEURON = "aws.amazon.com/neuron"
+# Our DRA driver's default name (the chart's dra.driverName): its devices, the same Neuron
+# devices, when a node uses Dynamic Resource Allocation instead of the device plugin.
+DRA_DRIVER = "neuron.neuron-scheduler.io"
 NEURONCORE = "aws.amazon.com/neuroncore"
 NEURONDEVICE = "aws.amazon.com/neurondevice"  # deprecated upstream, still accepted
 

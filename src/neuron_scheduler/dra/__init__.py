@@ -17,7 +17,9 @@ Kept free of imports so that loading the CLI does not load gRPC.
 import re
 from pathlib import Path
 
-DEFAULT_DRIVER_NAME = "neuron.neuron-scheduler.io"
+from neuron_scheduler.core.resources import DRA_DRIVER
+
+DEFAULT_DRIVER_NAME = DRA_DRIVER
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_scheduler.core.health import unhealthy_taint_key
 from neuron_scheduler.core.ids import comma_ids, mask_ids
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.devicegroups import group_attributes
@@ -113,10 +114,6 @@ def core_counter_set_name(core: int) -> str:
 
 def core_counter_name(core: int) -> str:
     return f"c{core}"
-
-
-def unhealthy_taint_key(driver: str) -> str:
-    return f"{driver}/unhealthy"
 
 
 def slice_prefix(driver: str, node: str) -> str:

@@ -109,6 +109,9 @@ def status(
     """Which Neuron devices are free where: each node's pods and ids, and the UltraServers with
     the training jobs' claims, from the live cluster."""
 
+    from rich.text import Text
+
+    from neuron_scheduler.core.resources import DRA_DRIVER
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
     from neuron_scheduler.kube.errors import READ_ERRORS
     from neuron_scheduler.live.consolidation import (
@@ -116,6 +119,7 @@ def status(
         consolidation_json,
         consolidation_view,
     )
+    from neuron_scheduler.live.dranodes import dra_json, dra_text
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
     from neuron_scheduler.live.snapshot import Budget, read_budget, read_cluster
     from neuron_scheduler.live.terminal import (
@@ -154,6 +158,7 @@ def status(
         }
         if node is None:
             document["ultraservers"] = ultraserver_json(ultraservers)
+            document["dra"] = dra_json(snapshot.dra, snapshot.dra_unread, DRA_DRIVER)
         print(json.dumps(document, indent=2))
     else:
         for part in status_view(fleet):
@@ -161,6 +166,9 @@ def status(
         if node is None and not ultraservers.empty:
             for part in ultraserver_tables(ultraservers):
                 out.print(part)
+        if node is None and (snapshot.dra or snapshot.dra_unread):
+            dra = dra_text(snapshot.dra) if snapshot.dra else ""
+            out.print(Text(f"DRA: {shown(snapshot.dra_unread or dra, 2000)}"))
         out.print(consolidation_block(plans))
     if report is not None:
         try:
@@ -199,7 +207,7 @@ def why(
 ) -> None:
     """Why a pod is pending: each Neuron node's answer, and what would have to be freed."""
     from neuron_scheduler.kube.client import KubeAPI, ListTooLong
-    from neuron_scheduler.kube.errors import READ_ERRORS, NotFound
+    from neuron_scheduler.kube.errors import READ_ERRORS, NotFound, error_text
     from neuron_scheduler.live.diagnosis import (
         NotPending,
         diagnose,
@@ -208,7 +216,8 @@ def why(
         on_failed_devices_text,
         pending_request,
     )
-    from neuron_scheduler.live.snapshot import read_cluster
+    from neuron_scheduler.live.dranodes import dra_text
+    from neuron_scheduler.live.snapshot import read_cluster, read_dra_nodes
     from neuron_scheduler.live.terminal import why_view
 
     with user_errors():
@@ -228,6 +237,21 @@ def why(
     async def read() -> Snapshot:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
             return await read_cluster(api, catalog)
+
+    async def dra_answer(pending: Pod) -> str:
+        """A pod with DRA claims: kube-scheduler's DRA plugin places it; what our driver's
+        nodes say of their failed devices (status says the same)."""
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            try:
+                nodes, unread = await read_dra_nodes(api)
+            except unreadable as error:
+                nodes, unread = (), error_text(error)
+        where = unread or (dra_text(nodes) if nodes else "no node is served by DRA")
+        return (
+            f"It asks through DRA claims ({len(pending.spec.resourceClaims)}): kube-scheduler's "
+            "DRA plugin places it (`kubectl describe pod` shows its reason), on connected "
+            f"devices our driver publishes and never on a tainted one. {where}"
+        )
 
     async def failed_on(bound: Pod) -> tuple[int, ...]:
         """The failed devices the bound pod runs on; none when its node cannot be read."""
@@ -252,6 +276,8 @@ def why(
             failed = asyncio.run(failed_on(found))
             if failed:
                 text = f"{text}; {on_failed_devices_text(found, failed)}"
+        elif found.spec.resourceClaims and not found.finished:
+            text = f"{text}. {asyncio.run(dra_answer(found))}"
         fail(text, 1)
     try:
         snapshot = asyncio.run(read())

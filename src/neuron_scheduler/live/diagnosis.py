@@ -180,6 +180,8 @@ def pending_request(pod: Pod) -> NeuronRequest | None:
         return None
     if request is None:
         names = ", ".join(sorted(RESOURCE_UNITS))
+        if pod.spec.resourceClaims:  # the DRA path: the commands say what our driver publishes
+            raise NotPending(f"pod {pod.key} requests no Neuron resources ({names})")
         raise NotPending(
             f"pod {pod.key} requests no Neuron resources ({names}); neuron-scheduler has no part "
             "in placing it"

@@ -20,13 +20,22 @@ from neuron_scheduler.core.planrecord import (
     PlanError,
     decode_budget,
 )
+from neuron_scheduler.core.resources import DRA_DRIVER
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
-from neuron_scheduler.kube.client import CLAIMS, NODES, POD_GROUPS, PODS, KubeAPI
+from neuron_scheduler.kube.client import (
+    CLAIMS,
+    NODES,
+    POD_GROUPS,
+    PODS,
+    RESOURCE_SLICES,
+    KubeAPI,
+)
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
+from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
 from neuron_scheduler.ultraserver.placement import Occupancy
 
 PAGE = 500
@@ -34,6 +43,7 @@ PAGE = 500
 # refused rather than held in memory.
 MOST_NODES = 50_000
 MOST_PODS = 1_000_000
+MOST_SLICES = 200_000  # our driver writes a few per node
 # Finished pods hold nothing (the extender's pod watch leaves them out the same way).
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -47,6 +57,8 @@ class Snapshot:
     plans: Plans  # consolidation plans in flight, holding in `ledger` as in the extender's
     placeholders: Placeholders  # capacity requests' placeholder pods (counted in no other view)
     claims_unread: str | None = None  # why the UltraServer claims were not read
+    dra: tuple[DraNode, ...] = ()  # nodes our DRA driver serves, and their failed devices
+    dra_unread: str | None = None  # why its ResourceSlices were not read
 
     @property
     def other_nodes(self) -> int:
@@ -71,9 +83,9 @@ class Budget:
     problem: str  # "" when read
 
 
-async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
+async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRIVER) -> Snapshot:
     """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
-    UltraServer claims and PodGroups, where they can be read."""
+    UltraServer claims and PodGroups, and our DRA driver's slices, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -100,7 +112,30 @@ async def read_cluster(api: KubeAPI, catalog: Catalog) -> Snapshot:
         groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
         occupancy.replace_pod_groups(groups)
     names = frozenset(n.metadata.name for n in nodes)
-    return Snapshot(ledger, occupancy, names, movability, plans, placeholders, unread)
+    dra, dra_unread = await read_dra_nodes(api, dra_driver)
+    return Snapshot(
+        ledger, occupancy, names, movability, plans, placeholders, unread, dra, dra_unread
+    )
+
+
+async def read_dra_nodes(
+    api: KubeAPI, driver: str = DRA_DRIVER
+) -> tuple[tuple[DraNode, ...], str | None]:
+    """Our DRA driver's nodes from its ResourceSlices; none, and why, when they cannot be read
+    (no DRA API: nothing to say)."""
+    try:
+        slices = await api.list_all(
+            RESOURCE_SLICES,
+            HealthSlice,
+            params={"fieldSelector": f"spec.driver={driver}"},
+            page=PAGE,
+            most=MOST_SLICES,
+        )
+    except NotFound:
+        return (), None
+    except Forbidden as error:
+        return (), f"cannot list ResourceSlices: {error_text(error)}"
+    return dra_nodes(slices, driver), None
 
 
 async def read_budget(api: KubeAPI) -> Budget:
