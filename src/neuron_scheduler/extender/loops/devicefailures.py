@@ -149,6 +149,9 @@ class DeviceFailures:
             self.report(ref, RECOVERED if recovered else FAILED, message, not recovered)
 
     async def _evict(self, uid: str, told: _Told, now: float) -> None:
+        if uid not in self.movability.pods:  # not listed yet: asked again later
+            told.evict_after = now + STEP_SECONDS
+            return
         if self._evictable(uid):
             told.evicted = True  # said in the event: never asked
             return
