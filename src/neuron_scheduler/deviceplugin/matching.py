@@ -407,9 +407,9 @@ def _cannot_substitute(
     return Rejected(
         f"pod {slot.pod} container {slot.container} was annotated {_ids_text(unit, slot.ids)} "
         f"by the neuron scheduler, which kubelet did not offer: {cause}. kubelet then chose "
-        f"{_ids_text(unit, ids)}, which {' and '.join(problems) or 'cannot be used'}; no legal "
-        f"set of {len(ids)} {unit.value}s was among what kubelet offered. The pod can run once "
-        "the scheduler places it again (delete it; its controller recreates it)."
+        f"{_ids_text(unit, ids)}, which {' and '.join(problems) or 'cannot be used'} (the "
+        "device plugin prefers a legal set of what kubelet offers when there is one). The pod "
+        "can run once the scheduler places it again (delete it; its controller recreates it)."
     )
 
 
