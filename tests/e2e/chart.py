@@ -170,16 +170,17 @@ DEVICE_PLUGIN = "neuron-device-plugin"  # its ServiceAccount, ClusterRole and bi
 
 
 HEALTH_POLICY = f"{DEVICE_PLUGIN}-own-node-health"
+POD_POLICY = f"{DEVICE_PLUGIN}-own-node-pods"
 
 
 def device_plugin_credentials(
     cp: ControlPlane, node: str | None = None
 ) -> ServiceAccountCredentials:
     """The device plugin's ServiceAccount, ClusterRole, ClusterRoleBinding and the admission
-    policy on what it writes to Nodes, as the chart renders them (applied server-side, so again
-    is harmless), and a token for that account, bound to a pod on `node` when given (as the
-    DaemonSet pod's is): a plugin run with it may do what the chart lets it do, and nothing
-    more."""
+    policies on what it writes to Nodes and pods, as the chart renders them (applied
+    server-side, so again is harmless), and a token for that account, bound to a pod on `node`
+    when given (as the DaemonSet pod's is): a plugin run with it may do what the chart lets it
+    do, and nothing more."""
     docs = render({"scheduler": {"enabled": False}})
     apply(
         cp,
@@ -191,6 +192,8 @@ def device_plugin_credentials(
                 ("ClusterRoleBinding", DEVICE_PLUGIN),
                 ("ValidatingAdmissionPolicy", HEALTH_POLICY),
                 ("ValidatingAdmissionPolicyBinding", HEALTH_POLICY),
+                ("ValidatingAdmissionPolicy", POD_POLICY),
+                ("ValidatingAdmissionPolicyBinding", POD_POLICY),
             )
         ],
     )
@@ -201,9 +204,10 @@ EXTENDER = "k8s-neuron-scheduler"  # its ServiceAccount, ClusterRole and binding
 
 
 def extender_credentials(cp: ControlPlane, docs: list[Doc]) -> ServiceAccountCredentials:
-    """The extender's ServiceAccount and every Role, ClusterRole and binding the rendered chart
-    gives it, applied server-side (again is harmless), and a token for that account: an
-    extender run with it may do what this rendering lets it do, whatever else a test applied."""
+    """The extender's ServiceAccount, every Role, ClusterRole and binding the rendered chart
+    gives it and the admission policy on its pod updates, applied server-side (again is
+    harmless), and a token for that account: an extender run with it may do what this rendering
+    lets it do, whatever else a test applied."""
     bindings = [
         d
         for d in docs
@@ -212,7 +216,11 @@ def extender_credentials(cp: ControlPlane, docs: list[Doc]) -> ServiceAccountCre
     ]
     roles = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings}
     granted = [d for d in docs if (d["kind"], d["metadata"]["name"]) in roles]
-    apply(cp, [find(docs, "ServiceAccount", EXTENDER), *granted, *bindings])
+    policy = [
+        find(docs, kind, f"{EXTENDER}-pod-writes")
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    ]
+    apply(cp, [find(docs, "ServiceAccount", EXTENDER), *granted, *bindings, *policy])
     return cp.service_account("kube-system", EXTENDER)
 
 

@@ -177,7 +177,7 @@ MY_SCHEDULER = [
     "ServiceAccount/my-scheduler",
 ]
 DEVICE_PLUGIN = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
-HEALTH_POLICY_KINDS = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+POLICY_KINDS = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 def expected_kinds(combo: str) -> list[str]:
@@ -186,6 +186,7 @@ def expected_kinds(combo: str) -> list[str]:
     names: list[str] = []
     if scheduler.get("enabled", True):
         names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
+        names += [f"{k}/k8s-neuron-scheduler-pod-writes" for k in POLICY_KINDS]
         names.append("CustomResourceDefinition/ultraserverclaims.neuron-scheduler.io")
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):
@@ -210,7 +211,8 @@ def expected_kinds(combo: str) -> list[str]:
             names += MY_SCHEDULER
     if values.get("devicePlugin", {}).get("enabled", True):
         names += [f"{k}/neuron-device-plugin" for k in DEVICE_PLUGIN]
-        names += [f"{k}/neuron-device-plugin-own-node-health" for k in HEALTH_POLICY_KINDS]
+        names += [f"{k}/neuron-device-plugin-own-node-health" for k in POLICY_KINDS]
+        names += [f"{k}/neuron-device-plugin-own-node-pods" for k in POLICY_KINDS]
     return sorted(names)
 
 
@@ -261,6 +263,15 @@ def test_refused_combinations(combo: str) -> None:
         assert lint.returncode != 0
     # else: helm lint runs templates in lint mode, where `fail` is reported, not fatal; install
     # and template (above) refuse.
+
+
+def test_clusters_without_admission_policies_v1_are_refused_with_the_reason() -> None:
+    """Every install carries ValidatingAdmissionPolicies (v1, Kubernetes 1.30+): on an older
+    cluster helm says so before anything is applied, rather than failing half way."""
+    result = helm("template", "neuron-scheduler", "--kube-version", "v1.29.9")
+    assert result.returncode != 0
+    assert "requires kubeVersion: >=1.30.0-0" in result.stderr, result.stderr
+    assert render(kube_version="v1.30.0")
 
 
 def test_extender_cluster_role_is_the_rules_file() -> None:
@@ -1015,12 +1026,6 @@ def test_disruption_budget_protects_the_leader_only() -> None:
     # Only the leader is ready: it stays; the never-ready standbys may always be evicted.
     assert budget["minAvailable"] == 1
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    # Before 1.27 the API server does not know the field.
-    older = render(COMBOS["custom-monitored"], kube_version="v1.26.5")
-    assert (
-        "unhealthyPodEvictionPolicy"
-        not in find(older, "PodDisruptionBudget", "k8s-neuron-scheduler")["spec"]
-    )
 
 
 def test_service_monitor_scrapes_the_metrics_port() -> None:

@@ -319,6 +319,56 @@ def test_a_plugin_may_write_only_its_own_nodes_health(cluster: Cluster) -> None:
     assert HEALTH_POLICY in {p["metadata"]["name"] for p in policies["items"]}
 
 
+def test_a_plugin_may_write_only_hand_off_annotations_of_its_own_nodes_pods(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The chart's policy on the plugin's pod updates (`pods patch` is cluster-wide, and a pod
+    update may change container images): a token bound to a pod on the ring node may mark a pod
+    on the ring node allocated, and change nothing else of any pod. The other tests run the
+    plugins under it, so the patches a plugin really sends pass it."""
+    patch = "application/merge-patch+json"
+    for pod, node in (("on-ring", RING), ("on-torus", TORUS)):
+        cluster.cp.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            pod_json(pod, {}, namespace=namespace, node=node),
+        )
+    as_plugin = cluster.cp.client_for(device_plugin_credentials(cluster.cp, node=RING).token)
+
+    def write(pod: str, body: Json) -> KubeError | None:
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
+        try:
+            as_plugin.request("PATCH", path, body, content_type=patch)
+        except KubeError as error:
+            return error
+        return None
+
+    mark = {"metadata": {"annotations": {"NEURON_ALLOCATED": "true"}}}
+    assert write("on-ring", mark) is None
+    # The policy is enforced from its binding's first reconcile on: wait for a refusal.
+    refused = wait_for(lambda: write("on-torus", mark), "the policy to refuse another node", 30)
+    assert refused.status == 403 and f"may not write pods of node {TORUS}" in str(refused)
+    image = {"spec": {"containers": [{"name": "c0", "image": "attacker.example/evil:1"}]}}
+    for body, text in (
+        (image, "spec, labels"),
+        ({"metadata": {"labels": {"evil": "yes"}}}, "spec, labels"),
+        ({"metadata": {"annotations": {"NEURON_NODE": TORUS}}}, "not NEURON_NODE"),
+        ({"metadata": {"annotations": {"neuron-scheduler.io/woken": "1"}}}, "hand-off"),
+    ):
+        error = write("on-ring", body)
+        assert error is not None and error.status == 403 and text in str(error), (body, error)
+    assert "attacker" not in cluster.pod(namespace, "on-ring")["spec"]["containers"][0]["image"]
+    unbound = cluster.cp.service_account("kube-system", "neuron-device-plugin").token
+    error = None
+    try:
+        cluster.cp.client_for(unbound).request(
+            "PATCH", f"/api/v1/namespaces/{namespace}/pods/on-ring", mark, content_type=patch
+        )
+    except KubeError as caught:
+        error = caught
+    assert error is not None and error.status == 403 and "names no node" in str(error), error
+
+
 def test_on_a_ring_pods_get_legal_blocks_that_avoid_a_failed_device(
     cluster: Cluster, namespace: str
 ) -> None:

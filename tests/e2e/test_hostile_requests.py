@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import pod_json
 from tests.e2e import hostile
-from tests.e2e.harness import Scenario, ids
+from tests.e2e.harness import Scenario, ids, wait_for
 from tests.e2e.hostile import NO_ANSWER, Caller, Tally, post
-from tests.testbed import ExtenderProcess, Stack
+from tests.testbed import ExtenderProcess, KubeError, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -364,6 +364,47 @@ def test_node_names_with_newlines_or_nul_cannot_forge_a_log_line(stack: Stack) -
         assert max(len(line) for line in text.splitlines()) < 20_000
     finally:
         scenario.cleanup()
+
+
+def test_a_stolen_extender_token_may_change_only_our_pod_annotations(stack: Stack) -> None:
+    """The chart's admission policy `<extender>-pod-writes`: `pods patch` is cluster-wide, and a
+    pod update may change container images; the extender's token may change only our annotation
+    keys and the autoscalers' do-not-disrupt marks. Every other test runs the extender under the
+    same policy, so each patch it really sends passes it."""
+    cp = stack.cp
+    name = f"stolen-{time.monotonic_ns()}"
+    created = cp.request(
+        "POST", "/api/v1/namespaces/default/pods", pod_json(name, {}, scheduler="nobody")
+    )
+    path = f"/api/v1/namespaces/default/pods/{name}"
+    as_extender = cp.client_for(stack.extender_token)
+
+    def write(body: dict[str, Any]) -> KubeError | None:
+        try:
+            as_extender.request("PATCH", path, body, content_type="application/merge-patch+json")
+        except KubeError as error:
+            return error
+        return None
+
+    try:
+        ours = {"neuron-scheduler.io/woken": "1", "karpenter.sh/do-not-disrupt": "true"}
+        assert write({"metadata": {"annotations": ours}}) is None
+        image = {"spec": {"containers": [{"name": "c0", "image": "attacker.example/evil:1"}]}}
+        # The policy is enforced from its binding's first reconcile on: wait for a refusal.
+        refused = wait_for(lambda: write(image), "the policy to refuse an image change", 30)
+        assert refused.status == 403 and "may not change a pod's spec" in str(refused), refused
+        for body, text in (
+            ({"metadata": {"labels": {"evil": "yes"}}}, "spec, labels"),
+            ({"metadata": {"annotations": {"other.example/key": "x"}}}, "not other.example/key"),
+            ({"metadata": {"finalizers": ["example.com/hold"]}}, "finalizers"),
+        ):
+            error = write(body)
+            assert error is not None and error.status == 403 and text in str(error), (body, error)
+        pod = cp.request("GET", path)
+        assert pod["spec"]["containers"][0]["image"] == created["spec"]["containers"][0]["image"]
+        assert "other.example/key" not in pod["metadata"]["annotations"]
+    finally:
+        cp.request("DELETE", path)
 
 
 def test_ten_thousand_hostile_requests(stack: Stack) -> None:

@@ -43,6 +43,9 @@ DRA_SCORING_RULES = RULES.with_name("dra-scoring-rules.yaml")
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
 PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
+# What the extender may change in a pod update: the chart's admission policy, with its
+# ServiceAccount's name here.
+POD_WRITES = RULES.with_name("extender-pod-writes.yaml")
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -275,6 +278,7 @@ class Stack:
         )
         self._budget_role(cp)
         self._capacity_role(cp)
+        self._pod_writes_policy(cp, "system:serviceaccount:kube-system:neuron-scheduler")
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -327,6 +331,52 @@ class Stack:
                         "namespace": "kube-system",
                     }
                 ],
+            },
+        )
+
+    @staticmethod
+    def _pod_writes_policy(cp: ControlPlane, username: str) -> None:
+        """The chart's `<extender>-pod-writes` admission policy for this ServiceAccount: every test
+        that runs the extender runs it with its pod updates limited as the chart limits them."""
+        admission = "/apis/admissionregistration.k8s.io/v1"
+        name = f"{ROLE}-pod-writes"
+        cp.request(
+            "POST",
+            f"{admission}/validatingadmissionpolicies",
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["UPDATE"],
+                                "resources": ["pods"],
+                            }
+                        ]
+                    },
+                    "matchConditions": [
+                        {
+                            "name": "is-the-extender",
+                            "expression": f"request.userInfo.username == {json.dumps(username)}",
+                        }
+                    ],
+                    **yaml.safe_load(POD_WRITES.read_text()),
+                },
+            },
+        )
+        cp.request(
+            "POST",
+            f"{admission}/validatingadmissionpolicybindings",
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
             },
         )
 
