@@ -135,7 +135,7 @@ class World:
             report=self._report,
             wall_clock=self.clock,
         )
-        self.placeholders = Placeholders()
+        self.placeholders = Placeholders(NAMESPACE)
         self.limits = CapacityLimits(mode, namespace=NAMESPACE, owner="ours", **limits)
         self.requester = CapacityRequester(
             self.ledger,
@@ -409,3 +409,31 @@ def test_a_pod_bound_on_the_node_that_came_before_its_block_was_held_ends_the_re
     assert world.deleted() == ["capacity-request-0"]
     assert world.requester.metrics.requests.labels("fulfilled")._value.get() == 1
     assert any(e[1] == "NeuronCapacityArrived" and "bound there" in e[2] for e in world.events)
+
+
+def foreign_placeholder(number: int) -> Pod:
+    """A pod anyone may create in their own namespace that looks like a placeholder: our label
+    and scheduler name, no node."""
+    body = pod_json(f"fake-{number}", {NEURON: 1}, uid=f"fake-{number}")
+    body["metadata"]["namespace"] = "user"
+    body["metadata"]["labels"] = {capacity.PLACEHOLDER_LABEL: "ours"}
+    body["spec"]["schedulerName"] = capacity.PLACEHOLDER_SCHEDULER
+    return msgspec.convert(body, Pod)
+
+
+def test_pods_like_placeholders_in_other_namespaces_never_lift_the_in_flight_bound() -> None:
+    """Placeholders the view keeps are bounded; pods users create with the placeholder's label
+    and scheduler name in their own namespaces must not fill that bound, or the leader no longer
+    sees its own: `max_in_flight` no longer holds and none is ever deleted."""
+    world = World(max_in_flight=1)
+    world.placeholders.limit = 3
+    for number in range(3):
+        world.apply(foreign_placeholder(number))
+    world.step()
+    world.watch_created()
+    world.step()
+    world.step()
+    assert world.created() == ["capacity-request-0"]
+    assert [p.name for p in world.requester.mine()] == ["capacity-request-0"]
+    # Still none of them counts as a pod in any view.
+    assert world.pending.get("fake-0") is None
