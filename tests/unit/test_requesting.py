@@ -437,3 +437,25 @@ def test_pods_like_placeholders_in_other_namespaces_never_lift_the_in_flight_bou
     assert [p.name for p in world.requester.mine()] == ["capacity-request-0"]
     # Still none of them counts as a pod in any view.
     assert world.pending.get("fake-0") is None
+
+
+def test_consolidation_evicts_nothing_for_a_pod_whose_node_is_already_asked_for() -> None:
+    """A node asked for is coming (an autoscaler does not call back a launch): a plan that
+    becomes possible meanwhile would evict pods for a pod that gets a node anyway, and the node
+    would come for nothing."""
+    world = World(consolidation=Mode.ON)
+    asyncio.run(world.consolidator.step())
+    assert world.consolidator.concluded("big") is Concluded.NO_MOVE
+    world.step()
+    world.watch_created()
+    assert world.created() == ["capacity-request-0"]
+    # Devices 3 and 4 now hold replicas, which may move to devices 8 and 11: a plan exists.
+    for device in (3, 4):
+        world.router.remove_pod(f"x{device}")
+        world.apply(consolidating.on_device(consolidating.owned(f"w{device}"), "r1", device))
+    world.clock.now += 60
+    asyncio.run(world.consolidator.step())
+    assert [c for c in world.api.calls if c[0] == "evict"] == []
+    assert "big" not in world.plans.plans
+    world.step()
+    assert world.deleted() == []  # the placeholder still waits for its node

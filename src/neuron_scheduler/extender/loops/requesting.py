@@ -232,6 +232,7 @@ class CapacityRequester:
         self.pending = pending
         self.consolidator = consolidator
         consolidator.on_capacity_end = self._hold_ended
+        consolidator.node_asked = self._node_asked
         self.api = api
         self.limits = limits
         self.report = report
@@ -254,6 +255,10 @@ class CapacityRequester:
             and p.owner == self.limits.owner
             and p.uid not in self._gone
         ]
+
+    def _node_asked(self, uid: str) -> bool:
+        """A placeholder of ours waits for a node for this pod."""
+        return any(p.asked is not None and p.asked.uid == uid for p in self.mine())
 
     def changed(self) -> None:
         """Something it waits for may have happened (a node came)."""
@@ -282,9 +287,7 @@ class CapacityRequester:
         pass
 
     def apply_pod(self, pod: Pod) -> None:
-        if pod.spec.nodeName and any(
-            p.asked is not None and p.asked.uid == pod.metadata.uid for p in self.mine()
-        ):
+        if pod.spec.nodeName and self._node_asked(pod.metadata.uid):
             self._signal.set()
 
     def remove_pod(self, uid: str) -> None:
