@@ -459,3 +459,38 @@ def test_consolidation_evicts_nothing_for_a_pod_whose_node_is_already_asked_for(
     assert "big" not in world.plans.plans
     world.step()
     assert world.deleted() == []  # the placeholder still waits for its node
+
+
+def test_a_placeholder_whose_condition_could_not_be_written_gets_it_on_the_next_step() -> None:
+    """Autoscalers look only at pods whose PodScheduled condition says Unschedulable, and nothing
+    else writes a placeholder's status: one left without it (an API error) asks for nothing
+    until it times out."""
+    world = World()
+    failures = [api_error_500()]
+
+    async def condition(namespace: str, name: str, uid: str, value: dict[str, str]) -> None:
+        if failures:
+            raise failures.pop()
+        world.api.calls.append(("condition", name, value["reason"]))
+
+    world.api.patch_pod_condition = condition  # type: ignore[method-assign]
+    world.step()
+    assert not [c for c in world.api.calls if c[0] == "condition"]
+    world.watch_created()  # as created: no condition
+    world.step()
+    assert ("condition", "capacity-request-0", "Unschedulable") in world.api.calls
+    # Once the watch shows it, it is not written again.
+    body = world.api.created["capacity-request-0"]
+    body["status"] = {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    }
+    world.watch_created()
+    writes = len(world.api.calls)
+    world.step()
+    assert [c for c in world.api.calls[writes:] if c[0] == "condition"] == []
+
+
+def api_error_500() -> Exception:
+    from neuron_scheduler.kube.errors import api_error
+
+    return api_error("PATCH", "pods/status", 500, b'{"message": "etcd timeout"}')

@@ -28,6 +28,7 @@ from neuron_scheduler.core.capacity import (
 )
 from neuron_scheduler.extender.state.plugins import ClusterView, PodsOnly
 from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.reading import unschedulable
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 MAX_PLACEHOLDERS = 10_000  # beyond this many, new ones are not kept (nor acted on)
@@ -49,6 +50,7 @@ class Placeholder:
     owner: str  # the extender that made it (its label's value)
     asked: Asked | None  # None: a record that does not decode
     problem: str = ""  # why it does not
+    unschedulable: bool = False  # its PodScheduled=False/Unschedulable condition is written
 
     @property
     def key(self) -> str:
@@ -87,7 +89,7 @@ class Placeholders(PodsOnly):
             asked, problem = None, str(error)
         owner = meta.labels.get(PLACEHOLDER_LABEL, "")
         self.pods[meta.uid] = Placeholder(
-            meta.namespace, meta.name, meta.uid, owner, asked, problem
+            meta.namespace, meta.name, meta.uid, owner, asked, problem, unschedulable(pod)
         )
 
     def remove_pod(self, uid: str) -> None:
