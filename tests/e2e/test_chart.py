@@ -571,6 +571,17 @@ def apply_cp(kubebin: Path) -> Iterator[ControlPlane]:
         yield cp
 
 
+def capacity_requests_on(cp: ControlPlane, namespace: str) -> str:
+    """The chart with capacity requests on, applied in `namespace`; kubectl's option acting as
+    the extender's account. Preemption off: it deletes pods cluster-wide itself
+    (preemption-rules.yaml); this is what capacity requests add."""
+    cp.client.ensure_namespace(namespace)
+    values = copy.deepcopy(COMBOS["custom-autoscaling"])
+    values["scheduler"]["preemption"] = False
+    apply(cp, render(values, namespace=namespace))
+    return f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+
+
 class TestApply:
     @pytest.mark.parametrize("combo", COMBOS)
     def test_every_manifest_applies_strictly(self, apply_cp: ControlPlane, combo: str) -> None:
@@ -654,13 +665,7 @@ class TestApply:
         self, apply_cp: ControlPlane
     ) -> None:
         namespace = "chart-rbac-capacity"
-        apply_cp.client.ensure_namespace(namespace)
-        # Preemption off: it deletes pods cluster-wide itself (preemption-rules.yaml); this is
-        # what capacity requests add.
-        values = copy.deepcopy(COMBOS["custom-autoscaling"])
-        values["scheduler"]["preemption"] = False
-        apply(apply_cp, render(values, namespace=namespace))
-        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+        account = capacity_requests_on(apply_cp, namespace)
 
         def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
             args = ["auth", "can-i", verb, resource, account, f"--namespace={ns}"]
@@ -681,11 +686,7 @@ class TestApply:
         """RBAC cannot say which pods: the chart's admission policy admits the extender's pods
         only in the placeholders' shape, and the placeholder the code builds is one."""
         namespace = "chart-placeholders-only"
-        apply_cp.client.ensure_namespace(namespace)
-        values = copy.deepcopy(COMBOS["custom-autoscaling"])
-        values["scheduler"]["preemption"] = False
-        apply(apply_cp, render(values, namespace=namespace))
-        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+        account = capacity_requests_on(apply_cp, namespace)
         topology = Catalog.builtin().resolve("inf2.48xlarge").topology
         waiting = msgspec.convert(pod_json("big", {NEURON: 4}, uid="u-big"), Pod)
         asked = capacity.Asked(
