@@ -15,17 +15,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
+from neuron_scheduler.core import capacity
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.core.resources import NEURON, NeuronRequest, Unit
 from neuron_scheduler.extender.loops.consolidating import ConsolidationMetrics
+from neuron_scheduler.extender.loops.requesting import (
+    CapacityLimits,
+    CapacityMode,
+    placeholder_body,
+)
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
 from tests.builders import node as node_object
-from tests.builders import node_json
+from tests.builders import node_json, pod_json
 from tests.e2e.chart import (
     RULES,
     SEED_COMMANDS,
@@ -200,6 +208,8 @@ def expected_kinds(combo: str) -> list[str]:
                 "PriorityClass/neuron-scheduler-capacity-request",
                 "Role/k8s-neuron-scheduler-capacity-requests",
                 "RoleBinding/k8s-neuron-scheduler-capacity-requests",
+                "ValidatingAdmissionPolicy/k8s-neuron-scheduler-placeholders-only",
+                "ValidatingAdmissionPolicyBinding/k8s-neuron-scheduler-placeholders-only",
             ]
         if scheduler.get("serviceMonitor", {}).get("enabled"):
             names.append("ServiceMonitor/k8s-neuron-scheduler")
@@ -572,6 +582,17 @@ def apply_cp(kubebin: Path) -> Iterator[ControlPlane]:
         yield cp
 
 
+def capacity_requests_on(cp: ControlPlane, namespace: str) -> str:
+    """The chart with capacity requests on, applied in `namespace`; kubectl's option acting as
+    the extender's account. Preemption off: it deletes pods cluster-wide itself
+    (preemption-rules.yaml); this is what capacity requests add."""
+    cp.client.ensure_namespace(namespace)
+    values = copy.deepcopy(COMBOS["custom-autoscaling"])
+    values["scheduler"]["preemption"] = False
+    apply(cp, render(values, namespace=namespace))
+    return f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+
+
 class TestApply:
     @pytest.mark.parametrize("combo", COMBOS)
     def test_every_manifest_applies_strictly(self, apply_cp: ControlPlane, combo: str) -> None:
@@ -655,13 +676,7 @@ class TestApply:
         self, apply_cp: ControlPlane
     ) -> None:
         namespace = "chart-rbac-capacity"
-        apply_cp.client.ensure_namespace(namespace)
-        # Preemption off: it deletes pods cluster-wide itself (preemption-rules.yaml); this is
-        # what capacity requests add.
-        values = copy.deepcopy(COMBOS["custom-autoscaling"])
-        values["scheduler"]["preemption"] = False
-        apply(apply_cp, render(values, namespace=namespace))
-        account = f"--as=system:serviceaccount:{namespace}:k8s-neuron-scheduler"
+        account = capacity_requests_on(apply_cp, namespace)
 
         def can(verb: str, resource: str, ns: str, subresource: str = "") -> bool:
             args = ["auth", "can-i", verb, resource, account, f"--namespace={ns}"]
@@ -675,6 +690,59 @@ class TestApply:
         assert not can("create", "pods", "t") and not can("delete", "pods", "t")
         assert can("patch", "pods", "t", "status")  # nominating the pending pod, anywhere
         assert not can("update", "pods", namespace) and not can("create", "pods/eviction", "t")
+
+    def test_the_extender_may_create_placeholders_and_no_other_pod(
+        self, apply_cp: ControlPlane
+    ) -> None:
+        """RBAC cannot say which pods: the chart's admission policy admits the extender's pods
+        only in the placeholders' shape, and the placeholder the code builds is one."""
+        namespace = "chart-placeholders-only"
+        account = capacity_requests_on(apply_cp, namespace)
+        topology = Catalog.builtin().resolve("inf2.48xlarge").topology
+        waiting = msgspec.convert(pod_json("big", {NEURON: 4}, uid="u-big"), Pod)
+        asked = capacity.Asked(
+            "default/big", "u-big", "inf2.48xlarge", NeuronRequest(NEURON, 4), 1.0, 2.0
+        )
+        limits = CapacityLimits(CapacityMode.ON, namespace=namespace)
+
+        def create(body: Doc) -> str:
+            result = apply_cp.kubectl(
+                "create", "-o", "name", "-f", "-", account, input=json.dumps(body), check=False
+            )
+            if result.returncode == 0:
+                apply_cp.kubectl("delete", "-n", namespace, result.stdout.strip(), "--wait=false")
+                return ""
+            return result.stderr
+
+        def placeholder(**spec: Any) -> Doc:
+            body = placeholder_body(waiting, asked, topology, limits)
+            body["spec"].update(spec)
+            return body
+
+        # The policy is enforced from its binding's first reconcile on: wait for a refusal.
+        deadline = time.monotonic() + 30
+        while not create(placeholder(nodeName="r1")):
+            assert time.monotonic() < deadline, "the policy refuses nothing"
+            time.sleep(0.5)
+        assert create(placeholder()) == ""
+        container = placeholder()["spec"]["containers"][0]
+        for spec in (
+            {"serviceAccountName": "clusterrole-aggregation-controller"},
+            {"automountServiceAccountToken": True},
+            {"schedulerName": "my-scheduler"},
+            {"priorityClassName": "system-node-critical"},
+            {"hostNetwork": True},
+            {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+            {"containers": [{**container, "image": "busybox"}]},
+            {"containers": [{**container, "command": ["sh"]}]},
+            {"containers": [{**container, "securityContext": {"privileged": True}}]},
+            {"initContainers": [{**container, "name": "init"}]},
+        ):
+            refused = create(placeholder(**spec))
+            assert "ValidatingAdmissionPolicy" in refused and "placeholders-only" in refused, (
+                spec,
+                refused,
+            )
 
     def test_rbac_grants_what_the_code_calls_and_no_more(self, apply_cp: ControlPlane) -> None:
         namespace = "chart-rbac"

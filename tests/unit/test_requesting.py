@@ -135,7 +135,7 @@ class World:
             report=self._report,
             wall_clock=self.clock,
         )
-        self.placeholders = Placeholders()
+        self.placeholders = Placeholders(NAMESPACE)
         self.limits = CapacityLimits(mode, namespace=NAMESPACE, owner="ours", **limits)
         self.requester = CapacityRequester(
             self.ledger,
@@ -409,3 +409,88 @@ def test_a_pod_bound_on_the_node_that_came_before_its_block_was_held_ends_the_re
     assert world.deleted() == ["capacity-request-0"]
     assert world.requester.metrics.requests.labels("fulfilled")._value.get() == 1
     assert any(e[1] == "NeuronCapacityArrived" and "bound there" in e[2] for e in world.events)
+
+
+def foreign_placeholder(number: int) -> Pod:
+    """A pod anyone may create in their own namespace that looks like a placeholder: our label
+    and scheduler name, no node."""
+    body = pod_json(f"fake-{number}", {NEURON: 1}, uid=f"fake-{number}")
+    body["metadata"]["namespace"] = "user"
+    body["metadata"]["labels"] = {capacity.PLACEHOLDER_LABEL: "ours"}
+    body["spec"]["schedulerName"] = capacity.PLACEHOLDER_SCHEDULER
+    return msgspec.convert(body, Pod)
+
+
+def test_pods_like_placeholders_in_other_namespaces_never_lift_the_in_flight_bound() -> None:
+    """Placeholders the view keeps are bounded; pods users create with the placeholder's label
+    and scheduler name in their own namespaces must not fill that bound, or the leader no longer
+    sees its own: `max_in_flight` no longer holds and none is ever deleted."""
+    world = World(max_in_flight=1)
+    world.placeholders.limit = 3
+    for number in range(3):
+        world.apply(foreign_placeholder(number))
+    world.step()
+    world.watch_created()
+    world.step()
+    world.step()
+    assert world.created() == ["capacity-request-0"]
+    assert [p.name for p in world.requester.mine()] == ["capacity-request-0"]
+    # Still none of them counts as a pod in any view.
+    assert world.pending.get("fake-0") is None
+
+
+def test_consolidation_evicts_nothing_for_a_pod_whose_node_is_already_asked_for() -> None:
+    """A node asked for is coming (an autoscaler does not call back a launch): a plan that
+    becomes possible meanwhile would evict pods for a pod that gets a node anyway, and the node
+    would come for nothing."""
+    world = World(consolidation=Mode.ON)
+    asyncio.run(world.consolidator.step())
+    assert world.consolidator.concluded("big") is Concluded.NO_MOVE
+    world.step()
+    world.watch_created()
+    assert world.created() == ["capacity-request-0"]
+    # Devices 3 and 4 now hold replicas, which may move to devices 8 and 11: a plan exists.
+    for device in (3, 4):
+        world.router.remove_pod(f"x{device}")
+        world.apply(consolidating.on_device(consolidating.owned(f"w{device}"), "r1", device))
+    world.clock.now += 60
+    asyncio.run(world.consolidator.step())
+    assert [c for c in world.api.calls if c[0] == "evict"] == []
+    assert "big" not in world.plans.plans
+    world.step()
+    assert world.deleted() == []  # the placeholder still waits for its node
+
+
+def test_a_placeholder_whose_condition_could_not_be_written_gets_it_on_the_next_step() -> None:
+    """Autoscalers look only at pods whose PodScheduled condition says Unschedulable, and nothing
+    else writes a placeholder's status: one left without it (an API error) asks for nothing
+    until it times out."""
+    world = World()
+    failures = [api_error_500()]
+
+    async def condition(namespace: str, name: str, uid: str, value: dict[str, str]) -> None:
+        if failures:
+            raise failures.pop()
+        world.api.calls.append(("condition", name, value["reason"]))
+
+    world.api.patch_pod_condition = condition  # type: ignore[method-assign]
+    world.step()
+    assert not [c for c in world.api.calls if c[0] == "condition"]
+    world.watch_created()  # as created: no condition
+    world.step()
+    assert ("condition", "capacity-request-0", "Unschedulable") in world.api.calls
+    # Once the watch shows it, it is not written again.
+    body = world.api.created["capacity-request-0"]
+    body["status"] = {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    }
+    world.watch_created()
+    writes = len(world.api.calls)
+    world.step()
+    assert [c for c in world.api.calls[writes:] if c[0] == "condition"] == []
+
+
+def api_error_500() -> Exception:
+    from neuron_scheduler.kube.errors import api_error
+
+    return api_error("PATCH", "pods/status", 500, b'{"message": "etcd timeout"}')

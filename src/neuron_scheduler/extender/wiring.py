@@ -124,7 +124,7 @@ def wire(
         policy=policy,
         filters=[units],
     )
-    placeholders = Placeholders()
+    placeholders = Placeholders(capacity.namespace)  # its own only: others' are anyone's
     requester = CapacityRequester(
         ledger,
         catalog,

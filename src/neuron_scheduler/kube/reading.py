@@ -115,6 +115,14 @@ def assignment(pod: Pod, cores_per_device: int | None) -> Assignment | None:
     return found
 
 
+def unschedulable(pod: Pod) -> bool:
+    """kube-scheduler (or whoever writes it) found no node for the pod: what autoscalers act on."""
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in pod.status.conditions
+    )
+
+
 def epoch(timestamp: str) -> float:
     """An API timestamp (RFC 3339) in seconds since the epoch; 0 (the oldest) when missing or
     unreadable."""

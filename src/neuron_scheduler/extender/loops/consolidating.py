@@ -3,7 +3,8 @@ go elsewhere (docs/consolidation.md).
 
 When it acts: a pending pod of a scheduler we serve that kube-scheduler found unschedulable, for
 longer than `pending_seconds`, only because of fragmentation (extender/loops/movers.stranded),
-and not nominated by kube-scheduler's own preemption. Pods of gang jobs are left to their job.
+not nominated by kube-scheduler's own preemption, and with no node asked of the autoscaler for it
+(extender/loops/requesting: that node comes anyway). Pods of gang jobs are left to their job.
 
 What it moves, and where: extender/loops/movers.plan_for (core/consolidation's rules).
 
@@ -221,6 +222,9 @@ class Consolidator(PodsOnly):
         # Told when a capacity request's hold ends (extender/loops/requesting): such holds are
         # plans of kind CAPACITY that move nothing.
         self.on_capacity_end: Callable[[Active, str], None] | None = None
+        # Whether a node is asked of the autoscaler for this pod (extender/loops/requesting): it
+        # is coming whatever happens here, so nothing is evicted for that pod meanwhile.
+        self.node_asked: Callable[[str], bool] = lambda uid: False
         self._signal = asyncio.Event()
 
     # --- the pod watch: what it remembers of a pending pod goes with it (fed after `pending`) --
@@ -357,6 +361,8 @@ class Consolidator(PodsOnly):
             if self._next_look.get(uid, 0.0) > now:
                 continue
             if pod.status.nominatedNodeName:  # kube-scheduler's own preemption is under way
+                continue
+            if self.node_asked(uid):
                 continue
             if gang_of(pod):
                 continue  # a gang's worker: the job moves whole or not at all

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -79,7 +80,7 @@ from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFo
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.nodefit import admits_label, why_not
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
-from neuron_scheduler.kube.reading import epoch, servable_request
+from neuron_scheduler.kube.reading import epoch, servable_request, unschedulable
 
 log = logging.getLogger("neuron_scheduler.extender.requesting")
 
@@ -232,6 +233,7 @@ class CapacityRequester:
         self.pending = pending
         self.consolidator = consolidator
         consolidator.on_capacity_end = self._hold_ended
+        consolidator.node_asked = self._node_asked
         self.api = api
         self.limits = limits
         self.report = report
@@ -254,6 +256,10 @@ class CapacityRequester:
             and p.owner == self.limits.owner
             and p.uid not in self._gone
         ]
+
+    def _node_asked(self, uid: str) -> bool:
+        """A placeholder of ours waits for a node for this pod."""
+        return any(p.asked is not None and p.asked.uid == uid for p in self.mine())
 
     def changed(self) -> None:
         """Something it waits for may have happened (a node came)."""
@@ -282,9 +288,7 @@ class CapacityRequester:
         pass
 
     def apply_pod(self, pod: Pod) -> None:
-        if pod.spec.nodeName and any(
-            p.asked is not None and p.asked.uid == pod.metadata.uid for p in self.mine()
-        ):
+        if pod.spec.nodeName and self._node_asked(pod.metadata.uid):
             self._signal.set()
 
     def remove_pod(self, uid: str) -> None:
@@ -343,6 +347,11 @@ class CapacityRequester:
             return
         if self.wall_clock() >= asked.until:
             await self._time_out(placeholder, asked, pod)
+            return
+        if not placeholder.unschedulable:  # its write failed: autoscalers ignore it without
+            await self._write_condition(
+                placeholder.namespace, placeholder.name, placeholder.uid, asked
+            )
 
     def _where_it_fits(
         self, pod: Pod, request: NeuronRequest, instance_type: str
@@ -575,13 +584,9 @@ class CapacityRequester:
             )
             return
         meta = created.metadata
-        with contextlib.suppress(*READ_ERRORS):
-            # What autoscalers look for; nothing else ever writes this pod's status.
-            await self.api.patch_pod_condition(
-                namespace, meta.name, meta.uid, unschedulable_condition(asked)
-            )
         # Seen as in flight before the watch shows it.
         self.placeholders.apply_pod(created)
+        await self._write_condition(namespace, meta.name, meta.uid, asked)
         self.metrics.requests.labels(Outcome.REQUESTED).inc()
         by_count = ", ".join(where.by_count[:3]) + (" ..." if len(where.by_count) > 3 else "")
         self._tell(
@@ -594,6 +599,24 @@ class CapacityRequester:
             f"waits up to {self.limits.timeout:.0f}s",
         )
 
+    async def _write_condition(self, namespace: str, name: str, uid: str, asked: Asked) -> None:
+        """What autoscalers look for; nothing else ever writes a placeholder's status, so a
+        failed write is tried again on the next step."""
+        try:
+            await self.api.patch_pod_condition(namespace, name, uid, unschedulable_condition(asked))
+        except READ_ERRORS as error:
+            log.warning(
+                "cannot write the Unschedulable condition of placeholder %s/%s (autoscalers ignore "
+                "it without): %s; tried again",
+                loggable(namespace, NAME_LIMIT),
+                loggable(name, NAME_LIMIT),
+                loggable(error_text(error)),
+            )
+            return
+        placeholder = self.placeholders.pods.get(uid)
+        if placeholder is not None:  # not written again before the watch shows it
+            self.placeholders.pods[uid] = dataclasses.replace(placeholder, unschedulable=True)
+
     def _tell(self, pod: Pod, reason: str, message: str, warning: bool = False) -> None:
         """An event on the pending pod and a log line, once per message."""
         memory = self._memory.setdefault(pod.metadata.uid, _Memory())
@@ -603,13 +626,6 @@ class CapacityRequester:
         log.info("capacity for %s: %s", loggable(pod.key, NAME_LIMIT), loggable(message))
         if self.report is not None:
             self.report(ObjectRef.of_pod(pod), reason, message, warning)
-
-
-def unschedulable(pod: Pod) -> bool:
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in pod.status.conditions
-    )
 
 
 def unschedulable_condition(asked: Asked) -> dict[str, str]:

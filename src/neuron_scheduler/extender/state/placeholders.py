@@ -7,7 +7,10 @@ placeholder label, the placeholder scheduler name and no node: a bound pod is al
 whatever its labels, so no label can hide devices in use from the ledger.
 
 The leader's capacity requests (extender/loops/requesting) act on the placeholders it made (its
-namespace, its owner name); `asked` is what each one's record says, or why it cannot be read.
+namespace, its owner name); `asked` is what each one's record says, or why it cannot be read. The
+extender's view keeps its own namespace's only: anyone may create a pod that looks like a
+placeholder in a namespace of theirs, and such pods must not fill the view's bound (the leader
+would no longer see its own placeholders, bound them or delete them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from neuron_scheduler.core.capacity import (
 )
 from neuron_scheduler.extender.state.plugins import ClusterView, PodsOnly
 from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.reading import unschedulable
 from neuron_scheduler.kube.views import pod_uid, replace_all
 
 MAX_PLACEHOLDERS = 10_000  # beyond this many, new ones are not kept (nor acted on)
@@ -46,6 +50,7 @@ class Placeholder:
     owner: str  # the extender that made it (its label's value)
     asked: Asked | None  # None: a record that does not decode
     problem: str = ""  # why it does not
+    unschedulable: bool = False  # its PodScheduled=False/Unschedulable condition is written
 
     @property
     def key(self) -> str:
@@ -53,9 +58,11 @@ class Placeholder:
 
 
 class Placeholders(PodsOnly):
-    """Every placeholder pod, by uid (fed with placeholder pods only)."""
+    """Every placeholder pod, by uid (fed with placeholder pods only); those of `namespace` only,
+    when one is given."""
 
-    def __init__(self, limit: int = MAX_PLACEHOLDERS) -> None:
+    def __init__(self, namespace: str | None = None, limit: int = MAX_PLACEHOLDERS) -> None:
+        self.namespace = namespace
         self.limit = limit
         self.pods: dict[str, Placeholder] = {}
 
@@ -64,7 +71,12 @@ class Placeholders(PodsOnly):
 
     def apply_pod(self, pod: Pod) -> None:
         meta = pod.metadata
-        if not is_placeholder(pod) or pod.finished or meta.deletionTimestamp is not None:
+        if (
+            not is_placeholder(pod)
+            or pod.finished
+            or meta.deletionTimestamp is not None
+            or (self.namespace is not None and meta.namespace != self.namespace)
+        ):
             self.pods.pop(meta.uid, None)
             return
         if meta.uid not in self.pods and len(self.pods) >= self.limit:
@@ -77,7 +89,7 @@ class Placeholders(PodsOnly):
             asked, problem = None, str(error)
         owner = meta.labels.get(PLACEHOLDER_LABEL, "")
         self.pods[meta.uid] = Placeholder(
-            meta.namespace, meta.name, meta.uid, owner, asked, problem
+            meta.namespace, meta.name, meta.uid, owner, asked, problem, unschedulable(pod)
         )
 
     def remove_pod(self, uid: str) -> None:
