@@ -195,6 +195,7 @@ def expected_kinds(combo: str) -> list[str]:
     if scheduler.get("enabled", True):
         names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
         names += [f"{k}/k8s-neuron-scheduler-pod-writes" for k in POLICY_KINDS]
+        names += [f"{k}/k8s-neuron-scheduler-plans" for k in POLICY_KINDS]
         names.append("CustomResourceDefinition/ultraserverclaims.neuron-scheduler.io")
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):

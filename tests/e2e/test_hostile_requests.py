@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from neuron_scheduler.core.planrecord import PLAN_ANNOTATION
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import pod_json
 from tests.e2e import hostile
@@ -403,6 +404,56 @@ def test_a_stolen_extender_token_may_change_only_our_pod_annotations(stack: Stac
         pod = cp.request("GET", path)
         assert pod["spec"]["containers"][0]["image"] == created["spec"]["containers"][0]["image"]
         assert "other.example/key" not in pod["metadata"]["annotations"]
+    finally:
+        cp.request("DELETE", path)
+
+
+def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
+    """The chart's admission policy `<extender>-plans`: the leader evicts what a plan on a pod
+    names, so nobody else may add or change one, on create or update; anyone may remove one
+    (that cancels it). The extender's own plans pass (test_consolidation)."""
+    cp = stack.cp
+    plan = {PLAN_ANNOTATION: '{"v":1}'}
+    name = f"planner-{time.monotonic_ns()}"
+    path = f"/api/v1/namespaces/default/pods/{name}"
+    body = pod_json(name, {NEURON: 1}, scheduler="nobody", annotations=plan)
+
+    def refused() -> KubeError | None:
+        try:
+            cp.request("POST", "/api/v1/namespaces/default/pods", body)
+        except KubeError as error:
+            return error
+        cp.request("DELETE", path)
+        return None
+
+    # The policy is enforced from its binding's first reconcile on: wait for a refusal.
+    error = wait_for(refused, "the policy to refuse a plan written by someone else", 30)
+    assert error.status == 403 and "only neuron-scheduler's extender writes" in str(error)
+    cp.request("POST", "/api/v1/namespaces/default/pods", pod_json(name, {}, scheduler="nobody"))
+    try:
+        with pytest.raises(KubeError) as caught:
+            cp.request(
+                "PATCH",
+                path,
+                {"metadata": {"annotations": plan}},
+                content_type="application/merge-patch+json",
+            )
+        assert caught.value.status == 403
+        # The extender may write one (it would patch only a pending Neuron pod's); removing one
+        # is anyone's.
+        as_extender = cp.client_for(stack.extender_token)
+        as_extender.request(
+            "PATCH",
+            path,
+            {"metadata": {"annotations": plan}},
+            content_type="application/merge-patch+json",
+        )
+        cp.request(
+            "PATCH",
+            path,
+            {"metadata": {"annotations": {PLAN_ANNOTATION: None}}},
+            content_type="application/merge-patch+json",
+        )
     finally:
         cp.request("DELETE", path)
 

@@ -43,9 +43,10 @@ DRA_SCORING_RULES = RULES.with_name("dra-scoring-rules.yaml")
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
 PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
-# What the extender may change in a pod update: the chart's admission policy, with its
-# ServiceAccount's name here.
+# What the extender may change in a pod update, and who else may write a consolidation plan: the
+# chart's admission policies, with the testbed's ServiceAccount name.
 POD_WRITES = RULES.with_name("extender-pod-writes.yaml")
+PLAN_WRITES = RULES.with_name("extender-plans.yaml")
 ROLE = "neuron-scheduler-extender"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -278,7 +279,7 @@ class Stack:
         )
         self._budget_role(cp)
         self._capacity_role(cp)
-        self._pod_writes_policy(cp, "system:serviceaccount:kube-system:neuron-scheduler")
+        self._policies(cp, "system:serviceaccount:kube-system:neuron-scheduler")
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -335,50 +336,47 @@ class Stack:
         )
 
     @staticmethod
-    def _pod_writes_policy(cp: ControlPlane, username: str) -> None:
-        """The chart's `<extender>-pod-writes` admission policy for this ServiceAccount: every test
-        that runs the extender runs it with its pod updates limited as the chart limits them."""
-        admission = "/apis/admissionregistration.k8s.io/v1"
-        name = f"{ROLE}-pod-writes"
-        cp.request(
-            "POST",
-            f"{admission}/validatingadmissionpolicies",
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": [""],
-                                "apiVersions": ["v1"],
-                                "operations": ["UPDATE"],
-                                "resources": ["pods"],
-                            }
-                        ]
-                    },
-                    "matchConditions": [
-                        {
-                            "name": "is-the-extender",
-                            "expression": f"request.userInfo.username == {json.dumps(username)}",
-                        }
-                    ],
-                    **yaml.safe_load(POD_WRITES.read_text()),
+    def _policies(cp: ControlPlane, username: str) -> None:
+        """The chart's admission policies on pod writes, for this ServiceAccount: every test
+        that runs the extender runs it, and every pod write, under them."""
+        user = f"request.userInfo.username == {json.dumps(username)}"
+        for name, operations, condition, path in (
+            (f"{ROLE}-pod-writes", ["UPDATE"], user, POD_WRITES),
+            (f"{ROLE}-plans", ["CREATE", "UPDATE"], f"!({user})", PLAN_WRITES),
+        ):
+            rule = {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": operations,
+                "resources": ["pods"],
+            }
+            spec = {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "matchConditions": [{"name": "who", "expression": condition}],
+                **yaml.safe_load(path.read_text()),
+            }
+            admission = "/apis/admissionregistration.k8s.io/v1"
+            cp.request(
+                "POST",
+                f"{admission}/validatingadmissionpolicies",
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingAdmissionPolicy",
+                    "metadata": {"name": name},
+                    "spec": spec,
                 },
-            },
-        )
-        cp.request(
-            "POST",
-            f"{admission}/validatingadmissionpolicybindings",
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {"policyName": name, "validationActions": ["Deny"]},
-            },
-        )
+            )
+            cp.request(
+                "POST",
+                f"{admission}/validatingadmissionpolicybindings",
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingAdmissionPolicyBinding",
+                    "metadata": {"name": name},
+                    "spec": {"policyName": name, "validationActions": ["Deny"]},
+                },
+            )
 
     @staticmethod
     def _capacity_role(cp: ControlPlane) -> None:

@@ -5,6 +5,7 @@ a restart leaves."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import msgspec
@@ -581,3 +582,83 @@ def test_a_pod_short_of_devices_is_not_counted_as_blocked_by_plans_in_flight() -
     assert blocked._value.get() == 1
     assert world.consolidator.concluded("big") is Concluded.PLANS_IN_FLIGHT
     assert world.api.calls == []
+
+
+def forged_plan(victims: list[str], node_name: str = "b", owner: str = "rs-any") -> str:
+    """A plan as anyone able to write the pod's annotation could write it: pods of node b."""
+    record = planrecord.PlanRecord(
+        node_name,
+        (0, 1, 2, 3),
+        tuple(cores_of_devices([0, 1, 2, 3], TRN1.cores_per_device)),
+        NOW,
+        NOW + 300,
+        tuple(
+            planrecord.Replacement(uid, f"default/{uid}", owner, NeuronRequest(NEURON, 1))
+            for uid in victims
+        ),
+    )
+    return planrecord.encode(record)
+
+
+def test_a_plan_read_back_evicts_only_what_a_plan_of_the_extender_could() -> None:
+    """A plan found on a pod's annotation (after a restart, or written by whoever could write
+    the pod) naming pods consolidation never moves (bare pods here) evicts none of them: the
+    plan is cancelled with the reason, its holds let go."""
+    world = World()
+    body = msgspec.to_builtins(world.pods["big"])
+    body["metadata"].setdefault("annotations", {})[planrecord.PLAN_ANNOTATION] = forged_plan(
+        ["x0", "x1"]
+    )
+    world.apply(msgspec.convert(body, Pod))
+    assert world.plans.plans["big"].record.node == "b"
+    world.step()
+    assert not {"x0", "x1"} & set(world.evicted())
+    assert world.plans.plans["big"].ended == "cancelled"
+    (event,) = [e for e in world.events if e[1] == "NeuronConsolidationCancelled"]
+    assert "default/x0 may not be moved: a bare pod" in event[2], event
+    assert "big" not in world.ledger.plan_holds
+
+
+def test_a_pod_that_opts_out_after_the_plan_is_not_evicted() -> None:
+    world = World()
+    world.api.refuse = set()
+    world.step()
+    first, *_ = world.evicted()
+    record = world.plans.plans["big"].record
+    assert len(record.victims) == 3
+    # A restart after the first eviction; meanwhile a second victim opted out.
+    world.apply(world.annotated())
+    world.remove(first)
+    left = [v.uid for v in record.victims if v.uid != first]
+    opted = msgspec.to_builtins(world.pods[left[0]])
+    opted["metadata"].setdefault("annotations", {})["neuron-scheduler.io/do-not-disrupt"] = "true"
+    world.apply(msgspec.convert(opted, Pod))
+    world.api.calls.clear()
+    active = world.plans.plans["big"]
+    active.asked.clear()
+    asyncio.run(world.consolidator._evict(active))  # as a restarted leader's step does
+    assert left[0] not in world.evicted()
+    assert active.ended == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("started", "until", "why"),
+    [(NOW, NOW + 3601, "lasts 3600 s at most"), (NOW + 3600, NOW + 3700, "in the future")],
+)
+def test_a_plan_that_holds_longer_than_any_the_extender_writes_is_ignored(
+    started: float, until: float, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "neuron_scheduler.extender.consolidating")
+    world = World()
+    record = planrecord.decode(forged_plan(["w0"], "a", "rs-web"))
+    text = planrecord.encode(
+        planrecord.PlanRecord(
+            record.node, record.devices, record.cores, started, until, record.victims
+        )
+    )
+    body = msgspec.to_builtins(world.pods["big"])
+    body["metadata"].setdefault("annotations", {})[planrecord.PLAN_ANNOTATION] = text
+    world.apply(msgspec.convert(body, Pod))
+    assert "big" not in world.plans.plans and "big" not in world.ledger.plan_holds
+    assert "big" in world.plans.unreadable
+    assert why in caplog.text

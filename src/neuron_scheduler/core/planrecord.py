@@ -27,6 +27,9 @@ from neuron_scheduler.core.topology import MAX_CORES
 PLAN_ANNOTATION = "neuron-scheduler.io/consolidation"
 VERSION = 1
 MAX_VICTIMS = 64
+# No plan the extender writes lasts longer (--consolidation-plan-seconds is at most 3600, a
+# capacity hold 300 s): a longer one was not written by it, and would hold a block for as long.
+MAX_LIFETIME = 3600.0
 MAX_TEXT = 320  # a namespace/name or a node name, with room
 IDS = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?){0,255}")
 
@@ -142,6 +145,8 @@ def decode(text: str) -> PlanRecord:
         raise PlanError(f"a plan moves 1 to {MAX_VICTIMS} pods, not {len(raw.victims)}")
     if not raw.until > raw.started > 0:
         raise PlanError("the plan's times are not in order")
+    if raw.until - raw.started > MAX_LIFETIME:
+        raise PlanError(f"a plan lasts {MAX_LIFETIME:.0f} s at most")
     victims = []
     for victim in raw.victims:
         if victim.resource not in RESOURCE_UNITS or not 0 < victim.count <= MAX_CORES:

@@ -562,10 +562,37 @@ class Consolidator(PodsOnly):
             for victim in self._to_evict(active):
                 if active.ended:
                     return
+                why = self._may_not_move(active, victim)
+                if why:
+                    self._cancel(active, f"{victim.pod} may not be moved: {why}")
+                    return
                 if not await self._evict_one(active, victim):
                     return
         finally:
             active.busy = False
+
+    def _may_not_move(self, active: Active, victim: Replacement) -> str:
+        """Why the plan may no longer evict this pod of its node, or "". Asked again at each
+        eviction: a pod may have opted out since the plan was written, and a plan read back from
+        a pod's annotation is only as trustworthy as whoever could write it (the chart's
+        admission policy lets only the extender; docs/security.md): it evicts only what a plan
+        of the extender's own could."""
+        facts = self.movability.pods[victim.uid]
+        if facts.never:
+            return facts.never
+        if facts.priority > active.priority:
+            return f"its priority {facts.priority} is above {active.key}'s {active.priority}"
+        if facts.owner != victim.owner:
+            return "its controller is not the one the plan names"
+        return ""
+
+    def _cancel(self, active: Active, message: str) -> None:
+        message = f"{message}; the plan is cancelled and its holds let go"
+        log.info("consolidation for %s: %s", loggable(active.key), loggable(message))
+        if self.report is not None:
+            ref = ObjectRef("Pod", active.namespace, active.name, active.uid)
+            self.report(ref, "NeuronConsolidationCancelled", message, True)
+        self.plans.end(active, "cancelled")
 
     async def _evict_one(self, active: Active, victim: Replacement) -> bool:
         """False when the plan stops here (cancelled, or an error to retry on the next step)."""
@@ -578,15 +605,7 @@ class Consolidator(PodsOnly):
             return True
         except TooManyRequests as error:
             self.metrics.evictions.labels("refused").inc()
-            message = (
-                f"the eviction of {victim.pod} was refused ({error_text(error)}); the plan is "
-                "cancelled and its holds let go"
-            )
-            log.info("consolidation for %s: %s", loggable(active.key), loggable(message))
-            if self.report is not None:
-                ref = ObjectRef("Pod", active.namespace, active.name, active.uid)
-                self.report(ref, "NeuronConsolidationCancelled", message, True)
-            self.plans.end(active, "cancelled")
+            self._cancel(active, f"the eviction of {victim.pod} was refused ({error_text(error)})")
             return False
         except READ_ERRORS as error:
             self.metrics.evictions.labels("failed").inc()

@@ -69,6 +69,12 @@ class Active:
         return f"{self.namespace}/{self.name}"
 
 
+# How far ahead of ours another replica's clock may run, at most: a plan that starts later than
+# this was not written by an extender, and its lifetime bound (planrecord.MAX_LIFETIME) would not
+# hold.
+CLOCK_AHEAD = 60.0
+
+
 class Plans(PodsOnly):
     """Every plan annotated on a pod, by the pod's uid (a view fed by the pod watch; a
     HoldKeeper, as the waker ends plans whose time is up). `on_end(active, outcome)` hears of
@@ -129,6 +135,8 @@ class Plans(PodsOnly):
             return
         try:
             record = decode(text)
+            if record.started > self.wall_clock() + CLOCK_AHEAD:
+                raise PlanError("the plan starts in the future")
         except PlanError as error:
             if self.unreadable.get(uid) != text:
                 log.warning(
