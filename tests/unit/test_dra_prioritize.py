@@ -32,10 +32,13 @@ CATALOG = Catalog.builtin()
 
 
 def slices_of(
-    name: str, instance_type: str, core_windows: tuple[int, ...] = (1, 2, 4, 8)
+    name: str,
+    instance_type: str,
+    core_windows: tuple[int, ...] = (1, 2, 4, 8),
+    unhealthy: dict[int, str] | None = None,
 ) -> list[PoolSlice]:
     topology = CATALOG.resolve(instance_type).topology
-    inventory = NodeInventory(name, topology, core_windows=core_windows)
+    inventory = NodeInventory(name, topology, unhealthy=unhealthy or {}, core_windows=core_windows)
     contents = pool_slices(DRIVER, inventory)
     return [
         msgspec.convert(
@@ -47,7 +50,12 @@ def slices_of(
 
 
 def claim(
-    name: str, device_class: str, held: list[tuple[str, str]] = (), count: int = 1
+    name: str,
+    device_class: str,
+    held: list[tuple[str, str]] = (),
+    count: int = 1,
+    *,
+    admin: bool = False,
 ) -> ResourceClaim:
     body: dict[str, Any] = {
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
@@ -65,6 +73,7 @@ def claim(
     if held:
         results = [
             {"request": "neurons", "driver": DRIVER, "pool": pool, "device": device}
+            | ({"adminAccess": True} if admin else {})
             for pool, device in held
         ]
         body["status"] = {"allocation": {"devices": {"results": results}}}
@@ -227,6 +236,19 @@ def test_demand_is_recorded_once_per_claim_of_ours() -> None:
         dra.apply_claim(claim("mine", "neuroncore-2"))  # the same claim, changing
     dra.apply_claim(claim("gpu", "gpu-1"))
     assert dra.demand.weights == ((Unit.CORE, 2, 1024),)
+
+
+def test_a_claim_with_admin_access_holds_no_cores() -> None:
+    """kube-scheduler does not count an admin-access result as allocated (a monitoring claim
+    reaches devices other claims use): the score must not either."""
+    judge, dra = world()
+    dra.apply_claim(claim("mine", "neuron-3"))
+    before = scores(judge, pod_with("mine"), SINGLES_AND_CORES)
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod_with("mine"), NodeNames=["b"]))
+    dra.apply_claim(claim("monitor", "neuron-12", [("b", "all")], admin=True))
+    assert scores(judge, pod_with("mine"), SINGLES_AND_CORES) == before
+    after = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod_with("mine"), NodeNames=["b"]))
+    assert after == packing
 
 
 @pytest.mark.parametrize(

@@ -221,10 +221,11 @@ class DraNodes:
         allocation = claim.status.allocation
         if allocation is None:
             return ()
+        # kube-scheduler does not count an admin-access result as allocated: neither do we.
         return tuple(
             (r.pool, r.device)
             for r in allocation.devices.results[:MAX_RESULTS]
-            if r.driver == self.classes.driver
+            if r.driver == self.classes.driver and not r.adminAccess
         )
 
     # --- what prioritize reads ------------------------------------------------------------
