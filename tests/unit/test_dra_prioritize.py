@@ -251,6 +251,24 @@ def test_a_claim_with_admin_access_holds_no_cores() -> None:
     assert after == packing
 
 
+def test_a_relist_does_not_count_the_claims_it_knows_again() -> None:
+    """Demand is what pods asked for lately: a claim counts once when it appears, not again at
+    every relist of the claims' watch (the ledger counts its pods the same way)."""
+    _, dra = world()
+    dra.demand = Demand()
+    for i in range(10):  # core claims that came and went
+        dra.apply_claim(claim(f"gone-{i}", "neuroncore-2"))
+        dra.remove_claim(claim(f"gone-{i}", "neuroncore-2"))
+    staying = claim("staying", "neuron-1", [("a", "single-3")])
+    dra.apply_claim(staying)
+    weights = dra.demand.weights
+    for _ in range(20):
+        dra.replace_claims([staying])
+    assert dra.demand.weights == weights
+    dra.replace_claims([staying, claim("new", "neuroncore-4")])  # one new to the list counts
+    assert (Unit.CORE, 4) in {(unit, count) for unit, count, _ in dra.demand.weights}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

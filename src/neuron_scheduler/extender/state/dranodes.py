@@ -158,21 +158,26 @@ class DraNodes:
     # --- claims ---------------------------------------------------------------------------
 
     def replace_claims(self, claims: Iterable[ResourceClaim]) -> None:
+        # A claim known before the relist was counted in demand when it appeared: not again.
+        known = set(self._claims)
         self._claims.clear()
         self._by_key.clear()
         for pool in self._pools.values():
             pool.claims.clear()
         self._states.clear()
         for claim in claims:
-            self.apply_claim(claim)
+            self._apply_claim(claim, new=claim.metadata.uid not in known)
 
     def apply_claim(self, claim: ResourceClaim) -> None:
+        self._apply_claim(claim, new=True)
+
+    def _apply_claim(self, claim: ResourceClaim, *, new: bool) -> None:
         meta = claim.metadata
         uid = meta.uid
         old = self._claims.get(uid)
         if old is None:
             request = self._request_of(claim)
-            if request is not None:
+            if request is not None and new:
                 self.demand.record(request.unit, request.count)
         else:
             request = old.request
