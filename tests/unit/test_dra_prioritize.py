@@ -269,6 +269,36 @@ def test_a_relist_does_not_count_the_claims_it_knows_again() -> None:
     assert (Unit.CORE, 4) in {(unit, count) for unit, count, _ in dra.demand.weights}
 
 
+def test_failed_devices_are_never_the_schedulers_pick() -> None:
+    """A failed device's sets carry a NoSchedule taint: kube-scheduler's first fit skips them as
+    it skips sets in use, so a node with device 5 failed scores as one whose device 5 is held."""
+    judge, dra = world()
+    dra.replace_slices(
+        [
+            *slices_of("a", "inf2.48xlarge", unhealthy={5: "gone"}),
+            *slices_of("b", "inf2.48xlarge"),
+        ]
+    )
+    dra.replace_claims([claim("held", "neuron-1", [("b", "single-5")])])
+    for asked in ("neuron-6", "neuroncore-8", "neuroncore-1"):
+        dra.apply_claim(claim(f"mine-{asked}", asked))
+        pod = pod_with(f"mine-{asked}")
+        by_fit = scores(judge, pod, SINGLES_AND_CORES)
+        assert by_fit["a"] == by_fit["b"], asked
+        packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+        assert packing[0].Score == packing[1].Score, asked
+    # The taint goes with the failure: a is whole again.
+    dra.replace_slices([*slices_of("a", "inf2.48xlarge"), *slices_of("b", "inf2.48xlarge")])
+    pod = pod_with("mine-neuron-6")
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert packing[0].Score < packing[1].Score
+    # The driver taints in place, slice by slice (the same generation).
+    for piece in slices_of("a", "inf2.48xlarge", unhealthy={5: "gone"})[1:]:
+        dra.apply_slice(piece)
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert packing[0].Score == packing[1].Score
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
