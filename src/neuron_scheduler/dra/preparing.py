@@ -313,9 +313,21 @@ class Preparer:
         return claim
 
     def _write_spec(self, claim: PreparedClaim) -> None:
+        # kubelet gives a container every CDI device of a request, and each one's edits set the
+        # same variables (the last applied wins): each names all of its request's devices and
+        # cores (a request of two 1-core windows forming one window, or of two singles).
+        members: dict[str, set[int]] = {}
+        cores: dict[str, set[int]] = {}
+        for d in claim.devices:
+            members.setdefault(d.request, set()).update(d.members)
+            cores.setdefault(d.request, set()).update(d.cores)
         devices = [
             cdi.CdiDevice(
-                f"{claim.uid}-{d.device}", d.members, d.cores_per_device, d.logical_nc, d.cores
+                f"{claim.uid}-{d.device}",
+                tuple(sorted(members[d.request])),
+                d.cores_per_device,
+                d.logical_nc,
+                tuple(sorted(cores[d.request])),
             )
             for d in claim.devices
         ]
