@@ -242,6 +242,28 @@ async def test_a_request_given_several_devices_names_all_of_them_in_every_edit(
     ]
 
 
+async def test_admin_access_neither_holds_cores_nor_is_kept_off_them(world: World) -> None:
+    """kube-scheduler gives an admin-access request (monitoring) devices other claims hold and
+    does not count it as holding them: a workload allocated the same cores after it must still
+    be prepared, and it must be prepared beside one."""
+    body = claim_json("mon", ["single-0"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = world.api.add(body)
+    assert not isinstance((await world.preparer.prepare([monitor]))["mon"], str)
+    work = world.api.add(claim_json("work", ["cores-1-at-0"]))
+    assert not isinstance((await world.preparer.prepare([work]))["work"], str)
+    body = claim_json("mon2", ["window-2-at-0"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    second = world.api.add(body)
+    assert not isinstance((await world.preparer.prepare([second]))["mon2"], str)
+    # After a restart too; and a workload is still kept off the workload's cores.
+    restarted = world.start()
+    other = world.api.add(claim_json("other", ["single-0"]))
+    assert await restarted.prepare([other]) == {
+        "other": "cores 0 are in use by another prepared claim"
+    }
+
+
 async def test_separate_requests_may_hold_separate_sets(world: World) -> None:
     ref = world.api.add(claim_json("u", [("a", "single-0"), ("b", "single-5")]))
     (answer,) = (await world.preparer.prepare([ref])).values()
