@@ -211,6 +211,59 @@ async def test_two_singles_that_form_a_window_are_legal(world: World) -> None:
     assert not isinstance(answer, str), answer
 
 
+async def test_a_request_given_several_devices_names_all_of_them_in_every_edit(
+    world: World,
+) -> None:
+    """kubelet hands a container every CDI device of the claim's request, and each device's
+    edits set the same variables: the last one applied would win, so each must name the whole
+    request (two 1-core windows that form one window: both cores; two singles: both devices)."""
+    joined = world.api.add(claim_json("j", ["cores-1-at-6", "cores-1-at-7"]))
+    assert not isinstance((await world.preparer.prepare([joined]))["j"], str)
+    for device in world.spec("j")["devices"]:
+        edits = device["containerEdits"]
+        assert edits["env"] == ["NEURON_RT_VISIBLE_CORES=6,7"], device["name"]
+        assert edits["deviceNodes"] == [{"path": "/dev/neuron3"}]
+    pair = world.api.add(claim_json("p", ["single-11", "single-0"]))
+    assert not isinstance((await world.preparer.prepare([pair]))["p"], str)
+    for device in world.spec("p")["devices"]:
+        edits = device["containerEdits"]
+        assert edits["env"] == [
+            "NEURON_RT_VISIBLE_CORES=0,1,22,23",
+            "AWS_NEURON_VISIBLE_DEVICES=0,11",
+        ], device["name"]
+        assert edits["deviceNodes"] == [{"path": "/dev/neuron0"}, {"path": "/dev/neuron11"}]
+    # Separate requests stay separate (a container may name one request of the claim).
+    apart = world.api.add(claim_json("a", [("x", "single-4"), ("y", "single-6")]))
+    assert not isinstance((await world.preparer.prepare([apart]))["a"], str)
+    envs = [d["containerEdits"]["env"] for d in world.spec("a")["devices"]]
+    assert envs == [
+        ["NEURON_RT_VISIBLE_CORES=8,9", "AWS_NEURON_VISIBLE_DEVICES=4"],
+        ["NEURON_RT_VISIBLE_CORES=12,13", "AWS_NEURON_VISIBLE_DEVICES=6"],
+    ]
+
+
+async def test_admin_access_neither_holds_cores_nor_is_kept_off_them(world: World) -> None:
+    """kube-scheduler gives an admin-access request (monitoring) devices other claims hold and
+    does not count it as holding them: a workload allocated the same cores after it must still
+    be prepared, and it must be prepared beside one."""
+    body = claim_json("mon", ["single-0"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = world.api.add(body)
+    assert not isinstance((await world.preparer.prepare([monitor]))["mon"], str)
+    work = world.api.add(claim_json("work", ["cores-1-at-0"]))
+    assert not isinstance((await world.preparer.prepare([work]))["work"], str)
+    body = claim_json("mon2", ["window-2-at-0"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    second = world.api.add(body)
+    assert not isinstance((await world.preparer.prepare([second]))["mon2"], str)
+    # After a restart too; and a workload is still kept off the workload's cores.
+    restarted = world.start()
+    other = world.api.add(claim_json("other", ["single-0"]))
+    assert await restarted.prepare([other]) == {
+        "other": "cores 0 are in use by another prepared claim"
+    }
+
+
 async def test_separate_requests_may_hold_separate_sets(world: World) -> None:
     ref = world.api.add(claim_json("u", [("a", "single-0"), ("b", "single-5")]))
     (answer,) = (await world.preparer.prepare([ref])).values()

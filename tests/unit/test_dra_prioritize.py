@@ -32,10 +32,13 @@ CATALOG = Catalog.builtin()
 
 
 def slices_of(
-    name: str, instance_type: str, core_windows: tuple[int, ...] = (1, 2, 4, 8)
+    name: str,
+    instance_type: str,
+    core_windows: tuple[int, ...] = (1, 2, 4, 8),
+    unhealthy: dict[int, str] | None = None,
 ) -> list[PoolSlice]:
     topology = CATALOG.resolve(instance_type).topology
-    inventory = NodeInventory(name, topology, core_windows=core_windows)
+    inventory = NodeInventory(name, topology, unhealthy=unhealthy or {}, core_windows=core_windows)
     contents = pool_slices(DRIVER, inventory)
     return [
         msgspec.convert(
@@ -47,7 +50,12 @@ def slices_of(
 
 
 def claim(
-    name: str, device_class: str, held: list[tuple[str, str]] = (), count: int = 1
+    name: str,
+    device_class: str,
+    held: list[tuple[str, str]] = (),
+    count: int = 1,
+    *,
+    admin: bool = False,
 ) -> ResourceClaim:
     body: dict[str, Any] = {
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
@@ -65,6 +73,7 @@ def claim(
     if held:
         results = [
             {"request": "neurons", "driver": DRIVER, "pool": pool, "device": device}
+            | ({"adminAccess": True} if admin else {})
             for pool, device in held
         ]
         body["status"] = {"allocation": {"devices": {"results": results}}}
@@ -227,6 +236,67 @@ def test_demand_is_recorded_once_per_claim_of_ours() -> None:
         dra.apply_claim(claim("mine", "neuroncore-2"))  # the same claim, changing
     dra.apply_claim(claim("gpu", "gpu-1"))
     assert dra.demand.weights == ((Unit.CORE, 2, 1024),)
+
+
+def test_a_claim_with_admin_access_holds_no_cores() -> None:
+    """kube-scheduler does not count an admin-access result as allocated (a monitoring claim
+    reaches devices other claims use): the score must not either."""
+    judge, dra = world()
+    dra.apply_claim(claim("mine", "neuron-3"))
+    before = scores(judge, pod_with("mine"), SINGLES_AND_CORES)
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod_with("mine"), NodeNames=["b"]))
+    dra.apply_claim(claim("monitor", "neuron-12", [("b", "all")], admin=True))
+    assert scores(judge, pod_with("mine"), SINGLES_AND_CORES) == before
+    after = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod_with("mine"), NodeNames=["b"]))
+    assert after == packing
+
+
+def test_a_relist_does_not_count_the_claims_it_knows_again() -> None:
+    """Demand is what pods asked for lately: a claim counts once when it appears, not again at
+    every relist of the claims' watch (the ledger counts its pods the same way)."""
+    _, dra = world()
+    dra.demand = Demand()
+    for i in range(10):  # core claims that came and went
+        dra.apply_claim(claim(f"gone-{i}", "neuroncore-2"))
+        dra.remove_claim(claim(f"gone-{i}", "neuroncore-2"))
+    staying = claim("staying", "neuron-1", [("a", "single-3")])
+    dra.apply_claim(staying)
+    weights = dra.demand.weights
+    for _ in range(20):
+        dra.replace_claims([staying])
+    assert dra.demand.weights == weights
+    dra.replace_claims([staying, claim("new", "neuroncore-4")])  # one new to the list counts
+    assert (Unit.CORE, 4) in {(unit, count) for unit, count, _ in dra.demand.weights}
+
+
+def test_failed_devices_are_never_the_schedulers_pick() -> None:
+    """A failed device's sets carry a NoSchedule taint: kube-scheduler's first fit skips them as
+    it skips sets in use, so a node with device 5 failed scores as one whose device 5 is held."""
+    judge, dra = world()
+    dra.replace_slices(
+        [
+            *slices_of("a", "inf2.48xlarge", unhealthy={5: "gone"}),
+            *slices_of("b", "inf2.48xlarge"),
+        ]
+    )
+    dra.replace_claims([claim("held", "neuron-1", [("b", "single-5")])])
+    for asked in ("neuron-6", "neuroncore-8", "neuroncore-1"):
+        dra.apply_claim(claim(f"mine-{asked}", asked))
+        pod = pod_with(f"mine-{asked}")
+        by_fit = scores(judge, pod, SINGLES_AND_CORES)
+        assert by_fit["a"] == by_fit["b"], asked
+        packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+        assert packing[0].Score == packing[1].Score, asked
+    # The taint goes with the failure: a is whole again.
+    dra.replace_slices([*slices_of("a", "inf2.48xlarge"), *slices_of("b", "inf2.48xlarge")])
+    pod = pod_with("mine-neuron-6")
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert packing[0].Score < packing[1].Score
+    # The driver taints in place, slice by slice (the same generation).
+    for piece in slices_of("a", "inf2.48xlarge", unhealthy={5: "gone"})[1:]:
+        dra.apply_slice(piece)
+    packing = judge.prioritize_claims_packing(ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert packing[0].Score == packing[1].Score
 
 
 @pytest.mark.parametrize(

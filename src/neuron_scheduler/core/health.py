@@ -55,6 +55,15 @@ def unhealthy_taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
 
+def tainted_device(value: str) -> int | None:
+    """The failed device an unhealthy taint's value (`neuronN`) names; None when it names none
+    (read as untrusted: bounded)."""
+    digits = value.removeprefix("neuron")
+    if not digits.isdigit() or len(digits) > 3 or int(digits) >= MAX_DEVICES:
+        return None
+    return int(digits)
+
+
 def describe(mask: int) -> str:
     """ "device 5", "devices 3,5"."""
     ids = mask_ids(mask)

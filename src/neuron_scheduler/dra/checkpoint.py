@@ -33,9 +33,13 @@ class PreparedDevice(msgspec.Struct, frozen=True):
     # A core window's global core ids (at the node's cores per device); empty for a device set,
     # which holds every core of its members. (Files written before core windows have none.)
     cores: tuple[int, ...] = ()
+    # Given with admin access (monitoring): the scheduler counts it as holding nothing.
+    admin_access: bool = False
 
     def core_mask(self, node_cores_per_device: int) -> int:
         """The cores it holds, counted at the node's cores per device (what other claims see)."""
+        if self.admin_access:
+            return 0
         if self.cores:
             return ids_mask(self.cores)
         return core_mask_of_devices(ids_mask(self.members), node_cores_per_device)

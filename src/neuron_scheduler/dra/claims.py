@@ -49,6 +49,9 @@ class Result(msgspec.Struct):
     driver: str = ""
     pool: str = ""
     device: str = ""
+    # Admin access (monitoring): the scheduler gives it devices whether or not other claims
+    # hold them, and does not count it as holding them.
+    adminAccess: bool | None = None
 
     @property
     def base_request(self) -> str:

@@ -5,7 +5,8 @@ The driver resolves its node's topology from the instance-type label and the dev
 (`node_topology`). The extender sees the same node through the pool's counter slice: one counter
 per device (`slices.counter_name`), each worth the device's logical cores (`pool_size`), plus
 the Node's label; so it resolves the same topology without reading the devices' attributes (a
-pool's device slices are most of its bytes, and are never decoded here).
+pool's device slices are most of its bytes: of their devices only the taints are decoded, which
+name the node's failed devices, `failed_devices`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ from __future__ import annotations
 import msgspec
 
 from neuron_scheduler.core.catalog import CapacityError, Catalog
+from neuron_scheduler.core.health import tainted_device, unhealthy_taint_key
 from neuron_scheduler.core.topology import MAX_CORES_PER_DEVICE, MAX_DEVICES, Topology
-from neuron_scheduler.dra.slices import COUNTER_SET_PREFIX
+from neuron_scheduler.dra.slices import (
+    COUNTER_SET_PREFIX,
+    MAX_DEVICES_PER_SLICE,
+    MAX_TAINTS_PER_DEVICE,
+)
 
 
 def node_topology(
@@ -47,11 +53,21 @@ class _Pool(msgspec.Struct):
     generation: int = 0
 
 
+class _Taint(msgspec.Struct):
+    key: str = ""
+    value: str = ""
+
+
+class _Device(msgspec.Struct):
+    taints: list[_Taint] = []  # (nothing else of a device is decoded)
+
+
 class _SliceSpec(msgspec.Struct):
     driver: str = ""
     nodeName: str = ""
     pool: _Pool = msgspec.field(default_factory=_Pool)
-    sharedCounters: list[CounterSet] = []  # devices are not decoded
+    sharedCounters: list[CounterSet] = []
+    devices: list[_Device] = []
 
 
 class _SliceMeta(msgspec.Struct):
@@ -86,3 +102,16 @@ def pool_size(counter_sets: list[CounterSet]) -> tuple[int, int] | None:
     if not value.isdigit() or not 1 <= int(value) <= MAX_CORES_PER_DEVICE:
         return None
     return len(devices), int(value)
+
+
+def failed_devices(item: PoolSlice, driver: str) -> int:
+    """The failed devices (mask) a device slice's unhealthy taints name: each one taints every
+    published device holding it, so kube-scheduler never allocates those (dra/slices)."""
+    key = unhealthy_taint_key(driver)
+    failed = 0
+    for device in item.spec.devices[:MAX_DEVICES_PER_SLICE]:
+        for taint in device.taints[:MAX_TAINTS_PER_DEVICE]:
+            index = tainted_device(taint.value) if taint.key == key else None
+            if index is not None:
+                failed |= 1 << index
+    return failed

@@ -4,9 +4,10 @@ spec the runtime applies, re-checked with the allocator's rules first.
 kubelet names a claim (namespace, name, uid) and nothing else, so Prepare reads the claim, maps
 each allocated device to its physical Neuron devices and cores (a device set holds every core of
 its devices, a core window its own) and refuses a set that is not legal, shares a core with
-another prepared claim or touches an unhealthy device. Both calls are idempotent: a claim prepared
-before (by this process or, through the checkpoint, an earlier one) gets the same answer again;
-unpreparing an unknown claim succeeds.
+another prepared claim or touches an unhealthy device (a device given with admin access, for
+monitoring, holds no cores and may reach cores others hold, as the scheduler treats it). Both
+calls are idempotent: a claim prepared before (by this process or, through the checkpoint, an
+earlier one) gets the same answer again; unpreparing an unknown claim succeeds.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def plan(
 ) -> list[tuple[Result, Shape]]:
     """Each allocated device's shape, after the allocator's checks; ClaimError otherwise.
 
-    held_elsewhere: the cores (mask) other prepared claims hold."""
+    held_elsewhere: the cores (mask) other prepared claims hold; a device given with admin
+    access is not checked against them, nor holds any."""
     published = shapes_by_name(topology)
     planned: list[tuple[Result, Shape]] = []
     by_request: dict[str, list[Shape]] = {}
@@ -90,9 +92,10 @@ def plan(
                 f"device {result.device[:80]!r} is not one this driver publishes for "
                 f"{topology.instance_type}"
             )
-        if shape.core_mask & claimed:
-            raise ClaimError(f"device {shape.name} overlaps another device of the same claim")
-        claimed |= shape.core_mask
+        if not result.adminAccess:
+            if shape.core_mask & claimed:
+                raise ClaimError(f"device {shape.name} overlaps another device of the same claim")
+            claimed |= shape.core_mask
         by_request.setdefault(result.base_request, []).append(shape)
         planned.append((result, shape))
     for request, shapes in by_request.items():
@@ -229,7 +232,7 @@ class Preparer:
         wanted = 0
         for result in results:
             shape = shapes_by_name(topology).get(result.device)
-            wanted |= shape.core_mask if shape is not None else 0
+            wanted |= shape.core_mask if shape is not None and not result.adminAccess else 0
         if wanted & self.checkpoint.held(per_device, besides=ref.uid):
             await self._forget_deleted(wanted, besides=ref.uid)
         planned = plan(
@@ -252,6 +255,7 @@ class Preparer:
                     cores_per_device(self.devices, config, shape),
                     config.logical_neuron_core,
                     shape.cores if shape.unit is Unit.CORE else (),
+                    bool(result.adminAccess),
                 )
             )
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, tuple(devices))
@@ -313,9 +317,21 @@ class Preparer:
         return claim
 
     def _write_spec(self, claim: PreparedClaim) -> None:
+        # kubelet gives a container every CDI device of a request, and each one's edits set the
+        # same variables (the last applied wins): each names all of its request's devices and
+        # cores (a request of two 1-core windows forming one window, or of two singles).
+        members: dict[str, set[int]] = {}
+        cores: dict[str, set[int]] = {}
+        for d in claim.devices:
+            members.setdefault(d.request, set()).update(d.members)
+            cores.setdefault(d.request, set()).update(d.cores)
         devices = [
             cdi.CdiDevice(
-                f"{claim.uid}-{d.device}", d.members, d.cores_per_device, d.logical_nc, d.cores
+                f"{claim.uid}-{d.device}",
+                tuple(sorted(members[d.request])),
+                d.cores_per_device,
+                d.logical_nc,
+                tuple(sorted(cores[d.request])),
             )
             for d in claim.devices
         ]

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from neuron_scheduler.core.health import describe, unhealthy_taint_key
+from neuron_scheduler.core.health import describe, tainted_device, unhealthy_taint_key
 from neuron_scheduler.core.ids import ids_mask
-from neuron_scheduler.core.topology import MAX_DEVICES
 
 
 class _Taint(msgspec.Struct):
@@ -63,19 +62,12 @@ def dra_nodes(slices: Iterable[HealthSlice], driver: str) -> tuple[DraNode, ...]
         sick = failed.setdefault(spec.nodeName, set())
         for device in spec.devices:
             for taint in device.taints[:4]:
-                index = _device_index(taint) if taint.key == key else None
+                index = tainted_device(taint.value) if taint.key == key else None
                 if index is not None:
                     sick.add(index)
     return tuple(
         DraNode(name, published[name], tuple(sorted(failed[name]))) for name in sorted(published)
     )
-
-
-def _device_index(taint: _Taint) -> int | None:
-    digits = taint.value.removeprefix("neuron")
-    if not digits.isdigit() or len(digits) > 3 or int(digits) >= MAX_DEVICES:
-        return None
-    return int(digits)
 
 
 def dra_json(nodes: tuple[DraNode, ...], unread: str | None, driver: str) -> dict[str, object]:

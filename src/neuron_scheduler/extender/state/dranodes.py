@@ -1,11 +1,13 @@
 """What the extender knows of nodes served by our DRA driver: each pool's topology, the cores its
 allocated claims hold, and what a pod's claim asks for. No I/O.
 
-Fed by watches of our driver's ResourceSlices (only the counter slices are read: they say how
-many devices a pool has and their logical cores; the instance type comes from the Node's label,
-as the driver takes it) and of every ResourceClaim (its requests of our classes, and the devices
-of ours it was allocated). Prioritize reads it to score nodes for a pod with our claim
-(`dra.scoring`); kube-scheduler's DRA plugin alone decides which nodes fit.
+Fed by watches of our driver's ResourceSlices (the counter slices say how many devices a pool
+has and their logical cores, the instance type comes from the Node's label, as the driver takes
+it; of the device slices only the unhealthy taints are read: kube-scheduler never allocates a
+tainted device, so a failed device's cores count as held) and of every ResourceClaim (its
+requests of our classes, and the devices of ours it was allocated). Prioritize reads it to score
+nodes for a pod with our claim (`dra.scoring`); kube-scheduler's DRA plugin alone decides which
+nodes fit.
 
 A claim the scheduler has allocated but not yet written back (between its Reserve and PreBind)
 is not seen here: a pod scheduled right after it may be scored on a node state one claim old.
@@ -26,7 +28,7 @@ from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.dra.claims import MAX_RESULTS, ResourceClaim
-from neuron_scheduler.dra.pools import PoolSlice, node_topology, pool_size
+from neuron_scheduler.dra.pools import PoolSlice, failed_devices, node_topology, pool_size
 from neuron_scheduler.dra.shapes import shapes_by_name
 from neuron_scheduler.kube.objects import Node, Pod
 
@@ -68,6 +70,7 @@ class _Claim:
 class _Pool:
     size: tuple[int, int] | None = None  # (devices, cores per device), from its counter slice
     claims: set[str] = field(default_factory=set)  # uids of claims holding its devices
+    failed: int = 0  # devices (mask) its newest generation's slices taint as unhealthy
 
 
 class DraNodes:
@@ -80,6 +83,8 @@ class DraNodes:
         self.demand = Demand()  # the shapes pods with our claims ask for
         self._instance_types: dict[str, str] = {}
         self._counter_slices: dict[str, tuple[str, int, tuple[int, int] | None]] = {}
+        # Device slices that taint failed devices: name -> (node, generation, devices (mask)).
+        self._tainting_slices: dict[str, tuple[str, int, int]] = {}
         self._pools: dict[str, _Pool] = {}
         self._claims: dict[str, _Claim] = {}
         self._by_key: dict[str, str] = {}  # namespace/name -> uid
@@ -118,27 +123,41 @@ class DraNodes:
 
     def replace_slices(self, slices: Iterable[PoolSlice]) -> None:
         self._counter_slices.clear()
+        self._tainting_slices.clear()
         for pool in self._pools.values():
             pool.size = None
+            pool.failed = 0
         for item in slices:
             self.apply_slice(item)
         self._topologies.clear()
 
     def apply_slice(self, item: PoolSlice) -> None:
         spec = item.spec
-        if spec.driver != self.classes.driver or not spec.sharedCounters or not spec.nodeName:
+        if spec.driver != self.classes.driver or not spec.nodeName:
             return
         if spec.pool.name != spec.nodeName:
             return  # our driver names each node's pool after the node
-        self._counter_slices[item.metadata.name] = (
-            spec.nodeName,
-            spec.pool.generation,
-            pool_size(spec.sharedCounters),
-        )
+        name = item.metadata.name
+        if spec.sharedCounters:
+            self._counter_slices[name] = (
+                spec.nodeName,
+                spec.pool.generation,
+                pool_size(spec.sharedCounters),
+            )
+        else:
+            failed = failed_devices(item, self.classes.driver)
+            known = self._tainting_slices.get(name)
+            if not failed and known is None:
+                return  # the usual device slice: nothing failed, nothing changes
+            if failed:
+                self._tainting_slices[name] = (spec.nodeName, spec.pool.generation, failed)
+            else:
+                del self._tainting_slices[name]
         self._resize(spec.nodeName)
 
     def remove_slice(self, item: PoolSlice) -> None:
-        found = self._counter_slices.pop(item.metadata.name, None)
+        name = item.metadata.name
+        found = self._counter_slices.pop(name, None) or self._tainting_slices.pop(name, None)
         if found is not None:
             self._resize(found[0])
 
@@ -152,27 +171,37 @@ class DraNodes:
             default=None,
             key=lambda found: found[0],
         )
-        self._pools.setdefault(node, _Pool()).size = newest[1] if newest else None
+        pool = self._pools.setdefault(node, _Pool())
+        pool.size = newest[1] if newest else None
+        pool.failed = 0
+        for tainted, generation, failed in self._tainting_slices.values():
+            if tainted == node and newest is not None and generation == newest[0]:
+                pool.failed |= failed
         self._forget(node)
 
     # --- claims ---------------------------------------------------------------------------
 
     def replace_claims(self, claims: Iterable[ResourceClaim]) -> None:
+        # A claim known before the relist was counted in demand when it appeared: not again.
+        known = set(self._claims)
         self._claims.clear()
         self._by_key.clear()
         for pool in self._pools.values():
             pool.claims.clear()
         self._states.clear()
         for claim in claims:
-            self.apply_claim(claim)
+            self._apply_claim(claim, new=claim.metadata.uid not in known)
 
     def apply_claim(self, claim: ResourceClaim) -> None:
+        self._apply_claim(claim, new=True)
+
+    def _apply_claim(self, claim: ResourceClaim, *, new: bool) -> None:
         meta = claim.metadata
         uid = meta.uid
         old = self._claims.get(uid)
         if old is None:
             request = self._request_of(claim)
-            if request is not None:
+            if request is not None and new:
                 self.demand.record(request.unit, request.count)
         else:
             request = old.request
@@ -221,10 +250,11 @@ class DraNodes:
         allocation = claim.status.allocation
         if allocation is None:
             return ()
+        # kube-scheduler does not count an admin-access result as allocated: neither do we.
         return tuple(
             (r.pool, r.device)
             for r in allocation.devices.results[:MAX_RESULTS]
-            if r.driver == self.classes.driver
+            if r.driver == self.classes.driver and not r.adminAccess
         )
 
     # --- what prioritize reads ------------------------------------------------------------
@@ -247,14 +277,16 @@ class DraNodes:
         return found[0] if len(found) == 1 else None
 
     def node(self, name: str) -> tuple[Topology, NodeState] | None:
-        """The node's topology and the cores its claims hold; None when it is not one of our
-        DRA pools (or its counters or label cannot be read)."""
+        """The node's topology and the cores its claims and its failed devices hold (the
+        scheduler allocates neither); None when it is not one of our DRA pools (or its counters
+        or label cannot be read)."""
         topology = self._topology(name)
         if topology is None:
             return None
         state = self._states.get(name)
         if state is None:
-            state = self._states[name] = NodeState(self._used_cores(name, topology))
+            used = self._used_cores(name, topology) | self._failed_cores(name, topology)
+            state = self._states[name] = NodeState(used)
         return topology, state
 
     def _topology(self, name: str) -> Topology | None:
@@ -282,6 +314,11 @@ class DraNodes:
                 if shape is not None:
                     used |= shape.core_mask
         return used
+
+    def _failed_cores(self, name: str, topology: Topology) -> int:
+        pool = self._pools.get(name)
+        failed = pool.failed & topology.all_devices if pool else 0
+        return topology.core_mask_of_devices(failed)
 
     def _forget(self, node: str) -> None:
         self._topologies.pop(node, None)
