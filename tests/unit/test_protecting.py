@@ -19,6 +19,8 @@ from neuron_scheduler.extender.state.protection import (
     MARK,
     SAFE_TO_EVICT,
     Bound,
+    mark_text,
+    marked_keys,
 )
 from neuron_scheduler.kube.objects import Pod
 from tests.builders import node, pod_json
@@ -117,12 +119,26 @@ def test_a_pod_with_no_block_elsewhere_is_marked_and_the_mark_lifted_when_one_fr
 
 
 def test_a_users_own_mark_is_left_alone_and_off_lifts_only_ours() -> None:
-    world = World(annotations={KARPENTER_DO_NOT_DISRUPT: "true"})
+    world = World(annotations={KARPENTER_DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"})
     world.step()
     assert world.api.patches == []
-    world = World(annotations={SAFE_TO_EVICT: "false"})
+    # Karpenter reads only its own key: a user's safe-to-evict (any value) is left as it is,
+    # and Karpenter's mark is still set, and later lifted, as ours.
+    world = World(annotations={SAFE_TO_EVICT: "true"})
     world.step()
-    assert world.api.patches == []
+    values = {KARPENTER_DO_NOT_DISRUPT: "true", MARK: mark_text([KARPENTER_DO_NOT_DISRUPT])}
+    assert world.api.patches == [("big", values)]
+    world = World(on=False, annotations={SAFE_TO_EVICT: "true", **values})
+    world.step()
+    assert world.api.patches == [("big", {KARPENTER_DO_NOT_DISRUPT: None, MARK: None})]
+
+
+def test_the_marks_record_of_its_keys_is_read_as_untrusted() -> None:
+    both = (KARPENTER_DO_NOT_DISRUPT, SAFE_TO_EVICT)
+    assert marked_keys(mark_text([SAFE_TO_EVICT])) == (SAFE_TO_EVICT,)
+    assert marked_keys(mark_text(both)) == both
+    assert marked_keys("ours") == both  # as the first marks were written
+    assert marked_keys("x (set: kubernetes.io/other, " + "y" * 10_000 + ")") == both
     world = World(on=False, annotations={KARPENTER_DO_NOT_DISRUPT: "true", MARK: "ours"})
     world.step()
     assert world.api.patches == [

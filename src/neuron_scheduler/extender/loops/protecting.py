@@ -5,9 +5,9 @@ scheduler.autoscaling.doNotDisrupt); docs/autoscaling.md says why it exists and 
 A pod first seen bound is judged at once (the loop is woken), every pod again each
 `SWEEP_SECONDS`: marked (`karpenter.sh/do-not-disrupt: "true"`,
 `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` and our `MARK`) while no other node it
-may go to has a legal block for it, unmarked when one has. A pod someone else marked is left
-alone. At most `WRITES_PER_STEP` patches a step (each a JSON merge patch of these two keys,
-the pod's uid as precondition). Turned off, the leader lifts its own marks.
+may go to has a legal block for it, unmarked when one has. A key someone else set is left
+alone (the other is still set). At most `WRITES_PER_STEP` patches a step (each a JSON merge patch
+of those keys, the pod's uid as precondition). Turned off, the leader lifts its own marks.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from neuron_scheduler.extender.state.protection import (
     Bound,
     BoundPod,
     at_risk,
+    mark_text,
 )
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 
@@ -106,7 +107,7 @@ class Protector:
             if writes >= WRITES_PER_STEP:
                 self._swept = -SWEEP_SECONDS  # the rest on the next step
                 return
-            if pod.opted:
+            if not pod.keys:  # someone else set both
                 continue
             wanted = self.on and at_risk(self.ledger, pod, self.policy, self.admits)
             if wanted != pod.marked:
@@ -114,10 +115,8 @@ class Protector:
                 await self._write(pod, wanted)
 
     async def _write(self, pod: BoundPod, mark: bool) -> None:
-        values: dict[str, str | None] = {
-            key: value if mark else None for key, value in MARKED.items()
-        }
-        values[MARK] = MARK_TEXT if mark else None
+        values: dict[str, str | None] = {key: MARKED[key] if mark else None for key in pod.keys}
+        values[MARK] = mark_text(pod.keys) if mark else None
         try:
             await self.api.patch_annotations(pod.namespace, pod.name, pod.uid, values)
         except (NotFound, Conflict):

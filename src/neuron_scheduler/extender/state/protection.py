@@ -6,7 +6,9 @@ removes the node, the pod is stranded, a capacity request brings a node back: a 
 (docs/autoscaling.md measures it). The pod is marked (`MARKED`: Karpenter's
 `karpenter.sh/do-not-disrupt: "true"`, cluster-autoscaler's `safe-to-evict: "false"`) while no
 other node it may go to has a legal block for it (`at_risk`), and the mark is lifted when one has
-(`MARK` says the mark is ours: a user's own is never touched).
+(`MARK` says the mark is ours, and which of the two keys we set: a user's own key is never
+touched, and the other key is still ours to set: Karpenter reads only its own, so a user's
+`safe-to-evict` must not keep Karpenter's mark off).
 
 `Bound` is a view of the bound pods of the schedulers the extender serves that ask for Neuron
 resources, fed by the pod watch; the leader's loop (extender/loops/protecting) writes the marks.
@@ -32,9 +34,25 @@ KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # The annotations of a mark, and their values.
 MARKED = {KARPENTER_DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"}
-# Set with them, by us only: the mark is ours to lift.
+# Set with them, by us only: the mark is ours to lift, and its value names the keys we set.
 MARK = "neuron-scheduler.io/do-not-disrupt-reason"
 MARK_TEXT = "no other node it may go to has a legal block for it"
+_SET = " (set: "
+
+
+def mark_text(keys: Iterable[str]) -> str:
+    """MARK's value: why, and which of MARKED's keys are ours."""
+    return f"{MARK_TEXT}{_SET}{', '.join(keys)})"
+
+
+def marked_keys(text: str) -> tuple[str, ...]:
+    """The keys MARK's value says we set (only MARKED's: the value is a pod's annotation,
+    untrusted); a value naming none, as marks were written at first, means both."""
+    _, found, tail = text.partition(_SET)
+    named = {k.strip() for k in tail.rstrip(")").split(",")} if found else set()
+    return tuple(k for k in MARKED if k in named) or tuple(MARKED)
+
+
 MAX_BOUND = 200_000
 
 
@@ -48,7 +66,7 @@ class BoundPod:
     priority: int
     rules: Pod  # only what kube.nodefit reads: where it may go
     marked: bool  # our mark is on it
-    opted: bool  # someone else's do-not-disrupt or safe-to-evict is on it
+    keys: tuple[str, ...]  # MARKED's keys ours to set and lift: none someone else set
 
     @property
     def key(self) -> str:
@@ -83,8 +101,9 @@ class Bound(PodsOnly):
         new = meta.uid not in self.pods
         if new and len(self.pods) >= MAX_BOUND:
             return
-        theirs = any(key in meta.annotations for key in MARKED)
         marked = MARK in meta.annotations
+        ours = marked_keys(meta.annotations[MARK]) if marked else ()
+        keys = tuple(k for k in MARKED if k in ours or k not in meta.annotations)
         self.pods[meta.uid] = BoundPod(
             meta.namespace,
             meta.name,
@@ -100,7 +119,7 @@ class Bound(PodsOnly):
                 )
             ),
             marked,
-            theirs and not marked,
+            keys,
         )
         if new and self.on_new is not None:
             self.on_new(meta.uid)
