@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from neuron_scheduler.core import capacity, planrecord
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
+from neuron_scheduler.extender.loops import requesting
 from neuron_scheduler.extender.loops.consolidating import Concluded, Consolidator, Limits, Mode
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
 from neuron_scheduler.extender.loops.requesting import (
@@ -494,3 +495,43 @@ def api_error_500() -> Exception:
     from neuron_scheduler.kube.errors import api_error
 
     return api_error("PATCH", "pods/status", 500, b'{"message": "etcd timeout"}')
+
+
+def test_each_step_judges_a_few_pods_and_one_not_stranded_only_again_later() -> None:
+    """Each judgement reads every node: 40 pending pods that fit nowhere by count (no node has 13
+    devices) are judged 8 a step, and not again for a while, so the stranded pod behind them is
+    reached within a few steps."""
+    world = World()
+    world.pods.pop("big")
+    world.router.remove_pod("big")
+    for number in range(40):
+        world.apply(stuck(f"huge-{number:02d}", devices=13, priority=10))
+    world.apply(stuck("big"))
+    judged: list[str] = []
+    real = requesting.stranded
+
+    def counting(ledger: Any, pod: Pod, *args: Any) -> Any:
+        judged.append(pod.metadata.name)
+        return real(ledger, pod, *args)
+
+    requesting.stranded = counting  # type: ignore[assignment]
+    try:
+        for _ in range(6):  # 40 / 8 steps, then big's
+            world.step()
+            assert len(judged) <= requesting.JUDGED_PER_STEP
+            if world.created():
+                break
+            judged.clear()
+    finally:
+        requesting.stranded = real
+    assert world.created() == ["capacity-request-0"]
+    meta = world.api.created["capacity-request-0"]["metadata"]
+    assert capacity.decode(meta["annotations"][capacity.RECORD_ANNOTATION]).pod == "default/big"
+    # The pods judged not stranded are judged again only later, not at every step.
+    judged.clear()
+    requesting.stranded = counting  # type: ignore[assignment]
+    try:
+        world.step()
+    finally:
+        requesting.stranded = real
+    assert judged == []

@@ -88,6 +88,12 @@ STEP_SECONDS = 2.0  # between looks (a node an autoscaler adds is ready within s
 HOLD_SECONDS = 300.0  # the block on the node added is held this long at most for its pod
 MAX_CONTAINERS = 16  # containers of the pod whose cpu and memory requests the placeholder copies
 MAX_TOLERATIONS = 64
+# Pending pods judged (is it stranded? which type?) per step, highest priority and oldest first,
+# and how long one judged not stranded (it fits, or no node has its count) waits before it is
+# judged again: each judgement reads every node, so 10,000 pending pods must not all be judged
+# every 2 s on the event loop. A pod that becomes stranded meanwhile waits this much longer.
+JUDGED_PER_STEP = 8
+JUDGE_AGAIN_SECONDS = 30.0
 
 
 class CapacityMode(StrEnum):
@@ -180,6 +186,7 @@ class _Memory:
 
     said: str = ""  # the last message logged and sent as an event
     retry_after: float = 0.0  # wall clock: not asked for again before (after a time-out)
+    judge_after: float = 0.0  # wall clock: judged not stranded; not judged again before
 
 
 def candidate_types(ledger: Ledger, where: Stranded) -> set[str]:
@@ -504,7 +511,8 @@ class CapacityRequester:
         for uid, pod in self.pending.items():
             if uid in asked or self.plans.planned(uid) or uid in self.plans.unreadable:
                 continue
-            if self._memory.get(uid, _Memory()).retry_after > now:
+            memory = self._memory.get(uid, _Memory())
+            if memory.retry_after > now or memory.judge_after > now:
                 continue
             if gang_of(pod) or not unschedulable(pod):
                 continue  # a training job's member: its job moves (and asks) whole, not done
@@ -530,10 +538,13 @@ class CapacityRequester:
         )
 
     async def _ask(self) -> None:
-        for pod, request in self._candidates():
+        for pod, request in self._candidates()[:JUDGED_PER_STEP]:
             where = stranded(self.ledger, pod, request, self.policy, self.admits)
             if where is None:
-                continue  # it fits somewhere, or no node has its count: the autoscaler's own case
+                # It fits somewhere, or no node has its count (the autoscaler's own case).
+                memory = self._memory.setdefault(pod.metadata.uid, _Memory())
+                memory.judge_after = self.wall_clock() + JUDGE_AGAIN_SECONDS
+                continue
             if len(self.mine()) >= self.limits.max_in_flight:
                 self.metrics.blocked.labels("max_in_flight").inc()
                 return
