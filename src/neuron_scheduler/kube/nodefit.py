@@ -62,7 +62,8 @@ def why_not(pod: Pod, node: NodeFacts) -> str | None:
 def admits_label(pod: Pod, key: str, value: str) -> bool:
     """Whether the pod's nodeSelector and required node affinity let it onto a node whose label
     `key` is `value`, whatever its other labels (a node that does not exist yet: an autoscaler
-    gives it the labels its node pool says)."""
+    gives it the labels its node pool says). Its name is unknown: a term that names nodes
+    (`matchFields` on metadata.name) admits it only when it names nodes the pod may not go to."""
     wanted = pod.spec.nodeSelector.get(key)
     if wanted is not None and wanted != value:
         return False
@@ -73,6 +74,7 @@ def admits_label(pod: Pod, key: str, value: str) -> bool:
     return any(
         (t.matchExpressions or t.matchFields)
         and all(_requirement(r, {key: value}) for r in t.matchExpressions if r.key == key)
+        and all(r.operator == "NotIn" for r in t.matchFields)
         for t in required.nodeSelectorTerms
     )
 
