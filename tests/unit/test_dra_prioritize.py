@@ -319,3 +319,15 @@ def test_the_extender_refuses_bad_dra_options_in_one_line(args: list[str], messa
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_relist_rebuilds_what_each_node_holds_with_its_topology() -> None:
+    """A node's held cores are built from its topology: a relist that may change a node's
+    instance type forgets both (as a single node's update does), never the topology alone."""
+    _, dra = world()
+    before = dra.node("a")
+    assert before is not None
+    dra.replace_nodes([node("a", "inf2.48xlarge"), node("b", "inf2.48xlarge")])
+    after = dra.node("a")
+    assert after is not None and after[1] is not before[1]
+    assert after[1] == before[1]  # the same node, the same holds

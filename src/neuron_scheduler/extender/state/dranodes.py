@@ -98,6 +98,7 @@ class DraNodes:
             n.metadata.name: n.metadata.labels.get(INSTANCE_TYPE_LABEL, "") for n in nodes
         }
         self._topologies.clear()
+        self._states.clear()  # built from the topologies: a relisted node may have another
 
     def apply_node(self, node: Node) -> None:
         name = node.metadata.name
