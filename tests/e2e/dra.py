@@ -427,7 +427,7 @@ class Workloads:
 
     def events(self, name: str) -> list[Json]:
         listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/events")
-        return [e for e in listed["items"] if e["involvedObject"]["name"] == name]
+        return [e for e in listed["items"] if e["involvedObject"].get("name") == name]
 
     def release(self, pod: str, claim: str) -> None:
         """Delete a pod and its claim, removing the claim's finalizer as the resourceclaim

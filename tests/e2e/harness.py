@@ -139,7 +139,7 @@ class Scenario:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/events")
-        return [e for e in listed["items"] if e["involvedObject"]["name"] == name]
+        return [e for e in listed["items"] if e["involvedObject"].get("name") == name]
 
     def wait_event(
         self, name: str, reason: str, contains: str = "", seconds: float = 60

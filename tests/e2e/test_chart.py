@@ -941,7 +941,7 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
         messages = [
             e.get("message", "")
             for e in events
-            if e["involvedObject"]["name"] == "too-many" and e["reason"] == "FailedScheduling"
+            if e["involvedObject"].get("name") == "too-many" and e["reason"] == "FailedScheduling"
         ]
         if any("1 needs 3 devices; only 1 device free" in m for m in messages):
             break

@@ -72,7 +72,7 @@ class Cluster:
 
     def events(self, namespace: str, pod: str) -> list[Json]:
         listed = self.cp.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
-        return [e for e in listed if e["involvedObject"]["name"] == pod]
+        return [e for e in listed if e["involvedObject"].get("name") == pod]
 
 
 @pytest.fixture(scope="module")

@@ -243,7 +243,7 @@ def test_node_capacity_beyond_reason_makes_the_node_unusable(scenario: Scenario)
     for suffix in hostile:
         events = scenario.cp.request("GET", "/api/v1/namespaces/default/events")["items"]
         assert any(
-            e["involvedObject"]["name"] == f"{suffix}-{scenario.id}"
+            e["involvedObject"].get("name") == f"{suffix}-{scenario.id}"
             and e["reason"] == "NeuronCapacityUnusable"
             for e in events
         ), suffix
