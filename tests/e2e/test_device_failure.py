@@ -273,6 +273,17 @@ def extender_metric(cluster: Cluster, name: str) -> float:
     return cluster.stack.extender.metric(name)
 
 
+def assert_unbound_token_refused(cluster: Cluster, path: str, body: Json) -> None:
+    """The plugin's ServiceAccount with a token bound to no pod (so naming no node) may not
+    write it: the chart's admission policies refuse it, saying why."""
+    unbound = cluster.cp.service_account("kube-system", "neuron-device-plugin").token
+    with pytest.raises(KubeError) as caught:
+        cluster.cp.client_for(unbound).request(
+            "PATCH", path, body, content_type="application/merge-patch+json"
+        )
+    assert caught.value.status == 403 and "names no node" in str(caught.value), caught.value
+
+
 # --- the tests ---------------------------------------------------------------------------------
 
 
@@ -304,15 +315,7 @@ def test_a_plugin_may_write_only_its_own_nodes_health(cluster: Cluster) -> None:
         error = write(RING, body)
         assert error is not None and error.status == 403 and text in str(error), (body, error)
     # A token that names no node (not bound to a pod) may write no Node at all.
-    unbound = cluster.cp.service_account("kube-system", "neuron-device-plugin").token
-    error = None
-    try:
-        cluster.cp.client_for(unbound).request(
-            "PATCH", f"/api/v1/nodes/{RING}", own, content_type=patch
-        )
-    except KubeError as caught:
-        error = caught
-    assert error is not None and error.status == 403 and "names no node" in str(error), error
+    assert_unbound_token_refused(cluster, f"/api/v1/nodes/{RING}", own)
     policies = cluster.cp.request(
         "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
     )
@@ -358,15 +361,7 @@ def test_a_plugin_may_write_only_hand_off_annotations_of_its_own_nodes_pods(
         error = write("on-ring", body)
         assert error is not None and error.status == 403 and text in str(error), (body, error)
     assert "attacker" not in cluster.pod(namespace, "on-ring")["spec"]["containers"][0]["image"]
-    unbound = cluster.cp.service_account("kube-system", "neuron-device-plugin").token
-    error = None
-    try:
-        cluster.cp.client_for(unbound).request(
-            "PATCH", f"/api/v1/namespaces/{namespace}/pods/on-ring", mark, content_type=patch
-        )
-    except KubeError as caught:
-        error = caught
-    assert error is not None and error.status == 403 and "names no node" in str(error), error
+    assert_unbound_token_refused(cluster, f"/api/v1/namespaces/{namespace}/pods/on-ring", mark)
 
 
 def test_on_a_ring_pods_get_legal_blocks_that_avoid_a_failed_device(
