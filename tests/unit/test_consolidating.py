@@ -662,3 +662,22 @@ def test_a_plan_that_holds_longer_than_any_the_extender_writes_is_ignored(
     assert "big" not in world.plans.plans and "big" not in world.ledger.plan_holds
     assert "big" in world.plans.unreadable
     assert why in caplog.text
+
+
+def test_a_victim_gone_while_an_earlier_eviction_is_awaited_is_passed_over() -> None:
+    world = World()
+    evict = world.api.evict
+    gone: list[str] = []
+
+    async def evicting(namespace: str, name: str, uid: str) -> None:
+        await evict(namespace, name, uid)
+        if not gone:  # the watch shows the next victim deleted meanwhile
+            record = world.plans.plans["big"].record
+            later = next(v.uid for v in record.victims if v.uid != uid)
+            gone.append(later)
+            world.remove(later)
+
+    world.api.evict = evicting  # type: ignore[method-assign]
+    world.step()
+    assert len(world.evicted()) == 2 and gone[0] not in world.evicted()
+    assert world.plans.plans["big"].ended == ""

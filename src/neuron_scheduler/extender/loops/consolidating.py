@@ -68,7 +68,7 @@ from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import (
     Ledger,
 )
-from neuron_scheduler.extender.state.movability import Movability, gang_of
+from neuron_scheduler.extender.state.movability import Facts, Movability, gang_of
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.plans import Active, Plans
 from neuron_scheduler.extender.state.plugins import NodeFilter, PodsOnly
@@ -562,7 +562,10 @@ class Consolidator(PodsOnly):
             for victim in self._to_evict(active):
                 if active.ended:
                     return
-                why = self._may_not_move(active, victim)
+                facts = self.movability.pods.get(victim.uid)
+                if facts is None:
+                    continue  # gone while an earlier eviction was awaited
+                why = self._may_not_move(active, victim, facts)
                 if why:
                     self._cancel(active, f"{victim.pod} may not be moved: {why}")
                     return
@@ -571,13 +574,12 @@ class Consolidator(PodsOnly):
         finally:
             active.busy = False
 
-    def _may_not_move(self, active: Active, victim: Replacement) -> str:
+    def _may_not_move(self, active: Active, victim: Replacement, facts: Facts) -> str:
         """Why the plan may no longer evict this pod of its node, or "". Asked again at each
         eviction: a pod may have opted out since the plan was written, and a plan read back from
         a pod's annotation is only as trustworthy as whoever could write it (the chart's
         admission policy lets only the extender; docs/security.md): it evicts only what a plan
         of the extender's own could."""
-        facts = self.movability.pods[victim.uid]
         if facts.never:
             return facts.never
         if facts.priority > active.priority:

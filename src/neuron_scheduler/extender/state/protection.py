@@ -48,7 +48,7 @@ def mark_text(keys: Iterable[str]) -> str:
 def marked_keys(text: str) -> tuple[str, ...]:
     """The keys MARK's value says we set (only MARKED's: the value is a pod's annotation,
     untrusted); a value naming none, as marks were written at first, means both."""
-    _, found, tail = text.partition(_SET)
+    _, found, tail = text[:1024].partition(_SET)
     named = {k.strip() for k in tail.rstrip(")").split(",")} if found else set()
     return tuple(k for k in MARKED if k in named) or tuple(MARKED)
 
