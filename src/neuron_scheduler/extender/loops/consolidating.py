@@ -82,7 +82,7 @@ from neuron_scheduler.kube.errors import (
 )
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.objects import ObjectRef, Pod
-from neuron_scheduler.kube.reading import epoch, servable_request
+from neuron_scheduler.kube.reading import epoch, servable_request, unschedulable
 
 log = logging.getLogger("neuron_scheduler.extender.consolidating")
 
@@ -366,7 +366,7 @@ class Consolidator(PodsOnly):
                 continue
             if gang_of(pod):
                 continue  # a gang's worker: the job moves whole or not at all
-            if not _unschedulable(pod):
+            if not unschedulable(pod):
                 continue
             if now - epoch(pod.metadata.creationTimestamp or "") < self.limits.pending_seconds:
                 continue
@@ -660,11 +660,4 @@ def _place(victim: Replacement) -> str:
     return (
         f"; its replacement's place is held on {victim.node} (cores "
         f"{format_ids(list(victim.cores))})"
-    )
-
-
-def _unschedulable(pod: Pod) -> bool:
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in pod.status.conditions
     )
