@@ -56,7 +56,7 @@ from neuron_scheduler.extender.state.plugins import HoldKeeper, NodeFilter
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.reading import neuron_request
+from neuron_scheduler.kube.reading import neuron_request, unschedulable
 
 log = logging.getLogger("neuron_scheduler.extender.waking")
 
@@ -505,9 +505,4 @@ class Waker:
 
 
 def _unschedulable(pod: Pod) -> bool:
-    if pod.spec.nodeName or pod.finished:
-        return False
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in pod.status.conditions
-    )
+    return not pod.spec.nodeName and not pod.finished and unschedulable(pod)
