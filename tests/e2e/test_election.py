@@ -59,7 +59,10 @@ class Replicas:
         self.cp = cp
         self.namespace = namespace
         docs = render({"scheduler": {"replicas": 2}, "devicePlugin": {"enabled": False}}, namespace)
-        apply(cp, docs)
+        # Not the chart's admission policies: they are cluster-wide, and on this shared control
+        # plane they would hold the other tests' extender (another ServiceAccount) to this
+        # release's (only this release's extender may write consolidation plans).
+        apply(cp, [d for d in docs if not d["kind"].startswith("ValidatingAdmissionPolicy")])
         credentials = cp.service_account(namespace, "k8s-neuron-scheduler")
         assert "--leader-elect" in extender_args(docs)
         self.replicas = {
