@@ -380,9 +380,11 @@ def test_a_stolen_extender_token_may_change_only_our_pod_annotations(stack: Stac
     path = f"/api/v1/namespaces/default/pods/{name}"
     as_extender = cp.client_for(stack.extender_token)
 
-    def write(body: dict[str, Any]) -> KubeError | None:
+    def write(body: dict[str, Any], subresource: str = "") -> KubeError | None:
         try:
-            as_extender.request("PATCH", path, body, content_type="application/merge-patch+json")
+            as_extender.request(
+                "PATCH", path + subresource, body, content_type="application/merge-patch+json"
+            )
         except KubeError as error:
             return error
         return None
@@ -401,7 +403,20 @@ def test_a_stolen_extender_token_may_change_only_our_pod_annotations(stack: Stac
         ):
             error = write(body)
             assert error is not None and error.status == 403 and text in str(error), (body, error)
+        # A status write cannot change the spec, but it can change labels, annotations and
+        # finalizers (only owners are kept), and the extender may patch pods/status
+        # cluster-wide (nominations, DisruptionTarget): the policy sees those writes too.
+        for body, text in (
+            ({"metadata": {"labels": {"evil": "yes"}}}, "spec, labels"),
+            ({"metadata": {"annotations": {"other.example/key": "x"}}}, "not other.example/key"),
+            ({"metadata": {"finalizers": ["example.com/hold"]}}, "finalizers"),
+        ):
+            error = write(body, "/status")
+            assert error is not None and error.status == 403 and text in str(error), (body, error)
+        assert write({"status": {"nominatedNodeName": "n1"}}, "/status") is None
         pod = cp.request("GET", path)
+        assert "evil" not in pod["metadata"].get("labels", {})
+        assert not pod["metadata"].get("finalizers")
         assert pod["spec"]["containers"][0]["image"] == created["spec"]["containers"][0]["image"]
         assert "other.example/key" not in pod["metadata"]["annotations"]
     finally:
@@ -435,6 +450,16 @@ def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
             cp.request(
                 "PATCH",
                 path,
+                {"metadata": {"annotations": plan}},
+                content_type="application/merge-patch+json",
+            )
+        assert caught.value.status == 403
+        # Nor through the status subresource, which may change annotations too (whoever may
+        # write pods' status: other schedulers and controllers).
+        with pytest.raises(KubeError) as caught:
+            cp.request(
+                "PATCH",
+                path + "/status",
                 {"metadata": {"annotations": plan}},
                 content_type="application/merge-patch+json",
             )

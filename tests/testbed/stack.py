@@ -348,7 +348,8 @@ class Stack:
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
                 "operations": operations,
-                "resources": ["pods"],
+                # A status update may change labels, annotations and finalizers too.
+                "resources": ["pods", "pods/status"],
             }
             spec = {
                 "failurePolicy": "Fail",
