@@ -535,3 +535,51 @@ def test_each_step_judges_a_few_pods_and_one_not_stranded_only_again_later() -> 
     finally:
         requesting.stranded = real
     assert judged == []
+
+
+def judging_until_asked(world: World, steps: int) -> list[str]:
+    """Steps 2 s apart until a placeholder is created, at most `steps`."""
+    for _ in range(steps):
+        world.step()
+        if world.created():
+            break
+        world.clock.now += requesting.STEP_SECONDS
+    return world.created()
+
+
+def test_a_stranded_pod_behind_many_pods_that_stay_pending_is_reached() -> None:
+    """More pending pods ranked above it (priority, age) than are judged in one
+    JUDGE_AGAIN_SECONDS, none stranded (no node has 13 devices): they come back every 30 s,
+    and the stranded pod behind them must still be judged, not wait for them to go."""
+    world = World()
+    world.pods.pop("big")
+    world.router.remove_pod("big")
+    for number in range(200):
+        world.apply(stuck(f"huge-{number:03d}", devices=13, priority=10))
+    world.apply(stuck("big"))
+    assert judging_until_asked(world, 100) == ["capacity-request-0"]
+    meta = world.api.created["capacity-request-0"]["metadata"]
+    assert capacity.decode(meta["annotations"][capacity.RECORD_ANNOTATION]).pod == "default/big"
+
+
+def test_pods_no_instance_type_holds_do_not_keep_the_others_waiting() -> None:
+    """JUDGED_PER_STEP stranded pods of higher priority that no instance type the pod may go
+    to holds (they name their node: a new one never has that name) are judged, told, and must
+    not take every step's judgements from the pod behind them."""
+    world = World()
+    world.pods.pop("big")
+    world.router.remove_pod("big")
+    named = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["r1"]}]}
+                ]
+            }
+        }
+    }
+    for number in range(requesting.JUDGED_PER_STEP):
+        world.apply(stuck(f"named-{number}", priority=10, affinity=named))
+    world.apply(stuck("big"))
+    assert judging_until_asked(world, 20) == ["capacity-request-0"]
+    assert sum(e[1] == "NeuronCapacityRequestImpossible" for e in world.events) == 8

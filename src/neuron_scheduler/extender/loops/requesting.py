@@ -88,10 +88,13 @@ STEP_SECONDS = 2.0  # between looks (a node an autoscaler adds is ready within s
 HOLD_SECONDS = 300.0  # the block on the node added is held this long at most for its pod
 MAX_CONTAINERS = 16  # containers of the pod whose cpu and memory requests the placeholder copies
 MAX_TOLERATIONS = 64
-# Pending pods judged (is it stranded? which type?) per step, highest priority and oldest first,
-# and how long one judged not stranded (it fits, or no node has its count) waits before it is
-# judged again: each judgement reads every node, so 10,000 pending pods must not all be judged
-# every 2 s on the event loop. A pod that becomes stranded meanwhile waits this much longer.
+# Pending pods judged (is it stranded? which type?) per step, those judged longest ago first (never
+# judged first of all), then highest priority and oldest first, and how long one judged not
+# stranded (it fits, or no node has its count) waits before it is judged again: each judgement
+# reads every node, so 10,000 pending pods must not all be judged every 2 s on the event loop. A
+# pod that becomes stranded meanwhile waits this much longer. Longest ago first: pods that stay
+# pending ranked above a stranded one (more than are judged in JUDGE_AGAIN_SECONDS, or ones no
+# instance type holds) must not take every judgement from it.
 JUDGED_PER_STEP = 8
 JUDGE_AGAIN_SECONDS = 30.0
 
@@ -187,6 +190,7 @@ class _Memory:
     said: str = ""  # the last message logged and sent as an event
     retry_after: float = 0.0  # wall clock: not asked for again before (after a time-out)
     judge_after: float = 0.0  # wall clock: judged not stranded; not judged again before
+    judged: float = 0.0  # wall clock: last judged (0: never)
 
 
 def candidate_types(ledger: Ledger, where: Stranded) -> set[str]:
@@ -523,7 +527,13 @@ class CapacityRequester:
             request = servable_request(pod)
             if request is not None:
                 found.append((pod, request))
-        found.sort(key=lambda p: (-(p[0].spec.priority or 0), p[0].metadata.creationTimestamp))
+        found.sort(
+            key=lambda p: (
+                self._memory.get(p[0].metadata.uid, _Memory()).judged,
+                -(p[0].spec.priority or 0),
+                p[0].metadata.creationTimestamp,
+            )
+        )
         return found
 
     def _consolidation_cannot_help(self, uid: str) -> bool:
@@ -539,15 +549,17 @@ class CapacityRequester:
 
     async def _ask(self) -> None:
         for pod, request in self._candidates()[:JUDGED_PER_STEP]:
+            memory = self._memory.setdefault(pod.metadata.uid, _Memory())
             where = stranded(self.ledger, pod, request, self.policy, self.admits)
             if where is None:
                 # It fits somewhere, or no node has its count (the autoscaler's own case).
-                memory = self._memory.setdefault(pod.metadata.uid, _Memory())
-                memory.judge_after = self.wall_clock() + JUDGE_AGAIN_SECONDS
+                memory.judged = self.wall_clock()
+                memory.judge_after = memory.judged + JUDGE_AGAIN_SECONDS
                 continue
             if len(self.mine()) >= self.limits.max_in_flight:
                 self.metrics.blocked.labels("max_in_flight").inc()
-                return
+                return  # not judged: the first in line when a request ends
+            memory.judged = self.wall_clock()
             types = self.limits.instance_types or candidate_types(self.ledger, where)
             topology = asked_type(self.catalog, pod, request, types, self.policy)
             if topology is None:
