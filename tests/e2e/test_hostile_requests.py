@@ -464,6 +464,17 @@ def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
                 content_type="application/merge-patch+json",
             )
         assert caught.value.status == 403
+        # Nor through a Binding, whose annotations the API server copies onto the pod.
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "annotations": plan},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"},
+        }
+        with pytest.raises(KubeError) as caught:
+            cp.request("POST", path + "/binding", binding)
+        assert caught.value.status == 403, caught.value
+        assert PLAN_ANNOTATION not in cp.request("GET", path)["metadata"].get("annotations", {})
         # The extender may write one (it would patch only a pending Neuron pod's); removing one
         # is anyone's.
         as_extender = cp.client_for(stack.extender_token)
