@@ -497,16 +497,22 @@ def api_error_500() -> Exception:
     return api_error("PATCH", "pods/status", 500, b'{"message": "etcd timeout"}')
 
 
+def behind(ahead: list[Pod]) -> World:
+    """The world with its stranded 4-device pod created after `ahead`."""
+    world = World()
+    world.pods.pop("big")
+    world.router.remove_pod("big")
+    for pod in ahead:
+        world.apply(pod)
+    world.apply(stuck("big"))
+    return world
+
+
 def test_each_step_judges_a_few_pods_and_one_not_stranded_only_again_later() -> None:
     """Each judgement reads every node: 40 pending pods that fit nowhere by count (no node has 13
     devices) are judged 8 a step, and not again for a while, so the stranded pod behind them is
     reached within a few steps."""
-    world = World()
-    world.pods.pop("big")
-    world.router.remove_pod("big")
-    for number in range(40):
-        world.apply(stuck(f"huge-{number:02d}", devices=13, priority=10))
-    world.apply(stuck("big"))
+    world = behind([stuck(f"huge-{n:02d}", devices=13, priority=10) for n in range(40)])
     judged: list[str] = []
     real = requesting.stranded
 
@@ -551,12 +557,7 @@ def test_a_stranded_pod_behind_many_pods_that_stay_pending_is_reached() -> None:
     """More pending pods ranked above it (priority, age) than are judged in one
     JUDGE_AGAIN_SECONDS, none stranded (no node has 13 devices): they come back every 30 s,
     and the stranded pod behind them must still be judged, not wait for them to go."""
-    world = World()
-    world.pods.pop("big")
-    world.router.remove_pod("big")
-    for number in range(200):
-        world.apply(stuck(f"huge-{number:03d}", devices=13, priority=10))
-    world.apply(stuck("big"))
+    world = behind([stuck(f"huge-{n:03d}", devices=13, priority=10) for n in range(200)])
     assert judging_until_asked(world, 100) == ["capacity-request-0"]
     meta = world.api.created["capacity-request-0"]["metadata"]
     assert capacity.decode(meta["annotations"][capacity.RECORD_ANNOTATION]).pod == "default/big"
@@ -566,9 +567,6 @@ def test_pods_no_instance_type_holds_do_not_keep_the_others_waiting() -> None:
     """JUDGED_PER_STEP stranded pods of higher priority that no instance type the pod may go
     to holds (they name their node: a new one never has that name) are judged, told, and must
     not take every step's judgements from the pod behind them."""
-    world = World()
-    world.pods.pop("big")
-    world.router.remove_pod("big")
     named = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -578,8 +576,11 @@ def test_pods_no_instance_type_holds_do_not_keep_the_others_waiting() -> None:
             }
         }
     }
-    for number in range(requesting.JUDGED_PER_STEP):
-        world.apply(stuck(f"named-{number}", priority=10, affinity=named))
-    world.apply(stuck("big"))
+    world = behind(
+        [
+            stuck(f"named-{n}", priority=10, affinity=named)
+            for n in range(requesting.JUDGED_PER_STEP)
+        ]
+    )
     assert judging_until_asked(world, 20) == ["capacity-request-0"]
     assert sum(e[1] == "NeuronCapacityRequestImpossible" for e in world.events) == 8
