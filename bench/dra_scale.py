@@ -233,14 +233,7 @@ def run(kubebin: Path, args: argparse.Namespace, core_windows: tuple[int, ...]) 
         watch.start()
         scheduler = cp.start_scheduler(scheduler_name="default-scheduler", extra_args=())
         pid = scheduler.process.pid or 0
-        last_count, last_change = 0, time.monotonic()
-        while watch.count < args.pods and watch.error is None:
-            time.sleep(0.25)
-            if watch.count != last_count:
-                last_count, last_change = watch.count, time.monotonic()
-            elif time.monotonic() - last_change > STALL_SECONDS:
-                print(f"{label(core_windows)}: no binding for {STALL_SECONDS:.0f} s")
-                break
+        watch.wait(args.pods, STALL_SECONDS, label(core_windows))
         outcome.scheduler_cpu = cpu_seconds(pid)
         outcome.bound = watch.count
         if watch.times:

@@ -172,6 +172,18 @@ class Bindings(threading.Thread):
     def count(self) -> int:
         return len(self.times)
 
+    def wait(self, pods: int, stall_seconds: float, name: str) -> None:
+        """Until `pods` are bound, the watch fails, or none is bound for `stall_seconds` (then
+        the run is reported as it stands, and says so)."""
+        last_count, last_change = 0, time.monotonic()
+        while self.count < pods and self.error is None:
+            time.sleep(0.25)
+            if self.count != last_count:
+                last_count, last_change = self.count, time.monotonic()
+            elif time.monotonic() - last_change > stall_seconds:
+                print(f"{name}: no binding for {stall_seconds:.0f} s; reporting what is bound")
+                return
+
 
 class Polling(Bindings):
     """The way this benchmark counted bindings before issue 36, for comparison: the namespace's
@@ -422,14 +434,7 @@ def run(
     scheduler = cp.start_scheduler(config=config)
     components["kube-scheduler"] = scheduler.process.pid or 0
     cpu0["kube-scheduler"] = 0.0  # all of its CPU is this run's
-    last_count, last_change = 0, time.monotonic()
-    while watch.count < pods and watch.error is None:
-        time.sleep(0.25)
-        if watch.count != last_count:
-            last_count, last_change = watch.count, time.monotonic()
-        elif time.monotonic() - last_change > STALL_SECONDS:
-            print(f"{name}: no binding for {STALL_SECONDS:.0f} s; reporting what is bound")
-            break
+    watch.wait(pods, STALL_SECONDS, name)
     if recording is not None:
         recording.stop()
     outcome.cpu = {c: cpu_seconds(pid) - cpu0[c] for c, pid in components.items()}
