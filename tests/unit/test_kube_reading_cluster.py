@@ -119,3 +119,44 @@ def test_kubectl_config_looks_where_kubectl_looks(
     given = kubeconfig(tmp_path / "c.yaml", "https://given:6443")
     assert kubectl_config(given).server == "https://given:6443"
     assert kubectl_config(given).namespace == ""
+
+
+@pytest.mark.parametrize(
+    ("served", "forbidden", "expected"),
+    [
+        ({"/v1beta1/groups", "/v1alpha2/groups"}, set(), "/v1beta1/groups"),  # 1.37
+        ({"/v1alpha2/groups"}, set(), "/v1alpha2/groups"),  # 1.36
+        (set(), set(), None),  # neither, or older
+        # Not ours to read: the caller's own list meets the 403 and says so.
+        ({"/v1alpha2/groups"}, {"/v1beta1/groups"}, "/v1beta1/groups"),
+    ],
+)
+async def test_first_served_takes_the_first_version_not_answered_404(
+    served: set[str], forbidden: set[str], expected: str | None
+) -> None:
+    """One resource in several API versions (PodGroups: v1beta1 in 1.37, v1alpha2 in 1.36)."""
+    asked: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path in forbidden:
+            return web.json_response({"message": "forbidden"}, status=403)
+        if request.path in served:
+            return web.json_response({"metadata": {}, "items": []})
+        return web.json_response({"message": "not found"}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api = KubeAPI(KubeConfig(f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    paths = ("/v1beta1/groups", "/v1alpha3/groups", "/v1alpha2/groups")
+    try:
+        assert await api.first_served(paths) == expected
+    finally:
+        await api.close()
+        await runner.cleanup()
+    # Asked in order, and no further than the first it could take.
+    assert asked == list(paths[: paths.index(expected) + 1] if expected else paths)

@@ -35,11 +35,12 @@ from neuron_scheduler.kube.client import (
     CLAIMS,
     DISRUPTION_BUDGETS,
     NODES,
-    POD_GROUPS,
+    POD_GROUP_PATHS,
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     KubeAPI,
+    group_version,
 )
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
@@ -143,14 +144,24 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         on_change=occupancy.apply_claim,
         on_delete=occupancy.remove_claim,
     )
-    pod_groups: Watch[PodGroup] = Watch(
-        api,
-        POD_GROUPS,
-        PodGroup,
-        on_list=occupancy.replace_pod_groups,
-        on_change=occupancy.apply_pod_group,
-        on_delete=occupancy.remove_pod_group,
-    )
+
+    async def watch_pod_groups() -> None:
+        # The Workload API is off by default (alpha in 1.36, beta in 1.37), in one version or
+        # another: without it, no PodGroups, and a job's size comes from its pods.
+        path = await api.first_served(POD_GROUP_PATHS)
+        if path is None:
+            versions = ", ".join(group_version(p) for p in POD_GROUP_PATHS)
+            log.info("PodGroups are not read (none of %s is served)", versions)
+            return
+        pod_groups: Watch[PodGroup] = Watch(
+            api,
+            path,
+            PodGroup,
+            on_list=occupancy.replace_pod_groups,
+            on_change=occupancy.apply_pod_group,
+            on_delete=occupancy.remove_pod_group,
+        )
+        await run_if_served(api, pod_groups, f"{group_version(path)} PodGroups")
 
     claims_known = asyncio.Event()  # listed, or the cluster has no UltraServerClaim CRD
 
@@ -222,8 +233,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         # Disruption budgets only order preemption victims: not waited for.
         loop.create_task(budgets.run()),
         loop.create_task(watch_claims()),
-        # The Workload API is alpha in 1.36 and off by default: without it, no PodGroups.
-        loop.create_task(run_if_served(api, pod_groups, "scheduling.k8s.io/v1alpha2 PodGroups")),
+        loop.create_task(watch_pod_groups()),
         loop.create_task(mark_synced()),
     ]
 

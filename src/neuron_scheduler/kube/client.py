@@ -4,14 +4,14 @@ this project makes. The only module that builds API paths."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import aiohttp
 import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
-from neuron_scheduler.kube.errors import TooLarge, api_error
+from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
 from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList, UltraServerClaim
 
 
@@ -33,7 +33,21 @@ def resource_claim_path(namespace: str, name: str) -> str:
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
-POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
+# The Workload API's PodGroups, newest version first (`KubeAPI.first_served` picks one): v1beta1
+# from Kubernetes 1.37, v1alpha3 beside it, v1alpha2 in 1.36 only (1.37 removed it). None is
+# served by default. What we read of one, its gang's minCount, is alike in all three.
+POD_GROUP_PATHS = (
+    "/apis/scheduling.k8s.io/v1beta1/podgroups",
+    "/apis/scheduling.k8s.io/v1alpha3/podgroups",
+    "/apis/scheduling.k8s.io/v1alpha2/podgroups",
+)
+
+
+def group_version(path: str) -> str:
+    """The API group and version of a path under /apis: `scheduling.k8s.io/v1beta1`."""
+    return "/".join(path.split("/")[2:4])
+
+
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -158,6 +172,20 @@ class KubeAPI:
             while line := await response.content.readline(max_line_length=MAX_EVENT_BYTES):
                 if line.strip():
                     yield line
+
+    async def first_served(self, paths: Sequence[str]) -> str | None:
+        """The first of `paths` (one resource in several API versions) the server does not
+        answer 404 for; None when it answers 404 for all. Any other answer (no permission, an
+        error) ends the search there too: the caller's own requests meet it again and say so."""
+        for path in paths:
+            try:
+                await self.request("GET", path, params={"limit": "1"})
+            except NotFound:
+                continue
+            except API_ERRORS:
+                return path
+            return path
+        return None
 
     # --- typed calls -------------------------------------------------------------------------
 

@@ -87,8 +87,8 @@ class Affinity(msgspec.Struct):
 
 
 class PodSchedulingGroup(msgspec.Struct):
-    """Kubernetes 1.36's Workload API: the PodGroup (scheduling.k8s.io/v1alpha2, in the pod's
-    namespace) the pod belongs to."""
+    """The Workload API (Kubernetes 1.36 and later): the PodGroup (scheduling.k8s.io, in the
+    pod's namespace) the pod belongs to."""
 
     podGroupName: str | None = None
 
@@ -280,7 +280,8 @@ class PodGroupSpec(msgspec.Struct):
 
 
 class PodGroup(msgspec.Struct):
-    """scheduling.k8s.io/v1alpha2 (Kubernetes 1.36, alpha): a gang's size is its minCount."""
+    """scheduling.k8s.io v1alpha2 (Kubernetes 1.36, alpha), v1beta1 and v1alpha3 (1.37): a gang's
+    size is its minCount, the same field in each."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodGroupSpec = msgspec.field(default_factory=PodGroupSpec)

@@ -28,7 +28,7 @@ from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.client import (
     CLAIMS,
     NODES,
-    POD_GROUPS,
+    POD_GROUP_PATHS,
     PODS,
     RESOURCE_SLICES,
     KubeAPI,
@@ -108,9 +108,11 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
         occupancy.replace_claims(claims)
     except (Forbidden, NotFound) as error:
         unread = f"cannot list UltraServerClaims: {error_text(error)}"
-    with contextlib.suppress(Forbidden, NotFound):  # the Workload API: alpha, often absent
-        groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
-        occupancy.replace_pod_groups(groups)
+    groups_path = await api.first_served(POD_GROUP_PATHS)  # the Workload API: often absent
+    if groups_path is not None:
+        with contextlib.suppress(Forbidden, NotFound):
+            groups = await api.list_all(groups_path, PodGroup, page=PAGE, most=MOST_PODS)
+            occupancy.replace_pod_groups(groups)
     names = frozenset(n.metadata.name for n in nodes)
     dra, dra_unread = await read_dra_nodes(api, dra_driver)
     return Snapshot(
