@@ -1,5 +1,6 @@
 """The publisher against an in-memory API: generations, in-place taint updates, removal of
-slices no longer wanted, and refusing to publish when the API server drops the counters."""
+slices no longer wanted, refusing to publish when the API server drops the counters, and saying
+so when it drops the taints."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.dra.publisher import CountersDropped, Owner, Publisher
+from neuron_scheduler.dra.publisher import CountersDropped, Owner, Publisher, TaintsDropped
 from neuron_scheduler.dra.slices import NodeInventory
 from neuron_scheduler.kube.errors import Conflict, NotFound
 
@@ -26,9 +27,10 @@ class MemoryApi:
     """ResourceSlices the way the API server keeps them: resourceVersions, uid preconditions,
     and (with partitionable devices off) counters silently dropped."""
 
-    def __init__(self, *, drop_counters: bool = False) -> None:
+    def __init__(self, *, drop_counters: bool = False, drop_taints: bool = False) -> None:
         self.slices: dict[str, dict[str, Any]] = {}
         self.drop_counters = drop_counters
+        self.drop_taints = drop_taints  # device taints off (1.35 without DRADeviceTaints)
         self._versions = itertools.count(1)
 
     def _store(self, body: Any) -> None:
@@ -37,6 +39,9 @@ class MemoryApi:
             body["spec"].pop("sharedCounters", None)
             for device in body["spec"].get("devices", []):
                 device.pop("consumesCounters", None)
+        if self.drop_taints:
+            for device in body["spec"].get("devices", []):
+                device.pop("taints", None)
         body["metadata"]["resourceVersion"] = str(next(self._versions))
         old = self.slices.get(body["metadata"]["name"])
         body["metadata"]["uid"] = (
@@ -138,3 +143,23 @@ async def test_dropped_counters_mean_nothing_is_published() -> None:
     # A single-device node needs no counters: it is published as usual.
     await publisher.publish(NodeInventory(NODE, topology("inf2.xlarge")))
     assert len(api.slices) == 1
+
+
+async def test_dropped_taints_are_said_and_written_again_until_kept() -> None:
+    api = MemoryApi(drop_taints=True)
+    publisher = Publisher(api, DRIVER, Owner(NODE, "u"))
+    inventory = NodeInventory(NODE, topology("inf2.48xlarge"))
+    assert await publisher.publish(inventory)  # nothing tainted: nothing to drop
+    sick = NodeInventory(NODE, inventory.topology, unhealthy={11: "gone"})
+    with pytest.raises(TaintsDropped, match="DRADeviceTaints") as raised:
+        await publisher.publish(sick)
+    assert "single-11" in str(raised.value)
+    assert len(api.slices) == 4  # every other device stays usable
+    writes = publisher.writes
+    with pytest.raises(TaintsDropped):
+        await publisher.publish(sick)
+    assert publisher.writes == writes + 3  # written again, not left as the server kept them
+    api.drop_taints = False  # the gate turned on
+    assert await publisher.publish(sick)
+    assert any(d.get("taints") for s in api.slices.values() for d in s["spec"].get("devices", []))
+    assert not await publisher.publish(sick)

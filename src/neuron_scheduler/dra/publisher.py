@@ -48,11 +48,17 @@ class _Pool(msgspec.Struct):
     resourceSliceCount: int = 0
 
 
+class _Device(msgspec.Struct):
+    name: str = ""
+    taints: list[msgspec.Raw] = []
+
+
 class _Spec(msgspec.Struct):
     driver: str = ""
     nodeName: str = ""
     pool: _Pool = msgspec.field(default_factory=_Pool)
     sharedCounters: list[msgspec.Raw] = []
+    devices: list[_Device] = []
 
 
 class ExistingSlice(msgspec.Struct):
@@ -78,6 +84,12 @@ class SliceApi(Protocol):
 class CountersDropped(Exception):
     """The API server stored our slices without their counters: partitionable devices are off,
     and without counters the scheduler could hand out overlapping sets."""
+
+
+class TaintsDropped(Exception):
+    """The API server stored our slices without the taints of a failed device: device taints are
+    off, and the scheduler may hand out the sets that hold it. The slices stay (every other
+    device is good); the error is logged until the taints are kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +139,13 @@ class Publisher:
             )
         )
         if same_structure:
+            # A slice whose taints the API server dropped is written again every time, so that
+            # they are kept as soon as device taints are on.
             changed = [
                 c
                 for c in desired
                 if by_name[c.name].metadata.annotations.get(SPEC_HASH_ANNOTATION) != c.fingerprint
+                or _untainted(c, by_name[c.name])
             ]
             for content in changed:
                 await self._write(content, generation, count, by_name.get(content.name))
@@ -142,7 +157,7 @@ class Publisher:
                     self.owner.name,
                     generation,
                 )
-            await self._check_counters(desired, existing if not changed else None)
+            await self._check_stored(desired, existing if not changed else None)
             return bool(changed)
         generation += 1
         for content in desired:
@@ -153,7 +168,7 @@ class Publisher:
                 with contextlib.suppress(NotFound):
                     await self.api.delete_resource_slice(old.metadata.name, old.metadata.uid)
                     self.writes += 1
-        await self._check_counters(desired, None)
+        await self._check_stored(desired, None)
         devices = sum(len(c.devices) for c in desired)
         log.info(
             "published pool %s generation %d: %d ResourceSlices, %d devices (%s)",
@@ -165,16 +180,55 @@ class Publisher:
         )
         return True
 
-    async def _check_counters(
+    async def _check_stored(
         self, desired: list[SliceContent], stored: list[ExistingSlice] | None
     ) -> None:
-        """Raise CountersDropped (after removing the pool) when the API server kept our counter
-        slice without its counters, as it does with partitionable devices off."""
-        wanted = {c.name for c in desired if c.shared_counters}
-        if not wanted:
+        """What the API server kept of what we wrote, where a feature gate that is off makes it
+        drop fields without an error: counters (CountersDropped), then taints (TaintsDropped)."""
+        counters = any(c.shared_counters for c in desired)
+        tainted = any(d.get("taints") for c in desired for d in c.devices)
+        if not (counters or tainted):
             return
         if stored is None:
             stored = await self.existing()
+        try:
+            self._check_counters(desired, stored)
+        except CountersDropped:
+            await self._delete_pool(stored)
+            raise
+        self._check_taints(desired, stored)
+
+    def _check_taints(self, desired: list[SliceContent], stored: list[ExistingSlice]) -> None:
+        """Raise TaintsDropped when a device we taint was kept without its taints, as the API
+        server does with device taints off."""
+        by_name = {s.metadata.name: s for s in stored}
+        dropped = sorted(
+            name for c in desired if c.name in by_name for name in _untainted(c, by_name[c.name])
+        )
+        if not dropped:
+            return
+        shown = ", ".join(dropped[:4]) + (
+            f" and {len(dropped) - 4} more" if len(dropped) > 4 else ""
+        )
+        raise TaintsDropped(
+            f"the API server stored the devices {shown} of pool {self.owner.name} without the "
+            "taints that mark their failed device: device taints are off (Kubernetes 1.35 needs "
+            "the DRADeviceTaints feature gate on kube-apiserver and kube-scheduler; 1.36 has it "
+            "on). Until they are kept, the scheduler may give new claims sets that hold it"
+        )
+
+    async def _delete_pool(self, stored: list[ExistingSlice]) -> None:
+        for old in stored:
+            with contextlib.suppress(NotFound):
+                await self.api.delete_resource_slice(old.metadata.name, old.metadata.uid)
+                self.writes += 1
+
+    def _check_counters(self, desired: list[SliceContent], stored: list[ExistingSlice]) -> None:
+        """Raise CountersDropped (the caller then removes the pool) when the API server kept our
+        counter slice without its counters, as it does with partitionable devices off."""
+        wanted = {c.name for c in desired if c.shared_counters}
+        if not wanted:
+            return
         dropped = [
             s.metadata.name
             for s in stored
@@ -182,10 +236,6 @@ class Publisher:
         ]
         if not dropped:
             return
-        for old in stored:
-            with contextlib.suppress(NotFound):
-                await self.api.delete_resource_slice(old.metadata.name, old.metadata.uid)
-                self.writes += 1
         raise CountersDropped(
             f"the API server stored ResourceSlice {dropped[0]} without its shared counters: "
             "partitionable devices are off (Kubernetes 1.35 needs the DRAPartitionableDevices "
@@ -248,7 +298,7 @@ class Publisher:
             changed.clear()
             try:
                 await self.publish(current())
-            except CountersDropped as error:
+            except (CountersDropped, TaintsDropped) as error:
                 delay = dropped.failed()
                 if dropped.should_log:
                     log.error("%s; checking again in %.0fs", loggable(error), delay)
@@ -268,6 +318,12 @@ class Publisher:
             backoff.succeeded()
             dropped.succeeded()
             await _wait_any(stop, changed, resync_seconds)
+
+
+def _untainted(content: SliceContent, stored: ExistingSlice) -> list[str]:
+    """The devices `content` taints that `stored` holds without taints."""
+    kept = {d.name for d in stored.spec.devices if d.taints}
+    return [d["name"] for d in content.devices if d.get("taints") and d["name"] not in kept]
 
 
 async def _wait_any(stop: asyncio.Event, changed: asyncio.Event, seconds: float) -> None:
