@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PYTEST_ARGS ?=
 
-.PHONY: demo test sync lint typecheck unit property e2e bench clean cluster
+.PHONY: demo test test-kube test-kube-all kube-minor sync lint typecheck unit property e2e bench clean cluster
 
 # uv itself comes from PyPI; everything else comes from the committed lockfile.
 $(UV):
@@ -39,6 +39,22 @@ typecheck: sync
 RANDOM_ORDER ?= --random-order-bucket=module
 test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) image
 	$(UV) run pytest $(RANDOM_ORDER) $(PYTEST_ARGS)
+
+# The compatibility run on another Kubernetes minor version, e.g. `make test-kube KUBE_MINOR=1.33`:
+# its binaries are built from tools/kube/compat/1.33.mod into the same cache, and the tests marked
+# `compat` run on them (tests marked `needs` skip on versions without what they use, saying why).
+# Not part of `make test`, which runs everything on the default version (tools/kube/go.mod).
+# docs/install.md "Tested on" has each version's result and how long a run takes.
+KUBE_MINORS := $(sort $(patsubst %.mod,%,$(notdir $(wildcard tools/kube/compat/*.mod))) $(KUBE_DEFAULT_MINOR))
+test-kube: kube-minor sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(HELM_BIN)
+	$(UV) run pytest $(RANDOM_ORDER) -m compat tests/e2e $(PYTEST_ARGS)
+
+kube-minor:
+	@test -n "$(KUBE_MINOR)" || { echo "usage: make test-kube KUBE_MINOR=1.X, 1.X one of: $(KUBE_MINORS)" >&2; exit 2; }
+
+# Every version in turn, one build at a time (a cold build is minutes of both cores).
+test-kube-all:
+	@set -e; for minor in $(KUBE_MINORS); do $(MAKE) --no-print-directory test-kube KUBE_MINOR=$$minor; done
 
 # A local control plane with the extender and my-scheduler, for kubectl by hand (Ctrl-C stops it).
 # The testbed is test infrastructure (tests/testbed), not part of the installed package.

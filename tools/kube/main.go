@@ -8,6 +8,10 @@
 //
 // Usage: kubebin <kube-apiserver|kube-controller-manager|kube-scheduler|etcd|kubectl|kubelet> [flags...]
 // or invoke it through a symlink named after the component.
+//
+// The same source builds every minor version tools/kube.mk pins (go.mod, compat/1.X.mod): where
+// an upstream constructor changed between them, it is called the way the version at hand
+// defines it (newKubeletCommand, logVerbosity).
 package main
 
 import (
@@ -15,10 +19,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	_ "time/tzdata" // kube-apiserver needs it for CronJob time zones
 
+	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"k8s.io/component-base/cli"
 	"k8s.io/component-base/logs"
@@ -41,7 +47,7 @@ var components = map[string]func() int{
 		return cli.Run(controllermanager.NewControllerManagerCommand())
 	},
 	"kube-scheduler": func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
-	"kubelet":        func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kubelet":        func() int { return cli.Run(newKubeletCommand()) },
 	"etcd": func() int {
 		etcdmain.Main(os.Args)
 		return 0
@@ -49,12 +55,43 @@ var components = map[string]func() int{
 	"kubectl": func() int {
 		// Same as upstream cmd/kubectl: verbosity must be known before the
 		// command is built, because building it already logs.
-		logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args)) //nolint:errcheck
+		logs.GlogSetter(logVerbosity(os.Args)) //nolint:errcheck
 		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
 			kubectlutil.CheckErr(err)
 		}
 		return 0
 	},
+}
+
+// newKubeletCommand builds the kubelet's command: 1.34 and later take a context, 1.32 and 1.33
+// nothing.
+func newKubeletCommand() *cobra.Command {
+	build := reflect.ValueOf(kubelet.NewKubeletCommand)
+	var args []reflect.Value
+	if build.Type().NumIn() == 1 {
+		args = append(args, reflect.ValueOf(context.Background()))
+	}
+	return build.Call(args)[0].Interface().(*cobra.Command)
+}
+
+// logVerbosity is kubectl's own reading of -v before its command is built (cmd.GetLogVerbosity,
+// 1.34 and later; earlier cmd/kubectl did without it).
+func logVerbosity(args []string) string {
+	for i, arg := range args {
+		if arg == "--" {
+			break
+		}
+		if arg == "--v" || arg == "-v" {
+			if i+1 < len(args) {
+				return args[i+1]
+			}
+		} else if strings.Contains(arg, "--v=") || strings.Contains(arg, "-v=") {
+			if parts := strings.Split(arg, "="); len(parts) > 1 && parts[1] != "" {
+				return parts[1]
+			}
+		}
+	}
+	return "0"
 }
 
 func main() {
