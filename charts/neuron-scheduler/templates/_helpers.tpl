@@ -342,4 +342,19 @@ rendered by scheduler_profile; tests/e2e/test_chart.py compares them).
 {{- fail (printf "%s.serviceAccount.create is false but %s.serviceAccount.name is empty: name the existing ServiceAccount to bind the chart's roles to (never the namespace's default account)" $key $key) -}}
 {{- end -}}
 {{- end -}}
+{{- include "ns.validateKubeVersion" . -}}
+{{- end -}}
+
+{{/* What needs a newer Kubernetes than the chart's kubeVersion floor, refused by name on clusters
+that lack it, rather than installed to fail at run time (docs/install.md, "Tested on"). */}}
+{{- define "ns.validateKubeVersion" -}}
+{{- $version := .Capabilities.KubeVersion.Version -}}
+{{- if .Values.dra.enabled -}}
+{{- if semverCompare "<1.35.0-0" $version -}}
+{{- fail (printf "dra.enabled needs Kubernetes 1.35 or newer, and this cluster is %s: the DRA driver's devices (device sets, dra.coreWindows) share counters in resource.k8s.io/v1 ResourceSlices, the layout partitionable devices have from 1.35, and a failed device is kept from claims by device taints (1.35: turn on the DRAPartitionableDevices and DRADeviceTaints feature gates; 1.36 and later: on by default). Older versions serve the device plugin path only: leave dra.enabled false (docs/dra.md)" $version) -}}
+{{- end -}}
+{{- if not (.Capabilities.APIVersions.Has "resource.k8s.io/v1") -}}
+{{- fail (printf "dra.enabled needs the resource.k8s.io/v1 API, which this cluster (%s) does not serve: turn DynamicResourceAllocation back on, or leave dra.enabled false (docs/dra.md)" $version) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

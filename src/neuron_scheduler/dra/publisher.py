@@ -212,9 +212,9 @@ class Publisher:
         )
         raise TaintsDropped(
             f"the API server stored the devices {shown} of pool {self.owner.name} without the "
-            "taints that mark their failed device: device taints are off (Kubernetes 1.35 needs "
-            "the DRADeviceTaints feature gate on kube-apiserver and kube-scheduler; 1.36 has it "
-            "on). Until they are kept, the scheduler may give new claims sets that hold it"
+            "taints that mark their failed device: device taints are off (the DRADeviceTaints "
+            "feature gate on kube-apiserver and kube-scheduler: off by default in 1.35, on from "
+            "1.36). Until they are kept, the scheduler may give new claims sets that hold it"
         )
 
     async def _delete_pool(self, stored: list[ExistingSlice]) -> None:
