@@ -18,22 +18,24 @@ from typing import Any
 
 import yaml
 
-from tests.testbed import ControlPlane
+from tests.testbed import ControlPlane, find_kubebin
 from tests.testbed.controlplane import ServiceAccountCredentials
+from tests.testbed.kubeversion import binary_version
 from tests.testbed.pki import Pki
 from tests.testbed.stack import ExtenderProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "neuron-scheduler"
 RULES = CHART / "files" / "extender-rules.yaml"
-# The testbed's Kubernetes version (tools/kube/go.mod), so rendering matches the API server.
-KUBE_VERSION = next(
-    line.split()[1]
-    for line in (ROOT / "tools" / "kube" / "go.mod").read_text().splitlines()
-    if line.strip().startswith("k8s.io/kubernetes ")
-)
 
 Doc = dict[str, Any]
+
+
+@cache
+def testbed_version() -> str:
+    """The testbed binary's Kubernetes version (the default's, or KUBE_MINOR's in a compatibility
+    run), so that rendering matches the API server the tests apply to."""
+    return str(binary_version(find_kubebin(ROOT)))
 
 
 @cache
@@ -117,7 +119,7 @@ def render_typed(command: str) -> list[Doc]:
 
 
 def render(
-    values: Doc | None = None, namespace: str = "kube-system", kube_version: str = KUBE_VERSION
+    values: Doc | None = None, namespace: str = "kube-system", kube_version: str | None = None
 ) -> list[Doc]:
     result = helm(
         "template",
@@ -125,7 +127,7 @@ def render(
         "--namespace",
         namespace,
         "--kube-version",
-        kube_version,
+        kube_version or testbed_version(),
         values=values,
     )
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"

@@ -10,6 +10,7 @@ import pytest
 
 from tests.e2e.harness import ROOT, Scenario
 from tests.testbed import ControlPlane, Stack, find_kubebin
+from tests.testbed.kubeversion import binary_version, unmet
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     otherwise restart kube-scheduler (`mode`) at almost every test. Each mode's tests keep their
     shuffled order; pytest's own order (every module's tests of one mode, then the other's)
     comes through unchanged."""
+    _skip_what_the_version_lacks(items)
     ordered: list[pytest.Item] = []
     current: bool | None = None
     for _, run in itertools.groupby(items, key=lambda item: item.path):
@@ -60,6 +62,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             current = modes[-1]
         ordered += tests
     items[:] = ordered
+
+
+def _skip_what_the_version_lacks(items: list[pytest.Item]) -> None:
+    """A test marked `needs(...)` is skipped on a version that lacks what it names, with the
+    reason (tests/testbed/kubeversion.py NEEDS): a compatibility run on an older version says
+    what it did not try and why, as docs/install.md's "Tested on" table does."""
+    marked = [(item, [n for m in item.iter_markers("needs") for n in m.args]) for item in items]
+    marked = [(item, needs) for item, needs in marked if needs]
+    if not marked:
+        return
+    version = binary_version(find_kubebin(ROOT))
+    for item, needs in marked:
+        why = unmet(version, needs)
+        if why is not None:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session", params=[True, False], ids=["nodeCacheCapable", "fullNodeList"])

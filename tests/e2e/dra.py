@@ -1,6 +1,7 @@
 """The DRA driver on a testbed control plane, installed the way the Helm chart installs it.
 
-A real kube-apiserver and kube-scheduler (DRA on, partitionable devices beta-on in 1.36); the
+A real kube-apiserver and kube-scheduler (DRA on, partitionable devices on: beta in 1.36 and 1.37,
+the testbed turns the gate on in 1.35); the
 chart's DeviceClasses, RBAC and ValidatingAdmissionPolicies applied with strict server-side apply;
 `neuron-scheduler dra-driver` as its CLI process, one per node, over a fake /dev and /sys tree,
 authenticated with a ServiceAccount token bound to a pod on its node (as a DaemonSet pod's is).
@@ -223,16 +224,23 @@ class DriverProcess:
         import json
 
         path = self.cdi / f"{DRIVER}-{uid}.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        try:  # not exists() then read: the driver may remove it in between
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
 
 
 @contextlib.contextmanager
-def dra_control_plane() -> Iterator[ControlPlane]:
+def dra_control_plane(
+    feature_gates: dict[str, bool] | None = None, workdir: Path | None = None
+) -> Iterator[ControlPlane]:
     """A control plane with the chart's DRA objects (the whole chart with DRA on: the extender
-    and device plugin objects are applied too, nothing runs them) and the default-scheduler."""
+    and device plugin objects are applied too, nothing runs them) and the default-scheduler;
+    `feature_gates` on top of those the version needs."""
     from tests.e2e.chart import apply, render
 
-    with ControlPlane(find_kubebin(harness.ROOT)) as plane:
+    kubebin = find_kubebin(harness.ROOT)
+    with ControlPlane(kubebin, workdir, feature_gates=feature_gates) as plane:
         plane.client.ensure_namespace(SYSTEM)
         # The chart's DRA objects, strictly: unknown or duplicate fields are errors.
         docs = render({"dra": {"enabled": True}}, namespace=SYSTEM)

@@ -52,6 +52,7 @@ from tests.e2e.chart import (
     render,
     render_typed,
     scheduler_config,
+    testbed_version,
     upstream_release_values,
 )
 from tests.testbed import (
@@ -276,13 +277,42 @@ def test_refused_combinations(combo: str) -> None:
     # and template (above) refuse.
 
 
-def test_clusters_without_admission_policies_v1_are_refused_with_the_reason() -> None:
-    """Every install carries ValidatingAdmissionPolicies (v1, Kubernetes 1.30+): on an older
-    cluster helm says so before anything is applied, rather than failing half way."""
-    result = helm("template", "neuron-scheduler", "--kube-version", "v1.29.9")
+TESTED = ">=1.32.0-0 <1.38.0-0"  # docs/install.md "Tested on"
+
+
+@pytest.mark.parametrize("version", ["v1.29.9", "v1.31.14", "v1.38.0", "v1.40.1-eks-abc"])
+def test_versions_not_tested_are_refused_with_the_reason(version: str) -> None:
+    """The chart accepts the minor versions the compatibility runs passed and no other
+    (docs/install.md "Tested on"): helm says so before anything is applied, rather than an
+    install failing half way (admission policies v1 and node-named tokens below 1.32) or running
+    on a version nothing here ran on."""
+    result = helm("template", "neuron-scheduler", "--kube-version", version)
     assert result.returncode != 0
-    assert "requires kubeVersion: >=1.30.0-0" in result.stderr, result.stderr
-    assert render(kube_version="v1.30.0")
+    assert f"requires kubeVersion: {TESTED}" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("version", ["v1.32.0", "v1.33.13", "v1.35.4-eks-4096722", "v1.37.2"])
+def test_tested_versions_render(version: str) -> None:
+    assert render(kube_version=version)
+
+
+@pytest.mark.parametrize("version", ["v1.32.13", "v1.34.4-eks-3025e55"])
+def test_dra_is_refused_by_name_below_1_35(version: str) -> None:
+    """DRA, its core windows and device taints need 1.35's partitionable devices: refused with
+    what to do, instead of a driver that publishes nothing usable (docs/dra.md)."""
+    result = helm(
+        "template", "neuron-scheduler", "--kube-version", version, values={"dra": {"enabled": True}}
+    )
+    assert result.returncode != 0
+    shown = version.split("-")[0]  # helm's .Capabilities.KubeVersion.Version
+    assert f"dra.enabled needs Kubernetes 1.35 or newer, and this cluster is {shown}" in (
+        result.stderr
+    ), result.stderr
+    assert "DRAPartitionableDevices and DRADeviceTaints" in result.stderr
+    # The device plugin path installs there.
+    assert render(kube_version=version)
+    dra = render({"dra": {"enabled": True}}, kube_version="v1.35.0")
+    assert {"DeviceClass", "DaemonSet"} <= {d["kind"] for d in dra}
 
 
 def test_extender_cluster_role_is_the_rules_file() -> None:
@@ -470,13 +500,13 @@ def test_my_scheduler_configuration() -> None:
     deployment = find(docs, "Deployment", "my-scheduler")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     # The upstream image at the cluster's own version.
-    assert container["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    assert container["image"] == f"registry.k8s.io/kube-scheduler:{testbed_version()}"
     assert "--config=/etc/kubernetes/my-scheduler/my-scheduler-config.yaml" in container["command"]
-    eks = render(kube_version="v1.30.4-eks-a737599")
+    eks = render(kube_version="v1.33.5-eks-a737599")
     (eks_container,) = find(eks, "Deployment", "my-scheduler")["spec"]["template"]["spec"][
         "containers"
     ]
-    assert eks_container["image"] == "registry.k8s.io/kube-scheduler:v1.30.4"
+    assert eks_container["image"] == "registry.k8s.io/kube-scheduler:v1.33.5"
 
 
 def test_extender_pod_hardening_and_probes() -> None:
@@ -596,6 +626,7 @@ def capacity_requests_on(cp: ControlPlane, namespace: str) -> str:
 
 class TestApply:
     @pytest.mark.parametrize("combo", COMBOS)
+    @pytest.mark.compat
     def test_every_manifest_applies_strictly(self, apply_cp: ControlPlane, combo: str) -> None:
         namespace = f"chart-{combo}"
         apply_cp.client.ensure_namespace(namespace)
@@ -692,6 +723,7 @@ class TestApply:
         assert can("patch", "pods", "t", "status")  # nominating the pending pod, anywhere
         assert not can("update", "pods", namespace) and not can("create", "pods/eviction", "t")
 
+    @pytest.mark.compat
     def test_the_extender_may_create_placeholders_and_no_other_pod(
         self, apply_cp: ControlPlane
     ) -> None:
@@ -903,6 +935,7 @@ def add_node(cp: ControlPlane, instance_type: str = "inf1.6xlarge") -> str:
     return name
 
 
+@pytest.mark.compat
 def test_rendered_my_scheduler_schedules_through_the_extender(
     chart_cp: ControlPlane, installed: list[Doc], chart_extender: ExtenderProcess, tmp_path: Path
 ) -> None:
@@ -950,6 +983,7 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
     scheduler.stop()
 
 
+@pytest.mark.compat
 def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
     chart_cp: ControlPlane, tmp_path: Path
 ) -> None:

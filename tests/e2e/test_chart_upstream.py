@@ -374,6 +374,7 @@ def test_device_plugin_affinity_keeps_dra_nodes_out() -> None:
 # --- the seeds' commands against a real API server ---------------------------------------------
 
 
+@pytest.mark.compat
 def test_seed_commands_install_as_typed(tmp_path: Path) -> None:
     """`helm upgrade --install` exactly as the seeds type it (only the chart reference is ours),
     against a real kube-apiserver: the custom-scheduler install, then the switch to the default

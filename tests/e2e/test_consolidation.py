@@ -219,6 +219,7 @@ def settled(scenario: Scenario, web: int) -> Callable[[], bool]:
 # --- the tests ------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_a_ring_fragmented_by_a_deployment_frees_a_run_for_a_pod_of_equal_priority(
     world: World,
 ) -> None:

@@ -2,7 +2,7 @@
 fake tree, the device plugin reports it Unhealthy to the kubelet and names it on its Node, and
 from then on nobody plans for it.
 
-Two real nodes for the module, each a kubelet v1.36.3 (tools/kube) against the upstream fake CRI
+Two real nodes for the module, each a kubelet of tools/kube against the upstream fake CRI
 with our device plugin: an inf2.48xlarge (a ring of 12 devices x 2 cores) and a trn1.32xlarge (a
 4x4 torus of 16 x 2). Our extender and my-scheduler place the pods; the device plugins run with
 pod-bound tokens under the chart's ClusterRole and its admission policy on Node writes.
@@ -287,6 +287,7 @@ def assert_unbound_token_refused(cluster: Cluster, path: str, body: Json) -> Non
 # --- the tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_a_plugin_may_write_only_its_own_nodes_health(cluster: Cluster) -> None:
     """The chart's ValidatingAdmissionPolicy: a token bound to a pod on the ring node may set
     the ring node's health annotation, and nothing else of any Node."""

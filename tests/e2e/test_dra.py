@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ from tests.e2e.dra import (
 )
 from tests.testbed import ControlPlane, KubeError
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("dra")]
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +144,7 @@ def test_policies_keep_a_driver_to_its_own_nodes_slices(
     assert forbidden.value.status == 403
 
 
+@pytest.mark.compat
 def test_shapes_bind_and_prepare_over_grpc_without_kubelet(
     work: Workloads, drivers: dict[str, DriverProcess]
 ) -> None:
@@ -259,6 +261,7 @@ def test_a_driver_restart_loses_no_prepared_claim_over_grpc_without_kubelet(
     assert uid not in driver.checkpoint.read_text()
 
 
+@pytest.mark.compat
 def test_device_health_becomes_device_taints(
     work: Workloads, drivers: dict[str, DriverProcess]
 ) -> None:
@@ -305,6 +308,32 @@ def test_device_health_becomes_device_taints(
     core_count.write_text("2\n")
     wait_for(lambda: not tainted(), "the taints to be lifted")
     work.release("half-while-13-sick", "half-while-13-sick")
+
+
+@pytest.mark.compat
+def test_taints_an_api_server_drops_are_said(tmp_path: Path) -> None:
+    """The taints above are what keeps a failed device from claims. With device taints off
+    (DRADeviceTaints: alpha and off in 1.35; beta in 1.36 and GA in 1.37, both on unless turned
+    off, together with DRADeviceTaintRules which needs it), the API server keeps the slices and
+    drops the taints without an error; the driver says which gate to turn on."""
+    off = {"DRADeviceTaints": False, "DRADeviceTaintRules": False}
+    with dra_control_plane(off, tmp_path / "cp") as plane:
+        work = Workloads(plane, "dra-taints-off")
+        node, _ = work.add_node("trn1.32xlarge", {})
+        driver = DriverProcess(plane, node, "trn1.32xlarge")
+        try:
+            driver.start()
+            (driver.sys / "class" / "neuron_device" / "neuron13" / "core_count").write_text("x")
+            said = "without the taints that mark their failed device: device taints are off"
+            wait_for(
+                lambda: said in driver.process.log_path.read_text() or None,
+                "the driver to say that device taints are off",
+            )
+            assert "DRADeviceTaints feature gate" in driver.process.log_path.read_text()
+            devices = [d for s in slices_of(plane, node) for d in s["spec"].get("devices", [])]
+            assert devices and not any(d.get("taints") for d in devices)
+        finally:
+            driver.remove()
 
 
 def cli(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:

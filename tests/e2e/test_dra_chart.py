@@ -5,11 +5,14 @@ then runs the driver under exactly those objects."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from neuron_scheduler.dra import DEFAULT_DRIVER_NAME
-from tests.e2e.chart import Doc, find, helm, kinds, refusal, render
+from tests.e2e.chart import ROOT, Doc, find, helm, kinds, refusal, render, run_typed
+from tests.testbed import ControlPlane, find_kubebin
 
 pytestmark = pytest.mark.e2e
 
@@ -155,3 +158,34 @@ def test_rendered_arguments_parse_with_the_cli() -> None:
 )
 def test_refused_values(values: Doc, message: str) -> None:
     assert message in refusal(values)
+
+
+@pytest.mark.compat
+def test_helm_installs_dra_where_the_cluster_has_it_and_refuses_it_by_name_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """`helm upgrade --install --set dra.enabled=true` against the testbed's kube-apiserver, so
+    helm reads the version and the API list from the cluster as on a user's: the DRA objects
+    from 1.35, a refusal that says why and installs nothing below."""
+    with ControlPlane(find_kubebin(ROOT), tmp_path / "cp") as cp:
+        result = run_typed(
+            "helm upgrade --install neuron oci://public.ecr.aws/neuron/neuron-helm-chart"
+            " --namespace kube-system --set dra.enabled=true",
+            cp.kubeconfig_path,
+        )
+        deployments = cp.request("GET", "/apis/apps/v1/namespaces/kube-system/deployments")
+        if cp.version.minor < 35:
+            assert result.returncode != 0, result.stdout
+            assert (
+                f"dra.enabled needs Kubernetes 1.35 or newer, and this cluster is {cp.version}"
+                in result.stderr
+            ), result.stderr
+            assert deployments["items"] == []
+            return
+        assert result.returncode == 0, result.stderr
+        classes = cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+        assert {c["metadata"]["name"] for c in classes} == {
+            k.split("/")[1] for k in DRA_OBJECTS if k.startswith("DeviceClass/")
+        }
+        daemonsets = cp.request("GET", "/apis/apps/v1/namespaces/kube-system/daemonsets")
+        assert "neuron-dra-driver" in {d["metadata"]["name"] for d in daemonsets["items"]}

@@ -31,7 +31,7 @@ from tests.e2e.dra import (
 )
 from tests.testbed import ControlPlane, Stack
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("dra")]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +92,7 @@ def mix(instance_type: str) -> list[tuple[str, int, bool]]:
 @pytest.mark.parametrize(
     ("key", "instance_type"), [("inf2", "inf2.48xlarge"), ("trn1", "trn1.32xlarge")]
 )
+@pytest.mark.compat
 def test_core_and_device_claims_share_no_core_and_get_connected_cores_over_grpc_without_kubelet(
     cp: ControlPlane, drivers: dict[str, DriverProcess], key: str, instance_type: str
 ) -> None:

@@ -1,4 +1,4 @@
-"""The DRA driver under the real kubelet: kubelet v1.36.3 (tools/kube, as root in a mount
+"""The DRA driver under the real kubelet: the kubelet of tools/kube (as root in a mount
 namespace of its own, against the upstream fake CRI runtime; tests/testbed/kubelet.py) finds the
 driver's registration socket, registers it, and calls NodePrepareResources for a pod whose claim
 the real kube-scheduler allocated over the driver's slices; the pod starts; deleting it makes the
@@ -24,7 +24,7 @@ from tests.e2e.dra import CATALOG, SYSTEM, DriverProcess, Json, Workloads, wait_
 from tests.testbed import ControlPlane, KubeError
 from tests.testbed.kubelet import Kubelet, NodeCA
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("dra")]
 
 NODE = "dra-real-node"
 INSTANCE = "inf2.48xlarge"
@@ -76,6 +76,7 @@ def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
             kubelet.close()
 
 
+@pytest.mark.compat
 def test_the_real_kubelet_registers_the_driver_and_prepares_a_wrapping_window(
     real: RealDraNode,
 ) -> None:

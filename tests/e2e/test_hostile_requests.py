@@ -367,6 +367,7 @@ def test_node_names_with_newlines_or_nul_cannot_forge_a_log_line(stack: Stack) -
         scenario.cleanup()
 
 
+@pytest.mark.compat
 def test_a_stolen_extender_token_may_change_only_our_pod_annotations(stack: Stack) -> None:
     """The chart's admission policy `<extender>-pod-writes`: `pods patch` is cluster-wide, and a
     pod update may change container images; the extender's token may change only our annotation

@@ -36,6 +36,7 @@ GUARD = 2000
 CACHED_ONLY = pytest.mark.parametrize("mode", [True], ids=["nodeCacheCapable"], indirect=True)
 
 
+@pytest.mark.compat
 def test_one_whole_row_not_four_scattered_pods(scenario: Scenario) -> None:
     """(a) 16 one-device low-priority pods on a trn1.32xlarge, the youngest one per row; a
     high-priority 4-device pod. kube-scheduler alone would evict the four youngest (one per

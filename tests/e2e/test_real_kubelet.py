@@ -1,8 +1,9 @@
 """The device plugin against the upstream kubelet: the seed flow end to end, ids that cannot swap,
 and the kubelet-side peer held to what the real kubelet does.
 
-One node for the module: kubelet v1.36.3 (tools/kube) as root in a mount namespace of its own,
-against the upstream fake CRI runtime (tools/kube/fakecri), registered with an x509 node identity
+One node for the module: the kubelet of tools/kube (the testbed's version) as root in a mount
+namespace of its own, against the upstream fake CRI runtime (tools/kube/fakecri), registered with
+an x509 node identity
 on a control plane of its own; our extender and my-scheduler (tests/testbed Stack); our device
 plugin under the chart's ClusterRole, registering with kubelet's real device manager.
 """
@@ -260,6 +261,7 @@ def visible_cores(record: Json) -> list[int]:
 # --- the tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_node_capacity_comes_from_the_device_plugin(real: RealNode) -> None:
     assert not any(k.startswith("aws.amazon.com/") for k in real.allocatable_before_plugin)
     node = real.kubelet.node()
@@ -268,11 +270,12 @@ def test_node_capacity_comes_from_the_device_plugin(real: RealNode) -> None:
         neuron = {k: v for k, v in node["status"][field].items() if k.startswith("aws.amazon.com")}
         assert neuron == {NEURON: "4", NEURONCORE: "16", NEURONDEVICE: "4"}, field
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == "v1.36.3"
+    assert info["kubeletVersion"] == str(real.cp.version)
     assert info["containerRuntimeVersion"].startswith("fakeRuntime://")
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == INSTANCE
 
 
+@pytest.mark.compat
 def test_seed_flow_through_the_real_kubelet(real: RealNode, namespace: str) -> None:
     """A pod asking my-scheduler for 2 neuroncores: the extender binds and annotates it, kubelet
     calls GetPreferredAllocation and Allocate, fakecri starts it with exactly those cores."""

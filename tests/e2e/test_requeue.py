@@ -56,6 +56,7 @@ def wake_of(scenario: Scenario, name: str) -> str:
     return str(scenario.pod(name)["metadata"].get("annotations", {}).get(WAKE_ANNOTATION, ""))
 
 
+@pytest.mark.compat
 def test_a_hold_that_ends_without_any_event_wakes_the_pod_waiting_for_it(
     scenario: Scenario,
 ) -> None:
@@ -113,6 +114,7 @@ def lagging(stack: Stack, tmp_path: Path) -> Iterator[tuple[Scenario, FaultProxy
         scenario.cleanup()
 
 
+@pytest.mark.compat
 def test_a_deletion_kube_scheduler_acted_on_before_the_extender_wakes_the_pod(
     lagging: tuple[Scenario, FaultProxy],
 ) -> None:

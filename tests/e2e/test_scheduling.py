@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from tests.e2e.harness import WARNING_7, Scenario, ids, wait_for
 
 
+@pytest.mark.compat
 def test_seed_nine_cores_on_empty_inf1(scenario: Scenario) -> None:
     node = scenario.add_node("inf1.6xlarge")
     scenario.create_pod("nrt-test", {NEURONCORE: 9})

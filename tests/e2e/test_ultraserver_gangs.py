@@ -2,8 +2,9 @@
 extender restart and a leader change, and priorities that move whole jobs or nothing, on the real
 kube-scheduler.
 
-A control plane of its own with Kubernetes 1.36's Workload API on (kube-apiserver and
-kube-scheduler: GenericWorkload, and GangScheduling for kube-scheduler's PodGroup cycle), two
+A control plane of its own with the Workload API on where the version has one with PodGroups
+(tests/testbed/kubeversion.py: 1.36's v1alpha2 with GenericWorkload and GangScheduling, 1.37's
+v1beta1 with GenericWorkload; older versions run every test but the PodGroup one), two
 UltraServers of four trn2u nodes (a, b), the extender as the chart runs it (with the chart's
 UltraServerClaim CRD) with short claims. Every member asks for a whole node (16 devices). The
 preemption tests add a third UltraServer (c) for their own time, and a kubelet stand-in that
@@ -36,13 +37,13 @@ from tests.testbed import (
     Stack,
     scheduler_config,
 )
+from tests.testbed.kubeversion import WorkloadApi, binary_version, workload_api
 from tests.testbed.standin import KubeletStandIn
 
 pytestmark = pytest.mark.e2e
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
 S4 = PREFIX + "server-id-4"
-GATES = "GenericWorkload=true"
 EXAMPLES = ROOT / "docs" / "examples" / "ultraserver"
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 SETTLE = 8.0  # seconds a refused job is watched to stay unplaced (a check, never a speed bound)
@@ -53,8 +54,9 @@ ELECTION = ["--lease-duration=3", "--renew-deadline=2", "--retry-period=0.25"]
 class Gangs:
     """The module's cluster: eight UltraServer nodes, an extender and my-scheduler."""
 
-    def __init__(self, cp: ControlPlane, stack: Stack) -> None:
+    def __init__(self, cp: ControlPlane, stack: Stack, workload: WorkloadApi | None) -> None:
         self.cp, self.stack = cp, stack
+        self.workload = workload
         self.units: dict[str, str] = {}  # node -> its UltraServer (a or b)
         for unit in ("a", "b"):
             self.add_unit(unit)
@@ -87,9 +89,8 @@ class Gangs:
         config = scheduler_config(
             extender_url=extender.url, node_cache_capable=True, pki=self.stack.pki
         )
-        return self.cp.start_scheduler(
-            config=config, extra_args=("--v=2", f"--feature-gates={GATES},GangScheduling=true")
-        )
+        gates = self.workload.scheduler_gates if self.workload is not None else {}
+        return self.cp.start_scheduler(config=config, feature_gates=gates)
 
     def job(
         self,
@@ -164,8 +165,10 @@ class Gangs:
                 self.cp.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", doc)
                 pods.append(doc["metadata"]["name"])
             else:
-                group, version = doc["apiVersion"].split("/")
-                path_ = f"/apis/{group}/{version}/namespaces/{self.namespace}/podgroups"
+                # The example is written for the newest version; the one this cluster serves.
+                assert self.workload is not None, "a PodGroup on a cluster without PodGroups"
+                doc["apiVersion"] = self.workload.group_version
+                path_ = f"/apis/{self.workload.group_version}/namespaces/{self.namespace}/podgroups"
                 self.cp.request("POST", path_, doc)
         return pods
 
@@ -256,10 +259,14 @@ class Gangs:
 
 @pytest.fixture(scope="module")
 def gangs(kubebin: Path) -> Iterator[Gangs]:
-    apiserver = [f"--feature-gates={GATES}", "--runtime-config=scheduling.k8s.io/v1alpha2=true"]
-    with ControlPlane(kubebin, extra_apiserver_args=apiserver) as cp:
+    workload = workload_api(binary_version(kubebin))
+    with ControlPlane(
+        kubebin,
+        extra_apiserver_args=[workload.runtime_config] if workload is not None else [],
+        feature_gates=workload.apiserver_gates if workload is not None else None,
+    ) as cp:
         stack = Stack(cp, extender_args=["--ultraserver-claim-seconds=60"])
-        world = Gangs(cp, stack)
+        world = Gangs(cp, stack, workload)
         stack.scheduler = world.start_scheduler(stack.extender)
         yield world
         stack.scheduler.stop()
@@ -306,6 +313,7 @@ def busy_unit_a(world: Gangs) -> list[str]:
     return busy
 
 
+@pytest.mark.compat
 def test_two_jobs_racing_for_one_free_unit_one_gets_it_all_the_other_none(
     cluster: Gangs,
 ) -> None:
@@ -438,8 +446,17 @@ def test_a_claim_survives_a_leader_change_and_the_job_completes(cluster: Gangs) 
 
 @pytest.mark.parametrize(
     "example",
-    ["mpijob", "pytorchjob", "jobset", "trainjob", "leaderworkerset", "podgroup", "annotation"],
+    [
+        "mpijob",
+        "pytorchjob",
+        "jobset",
+        "trainjob",
+        "leaderworkerset",
+        pytest.param("podgroup", marks=pytest.mark.needs("workload-api")),
+        "annotation",
+    ],
 )
+@pytest.mark.compat
 def test_a_job_of_any_framework_is_placed_the_same_way(cluster: Gangs, example: str) -> None:
     pods = cluster.apply(EXAMPLES / f"{example}.yaml")
     assert len(pods) == 4, pods
@@ -518,6 +535,7 @@ def test_a_higher_priority_job_larger_than_the_fleet_evicts_nobody(
     assert never in waits[f"{world.namespace}/big"], waits
 
 
+@pytest.mark.compat
 def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_and_binds_whole(
     three: tuple[Gangs, KubeletStandIn],
 ) -> None:

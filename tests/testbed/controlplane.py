@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .client import KubeClient, opener, write_kubeconfig
+from .kubeversion import binary_version, gates_flag, needed_gates
 from .manifests import scheduler_config
 from .process import ManagedProcess, free_ports
 
@@ -182,6 +183,10 @@ class ControlPlane:
     workdir holds keys, kubeconfigs, etcd data and logs/<component>.log; etcd data
     and serving certs from a previous run there are discarded. With workdir None
     a temporary directory is used and removed by stop().
+
+    Every component started here (and a testbed Kubelet) gets `feature_gates`: those the
+    binary's version needs for the product's features (kubeversion.needed_gates) and the
+    caller's on top.
     """
 
     def __init__(
@@ -191,10 +196,13 @@ class ControlPlane:
         *,
         startup_timeout: float = 60.0,
         extra_apiserver_args: Sequence[str] = (),
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
         self.kubebin = Path(kubebin).resolve()
         if not os.access(self.kubebin, os.X_OK):
             raise FileNotFoundError(f"kube multi-call binary not found: {self.kubebin}")
+        self.version = binary_version(self.kubebin)
+        self.feature_gates = {**needed_gates(self.version), **(feature_gates or {})}
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ns-kube-")).resolve()
         self.startup_timeout = startup_timeout
@@ -303,6 +311,7 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--allow-privileged=true",
             "--profiling=false",
+            *gates_flag(self.feature_gates),
             *self.extra_apiserver_args,
         )
         self._apiserver.start()
@@ -417,12 +426,14 @@ class ControlPlane:
         *,
         extra_args: Sequence[str] = ("--v=2",),
         config: Mapping[str, Any] | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> Scheduler:
         """Start a kube-scheduler serving one profile, with our extender if extender_url.
 
         Runs as admin unless kubeconfig is given. --v=2 logs each binding, which
         is what one reads when a test fails. A given config (e.g. the Helm chart's
         KubeSchedulerConfiguration) is used instead, with clientConnection.kubeconfig set.
+        It gets the control plane's feature gates and `feature_gates` on top.
         """
         if not self.running:
             raise RuntimeError("control plane is not running")
@@ -450,6 +461,7 @@ class ControlPlane:
             # Lets /metrics accept the admin token; /readyz is always allowed.
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
+            *gates_flag({**self.feature_gates, **(feature_gates or {})}),
             *extra_args,
             log_name=log_name,
         )
@@ -480,6 +492,7 @@ class ControlPlane:
             # Controllers react within a second; the defaults wait for resyncs of many seconds.
             "--concurrent-deployment-syncs=2",
             "--concurrent-replicaset-syncs=2",
+            *gates_flag(self.feature_gates),
             "--v=2",
             log_name=f"kube-controller-manager-{index}",
         )

@@ -336,6 +336,8 @@ class Kubelet:
             "registerNode": True,
             # Device plugin capacity reaches the Node within a second instead of ten.
             "nodeStatusUpdateFrequency": "1s",
+            # The control plane's, as a cluster's nodes run with its gates.
+            "featureGates": dict(self.cp.feature_gates),
         }
 
     def _namespace_script(self) -> str:
