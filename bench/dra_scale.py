@@ -2,13 +2,12 @@
 DRA allocator, with core windows of 1 .. W cores published beside the device sets (issue 42).
 
 Per configuration of core windows (none: device sets only, as before core claims), a fresh
-control plane (etcd, kube-apiserver v1.36.3 from tools/kube) and the chart's DRA objects
-(DeviceClasses neuron-1 .. 16 and neuroncore-1 .. 32); `--nodes` fake nodes of the benchmarks'
-five types (bench/fleet.py TYPES: inf2.48xlarge, trn1.32xlarge, trn2.48xlarge, inf1.24xlarge,
-inf2.24xlarge),
-each with the slices `neuron-scheduler dra-driver --core-windows ...` publishes (the driver's own
-publisher, run here for every node). Then kube-scheduler (the cluster's default profile, as DRA
-pods get it) and:
+control plane (etcd, kube-apiserver from tools/kube; KUBE_BIN=... for another version's) and the
+chart's DRA objects (DeviceClasses neuron-1 .. 16 and neuroncore-1 .. 32); `--nodes` fake nodes
+of the benchmarks' five types (bench/fleet.py TYPES: inf2.48xlarge, trn1.32xlarge, trn2.48xlarge,
+inf1.24xlarge, inf2.24xlarge), each with the slices `neuron-scheduler dra-driver --core-windows
+...` publishes (the driver's own publisher, run here for every node). Then kube-scheduler (the
+cluster's default profile, as DRA pods get it) and:
 - `--pods` pods, each with its own ResourceClaim: 70% a core claim of 1, 2 or 4 cores, 30% one
   device (where no window of its count is published, a core claim asks for the devices that hold
   its cores, neuron-1 or neuron-2, as DRA users had to); created before the scheduler starts,

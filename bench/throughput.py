@@ -54,6 +54,7 @@ from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
 from tests.testbed.client import KubeClient, KubeError, opener
+from tests.testbed.kubeversion import binary_version
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
@@ -480,7 +481,7 @@ def machine() -> str:
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     return (
         f"{platform.machine()}, {os.cpu_count()} CPUs ({model}), load average at start {load}, "
-        f"Python {platform.python_version()}, Kubernetes v1.36.3"
+        f"Python {platform.python_version()}, Kubernetes {binary_version(find_kubebin(ROOT))}"
     )
 
 
