@@ -31,10 +31,10 @@ from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import NodeFilter
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim
+from neuron_scheduler.jobs.placement import Occupancy, UnitPlacement
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 
 CATALOG = Catalog.builtin()

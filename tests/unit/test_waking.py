@@ -18,10 +18,10 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim
+from neuron_scheduler.jobs.placement import Occupancy, UnitPlacement
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
 

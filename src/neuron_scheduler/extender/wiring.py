@@ -26,7 +26,7 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.extender.state.members import member_excluded, member_unusable
+from neuron_scheduler.extender.state.members import member_fit
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders
@@ -36,9 +36,10 @@ from neuron_scheduler.extender.state.protection import Bound
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.jobs.network import EKS_LEVELS
+from neuron_scheduler.jobs.placement import CLAIM_SECONDS, Occupancy, UnitPlacement
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
-from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS, Occupancy, UnitPlacement
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def wire(
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
     claim_seconds: float = CLAIM_SECONDS,
+    topology_levels: tuple[str, ...] = EKS_LEVELS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
     capacity: CapacityLimits = DEFAULT_CAPACITY,
@@ -90,12 +92,9 @@ def wire(
     prioritize-claims scores (None: none)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
-    occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
-    units = UnitPlacement(
-        occupancy,
-        lambda pod, node: member_unusable(ledger, pod, policy, node),
-        lambda pod, node: member_excluded(ledger, pod, node),
-    )
+    # Training jobs' units (UltraServers, nodes), members and claims, and where nodes sit.
+    occupancy = Occupancy(levels=topology_levels)
+    units = UnitPlacement(occupancy, lambda pod: member_fit(ledger, pod, policy))
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()

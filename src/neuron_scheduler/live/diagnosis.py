@@ -23,7 +23,6 @@ autoscaler for a node, the block held on a node that came, or what would be aske
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -47,10 +46,14 @@ from neuron_scheduler.extender.loops.movers import Admits, anywhere, plan_for
 from neuron_scheduler.extender.loops.requesting import asked_type
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
-from neuron_scheduler.extender.state.members import member_excluded, member_unusable
+from neuron_scheduler.extender.state.members import member_fit
 from neuron_scheduler.extender.state.movability import Movability, gang_of
 from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.jobs.members import MembershipError, member_of
+from neuron_scheduler.jobs.network import closeness_of
+from neuron_scheduler.jobs.placement import Occupancy, Shortfall, UnitPlacement, job_progress, plan
+from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.kube.reading import (
@@ -60,16 +63,6 @@ from neuron_scheduler.kube.reading import (
     unhealthy_devices,
 )
 from neuron_scheduler.live.fleet import JSON_VERSION
-from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
-from neuron_scheduler.ultraserver.labels import NodeConfigError
-from neuron_scheduler.ultraserver.placement import (
-    Occupancy,
-    Shortfall,
-    UnitPlacement,
-    job_progress,
-    plan,
-    pod_node_config,
-)
 
 # Above every PriorityClass value (int32): every pod on the node counts as evictable.
 ANY_PRIORITY = 2**31
@@ -343,14 +336,13 @@ def _unit_rule(
         member = None
     if member is not None and not occupancy.complete(member.job):
         size = max(occupancy.size(member, member.job), 1)  # this pod, at least
-        usable = functools.partial(member_unusable, ledger, pod, policy)
-        excluded = functools.partial(member_excluded, ledger, pod)
-        planned = plan(occupancy, member.job, config, size, usable, excluded)
+        fit = member_fit(ledger, pod, policy)
+        planned = plan(occupancy, member.job, config, size, fit, closeness_of(pod))
         occupancy.shortfalls[member.job] = (
             planned.reason
             if isinstance(planned, Shortfall)
-            else f"job {member.text} fits now (on {len(planned)} nodes): the extender reserves "
-            "them for all its members at once, then they are retried"
+            else f"job {member.text} fits now ({planned.where}): the extender reserves them "
+            "for all its members at once, then they are retried"
         )
     _, refused = UnitPlacement(occupancy).filter(pod, fits, now=0.0)
     return [

@@ -25,6 +25,7 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.jobs.placement import Occupancy
 from neuron_scheduler.kube.client import (
     CLAIMS,
     NODES,
@@ -34,9 +35,8 @@ from neuron_scheduler.kube.client import (
     KubeAPI,
 )
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
-from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
+from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
 from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
-from neuron_scheduler.ultraserver.placement import Occupancy
 
 PAGE = 500
 # Far above Kubernetes' tested limits (5,000 nodes, 150,000 pods): a list longer than this is
@@ -104,7 +104,7 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     PodRouter(views, placeholders).replace_pods(pods)
     unread = None
     try:
-        claims = await api.list_all(CLAIMS, UltraServerClaim, page=PAGE, most=MOST_NODES)
+        claims = await api.list_all(CLAIMS, JobClaim, page=PAGE, most=MOST_NODES)
         occupancy.replace_claims(claims)
     except (Forbidden, NotFound) as error:
         unread = f"cannot list UltraServerClaims: {error_text(error)}"

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.state.plugins import PodsOnly
+from neuron_scheduler.jobs.members import MembershipError, member_of
 from neuron_scheduler.kube.objects import Affinity, Pod, PodSpec, Toleration
 from neuron_scheduler.kube.reading import servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
-from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 
 DO_NOT_DISRUPT = "neuron-scheduler.io/do-not-disrupt"
 # Pods of jobs that run (and so would have to move) as a whole beyond the members `member_of`

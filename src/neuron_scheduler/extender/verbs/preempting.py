@@ -50,11 +50,11 @@ from neuron_scheduler.extender.verbs.wire import (
     MetaVictims,
     candidate_victims,
 )
+from neuron_scheduler.jobs.members import Member, MembershipError, member_of
+from neuron_scheduler.jobs.placement import Occupancy, job_text
+from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
-from neuron_scheduler.ultraserver.jobs import Member, MembershipError, member_of
-from neuron_scheduler.ultraserver.labels import NodeConfigError
-from neuron_scheduler.ultraserver.placement import Occupancy, job_text, pod_node_config
 
 log = logging.getLogger("neuron_scheduler.extender")
 INVALID = (Member(("", ""), "invalid", None), 0)  # a member whose size or node config is bad

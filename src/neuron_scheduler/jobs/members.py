@@ -26,9 +26,12 @@ import re
 from dataclasses import dataclass
 
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.ultraserver.labels import JOB_NAME_LABEL, JOB_ROLE_LABEL, WORKER_ROLE
 
 JobKey = tuple[str, str]  # (namespace, job name)
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+WORKER_ROLE = "worker"
 
 GANG_ANNOTATION = "neuron-scheduler.io/gang"
 GANG_SIZE_ANNOTATION = "neuron-scheduler.io/gang-size"
@@ -51,7 +54,7 @@ class MembershipError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A pod that is one of a job's members (each takes one UltraServer node)."""
+    """A pod that is one of a job's members (each takes a node, or part of one)."""
 
     job: JobKey
     framework: str  # podgroup, gang, mpijob, pytorchjob, jobset, leaderworkerset
@@ -114,3 +117,47 @@ def _nodes_env(pod: Pod) -> int | None:
                 count = int(variable.value.strip())
                 return count if 1 <= count <= MAX_GANG else None
     return None
+
+
+# Where each framework writes a member's index (its rank, or what orders its ranks).
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # MPIJob, PyTorchJob
+JOBSET_GLOBAL_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+MAX_INDEX_DIGITS = 6
+
+Rank = tuple[int, ...]  # compared as tuples: a smaller rank comes first in network order
+
+
+def rank_of(pod: Pod, member: Member) -> Rank | None:
+    """Where the member stands among its job's ranks, from the index its framework gives it
+    (None: it gives none, or none that reads as a number): a PyTorchJob's master before its
+    workers by replica index, an MPIJob's workers by replica index, a JobSet's pods by job
+    index (global across replicated jobs where JobSet writes it) then completion index, a
+    LeaderWorkerSet group's pods by worker index (the leader is 0), any other job's pods by
+    their Indexed Job completion index."""
+    labels = pod.metadata.labels
+    if member.framework == "pytorchjob":
+        index = _index(labels.get(REPLICA_INDEX_LABEL))
+        master = labels.get(REPLICA_TYPE_LABEL) == "master"
+        return None if index is None else (0 if master else 1, index)
+    if member.framework == "mpijob":
+        index = _index(labels.get(REPLICA_INDEX_LABEL))
+        return None if index is None else (index,)
+    if member.framework == "jobset":
+        job = _index(labels.get(JOBSET_GLOBAL_INDEX_LABEL, labels.get(JOBSET_INDEX_LABEL)))
+        completion = _index(labels.get(COMPLETION_INDEX_LABEL)) or 0
+        return None if job is None else (job, completion)
+    if member.framework == "leaderworkerset":
+        index = _index(labels.get(LWS_WORKER_INDEX_LABEL))
+        return None if index is None else (index,)
+    index = _index(labels.get(COMPLETION_INDEX_LABEL))
+    return None if index is None else (index,)
+
+
+def _index(text: str | None) -> int | None:
+    if text is None:
+        return None
+    value = text.strip()
+    return int(value) if value.isdigit() and len(value) <= MAX_INDEX_DIGITS else None

@@ -1,37 +1,37 @@
-"""UltraServer placement of training jobs, all or nothing: what the extender's filter admits, and
-which units a job's reservation takes. No I/O (the extender's reservation loop writes the claims
-this reads: extender/loops/reserving.py).
+"""Training jobs, all or nothing, in whole units, close in the network: what the extender's
+filter admits, and which units a job's claim takes. No I/O (the extender's reservation loop
+writes the claims this reads: extender/loops/reserving.py).
 
-A member is a pod of a training job (`ultraserver.jobs`: MPIJob, PyTorchJob, JobSet, Kubeflow
-Trainer, LeaderWorkerSet, the Workload API's PodGroup, or our annotation), one per node. Its node
-config (4, 2 or 1 nodes per unit) is the pod annotation `neuron.amazonaws.com/ultraserver-node-
-config`, else a label of that name, else 4. A unit is the set of nodes sharing
-`neuron.amazonaws.com/ultraserver-server-id-<config>` (config 1: one node). On UltraServer nodes
-(those with `neuron.amazonaws.com/ultraserver-mode`):
+A member is a pod of a training job that asks for Neuron devices (`jobs.members`: MPIJob,
+PyTorchJob, JobSet, Kubeflow Trainer, LeaderWorkerSet, the Workload API's PodGroup, or our
+annotation). A unit (`jobs.units`) is an UltraServer of the member's node config (4, 2 or 1
+nodes, one member per node) where the nodes carry the UltraServer labels, else one Neuron node,
+which takes as many members as it has room for (a member asking 8 of 16 devices: two). On every
+Neuron node:
 
-- a job's members go only to nodes its claim holds (`claims`, persisted: one UltraServerClaim per
-  node), one member per node;
+- a job's members go only to nodes its claim holds (`claims`, persisted: one object per node),
+  as many as the claim gives each node (its slots);
 - a job gets its claim when units for all its members are free together (`plan`): complete
   units, none holding or claimed for another job (in either job's config, so a 2-node job and a
-  4-node job never share an UltraServer), every node able to take a member; then all at once.
-  Until then nothing is reserved and its members are refused with the reason
-  ("needs 2 free UltraServers of 4 nodes, 1 free");
+  4-node job never share an UltraServer), every node able to take its members now; then all at
+  once, chosen close in the network (`jobs.network`: a domain the job asks for, else the fewest
+  network domains, best fit). Until then nothing is reserved and its members are refused with the
+  reason ("needs 2 free UltraServers of 4 nodes, 1 free");
 - a member that comes back (its pod deleted, its node drained) returns to a node of its job's
   claim; if none can take it, it waits and the rest of the job keeps its nodes;
+- members whose framework gives them an index take the claim's nodes in network order, so
+  consecutive ranks sit in the same domain;
 - members fill one unit of the claim before the next, so a job that never becomes whole holds
   as few units as it can once its claim ends;
 - a job whose size needs more units than there are with nodes its members could ever run on
   (its nodeSelector, affinity, tolerations, the devices it asks for) can never run here, and its
   members are refused with that;
 - a job of higher priority may take units from whole jobs of lower priority
-  (ultraserver/preemption.py).
-
-Nodes without UltraServer labels are left alone: the pod's nodeSelector picks the type.
+  (jobs/preemption.py).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -41,22 +41,41 @@ from datetime import UTC, datetime
 import msgspec
 
 from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.catalog import CapacityError
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
-from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
-from neuron_scheduler.kube.reading import epoch, neuron_request
-from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
-from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
-from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey, Member, MembershipError, member_of
-from neuron_scheduler.ultraserver.labels import (
+from neuron_scheduler.jobs.claims import ClaimError, NodeClaim, from_object
+from neuron_scheduler.jobs.members import (
+    MAX_GANG,
+    JobKey,
+    Member,
+    MembershipError,
+    Rank,
+    member_of,
+    rank_of,
+)
+from neuron_scheduler.jobs.network import (
+    EKS_LEVELS,
+    HOSTNAME,
+    Atom,
+    Closeness,
+    choose,
+    closeness_of,
+    depth_of,
+    network_order,
+    place_of,
+)
+from neuron_scheduler.jobs.units import (
     DEFAULT_NODE_CONFIG,
     DEFAULT_SERVER_ID,
     MODE_LABEL,
-    NODE_CONFIG_KEY,
     NodeConfigError,
-    parse_node_config,
+    pod_node_config,
     server_id_label,
 )
+from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
+from neuron_scheduler.kube.reading import epoch, neuron_request, node_capacity
+from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
 log = logging.getLogger(__name__)
@@ -68,14 +87,14 @@ CLAIM_MADE = "claim_made"
 CLAIM_ENDED = "claim_ended"
 
 
-def pod_node_config(pod: Pod) -> int:
-    """The member's node config; NodeConfigError names the annotation or label when it is bad."""
-    annotations, labels = pod.metadata.annotations, pod.metadata.labels
-    if NODE_CONFIG_KEY in annotations:
-        return parse_node_config(annotations[NODE_CONFIG_KEY], f"annotation {NODE_CONFIG_KEY}")
-    if NODE_CONFIG_KEY in labels:
-        return parse_node_config(labels[NODE_CONFIG_KEY], f"label {NODE_CONFIG_KEY}")
-    return DEFAULT_NODE_CONFIG
+def _neuron_node(node: Node) -> bool:
+    """Whether the node advertises Neuron devices or cores (one advertising what cannot be
+    read counts: the ledger refuses it to every member, and says why)."""
+    try:
+        devices, cores = node_capacity(node)
+    except CapacityError:
+        return True
+    return bool(devices or cores)
 
 
 def job_text(job: JobKey) -> str:
@@ -91,6 +110,7 @@ class Worker:
     config: int
     priority: int = 0
     started: float = 0.0  # seconds since the epoch: status.startTime, else creation (0: unknown)
+    rank: Rank | None = None  # where its framework's index puts it among the job's members
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +129,12 @@ class Occupancy:
     about a member it is placing (kube-scheduler asks about the next member before this
     binding is visible in the watch)."""
 
-    servers: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> config -> id
+    # Every Neuron node -> config -> its unit's id (config 1: the node; 2 and 4: UltraServer
+    # server ids, on UltraServer nodes).
+    servers: dict[str, dict[int, str]] = field(default_factory=dict)
+    ultraservers: set[str] = field(default_factory=set)  # the nodes with UltraServer labels
+    levels: tuple[str, ...] = EKS_LEVELS  # the topology levels (node-label keys, broadest first)
+    places: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> its place
     members: dict[UnitKey, set[str]] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)  # pod uid -> worker
     on_node: dict[str, dict[str, Worker]] = field(default_factory=dict)
@@ -138,22 +163,31 @@ class Occupancy:
         name = node.metadata.name
         labels = node.metadata.labels
         ids: dict[int, str] = {}
-        if MODE_LABEL in labels:
+        ultra = MODE_LABEL in labels
+        if ultra or _neuron_node(node):
             ids[1] = name
+        if ultra:
             for config in (2, 4):
                 value = labels.get(server_id_label(config), "").strip().lower()
                 if value and value != DEFAULT_SERVER_ID:
                     ids[config] = value
-        if self.servers.get(name) == (ids or None):
+        place = place_of(labels, self.levels)
+        known = (self.servers.get(name), name in self.ultraservers, self.places.get(name))
+        if known == (ids or None, ultra and bool(ids), place if ids else None):
             return
         self.remove_node(name)
         if ids:
             self.servers[name] = ids
+            self.places[name] = place
+            if ultra:
+                self.ultraservers.add(name)
             for config, server in ids.items():
                 self.members.setdefault((config, server), set()).add(name)
         self._changed()
 
     def remove_node(self, name: str) -> None:
+        self.ultraservers.discard(name)
+        self.places.pop(name, None)
         for config, server in self.servers.pop(name, {}).items():
             unit = self.members.get((config, server))
             if unit is not None:
@@ -192,7 +226,8 @@ class Occupancy:
             return
         self.pending.pop(uid, None)
         started = epoch(pod.status.startTime or pod.metadata.creationTimestamp or "")
-        worker = Worker(node, member.job, config, pod.spec.priority or 0, started)
+        priority = pod.spec.priority or 0
+        worker = Worker(node, member.job, config, priority, started, rank_of(pod, member))
         if self.workers.get(uid) == worker:
             return
         self._drop_worker(uid)
@@ -222,7 +257,7 @@ class Occupancy:
 
     # --- feeding: claims and PodGroups -------------------------------------------------------
 
-    def apply_claim(self, found: UltraServerClaim) -> None:
+    def apply_claim(self, found: JobClaim) -> None:
         try:
             claim = from_object(found)
         except ClaimError as error:
@@ -234,11 +269,11 @@ class Occupancy:
         self.rejected.pop(found.metadata.name, None)
         self.hold(claim)
 
-    def remove_claim(self, found: UltraServerClaim) -> None:
+    def remove_claim(self, found: JobClaim) -> None:
         self.rejected.pop(found.metadata.name, None)
         self.release(found.metadata.name, found.metadata.uid)
 
-    def replace_claims(self, listed: Iterable[UltraServerClaim]) -> None:
+    def replace_claims(self, listed: Iterable[JobClaim]) -> None:
         by_name = {found.metadata.name: found for found in listed}
         for node in [n for n in self.claims if n not in by_name]:
             self.release(node)
@@ -358,14 +393,29 @@ class Occupancy:
         """The members the job's claim was written for (the largest, while it grows)."""
         return max((self.claims[n].size for n in self.by_job.get(job, ())), default=0)
 
+    def held_room(self, job: JobKey) -> int:
+        """The members the units its claim holds whole take (their nodes' slots)."""
+        return sum(
+            self.claims[n].slots for unit in self.held_units(job) for n in self.nodes_of(unit)
+        )
+
     def complete(self, job: JobKey) -> bool:
         """Whether the job's claim holds nodes for all the members it was written for (a claim
         being written, or one a crash left half written, admits nobody: all or nothing)."""
-        nodes = self.by_job.get(job)
-        if not nodes:
+        if not self.by_job.get(job):
             return False
-        config = self.claims[next(iter(nodes))].config
-        return len(self.held_units(job)) >= math.ceil(self.claimed_size(job) / config)
+        return self.held_room(job) >= self.claimed_size(job)
+
+    def ultra_claim(self, job: JobKey) -> bool:
+        """Whether the job's claim holds UltraServer units (of 2 or 4 nodes) rather than
+        nodes of their own."""
+        return any(self.claims[n].config > 1 for n in self.by_job.get(job, ()))
+
+    def slot_order(self, job: JobKey) -> list[str]:
+        """The job's claimed nodes, each as often as its slots, in network order: the node the
+        member of each rank goes to."""
+        nodes = network_order(self.places, self.claimed(job))
+        return [n for n in nodes for _ in range(self.claims[n].slots)]
 
     def jobs(self) -> dict[JobKey, list[Pending]]:
         """Jobs with members waiting, each job's members oldest first."""
@@ -420,6 +470,17 @@ class Occupancy:
                 yield name, True, None
 
 
+def unit_kind(config: int, ultra: bool, count: int) -> str:
+    """What a claim's units are called: UltraServers (of 4 nodes), UltraServer pairs, UltraServer
+    nodes, or nodes."""
+    plural = "s" if count != 1 else ""
+    if ultra and config == 4:
+        return f"UltraServer{plural}"
+    if ultra and config == 2:
+        return f"UltraServer pair{plural}"
+    return f"{'UltraServer ' if ultra else ''}node{plural}"
+
+
 def job_progress(occupancy: Occupancy, job: JobKey, now: float) -> str | None:
     """For a job whose claim holds more members than are bound: "job ns/x has 4 of its 8
     members, holding UltraServers b, c since ..." (`now`: wall clock); None otherwise."""
@@ -430,20 +491,17 @@ def job_progress(occupancy: Occupancy, job: JobKey, now: float) -> str | None:
     bound = sum(1 for w in occupancy.job_workers(job) if w.node in nodes)
     if bound >= size:
         return None
-    config = occupancy.claims[next(iter(nodes))].config
+    config = max(occupancy.claims[n].config for n in nodes)
     units = sorted({(occupancy.unit(n, config) or (config, n))[1] for n in nodes})
     shown = ", ".join(units[:6]) + (f" and {len(units) - 6} more" if len(units) > 6 else "")
-    kind = "UltraServer" if config == 4 else "UltraServer pair" if config == 2 else "node"
+    kind = unit_kind(config, occupancy.ultra_claim(job), len(units))
     created = [occupancy.claims[n].created for n in nodes if occupancy.claims[n].created]
     since = ""
     if created:
         first = min(created)
         stamp = datetime.fromtimestamp(first, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         since = f" since {stamp} ({max(0.0, now - first):.0f}s ago)"
-    return (
-        f"job {job_text(job)} has {bound} of its {size} members, holding {kind}"
-        f"{'s' if len(units) != 1 else ''} {shown}{since}"
-    )
+    return f"job {job_text(job)} has {bound} of its {size} members, holding {kind} {shown}{since}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,37 +511,125 @@ class Shortfall:
     reason: str
 
 
-def unit_words(config: int, count: int, free: str = "free ") -> str:
-    if config == 4:
+def unit_words(config: int, count: int, free: str = "free ", ultra: bool = True) -> str:
+    if ultra and config == 4:
         return f"{count} {free}UltraServer{'s' if count != 1 else ''} of 4 nodes"
-    if config == 2:
+    if ultra and config == 2:
         return f"{count} {free}UltraServer pair{'s' if count != 1 else ''} (2 nodes)"
-    return f"{count} {free}UltraServer node{'s' if count != 1 else ''}"
+    return f"{count} {free}{unit_kind(1, ultra, count)}"
 
 
-def never_fits(
+def _one(node: str, most: int) -> int:
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What the planner asks about a job's members (its first waiting member stands for all)
+    on each node: `usable(node)`, why a member cannot run there now (None: it can);
+    `room(node, most)`, how many members (up to `most`) a node it can run on takes now;
+    `excluded(node)`, why a member never can whatever runs there (None: it may); `empty_room(node,
+    most)`, how many a node it may use takes with nothing else on it. An UltraServer node takes one
+    member whatever its room (ultraserver-init gives each node one rank)."""
+
+    usable: Callable[[str], str | None]
+    room: Callable[[str, int], int] = _one
+    excluded: Callable[[str], str | None] | None = None
+    empty_room: Callable[[str, int], int] = _one
+
+
+def _place(occupancy: Occupancy, nodes: Iterable[str]) -> tuple[str, ...]:
+    """A unit's place: its first node's (an UltraServer's nodes share their network labels)."""
+    return occupancy.places.get(min(nodes), ())
+
+
+def _atoms(
     occupancy: Occupancy,
     job: JobKey,
     config: int,
     size: int,
-    excluded: Callable[[str], str | None],
-) -> Shortfall | None:
-    """Why the job can never run here, or None: its size needs more units than there are with
-    nodes its members could all run on, whatever runs there (`excluded(node)`: why a member
-    never can, from its spec and the devices it asks for)."""
-    needed = math.ceil(size / config)
-    admitted = 0
-    for unit, nodes in occupancy.members.items():
-        if unit[0] == config and len(nodes) == config:
-            admitted += all(excluded(n) is None for n in nodes)
-            if admitted >= needed:
-                return None
-    return Shortfall(
-        f"job {job_text(job)} can never run here: it needs {unit_words(config, needed, '')} for "
-        f"its {size} members, and {admitted} {'has' if admitted == 1 else 'have'} nodes all of "
-        "which its members may use (their nodeSelector, affinity, tolerations and the devices "
-        "they ask for, on the nodes as they are now)"
-    )
+    fit: Fit,
+    ultra: bool,
+    empty: bool = False,
+) -> tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]:
+    """The units the job could take now (`empty`: that it may ever take, as if nothing ran
+    there), each with the members it takes, and apart from them the units holding its own bound
+    members (it keeps those first): UltraServer units of its config (`ultra`), else nodes of
+    their own (plain Neuron nodes, and UltraServer nodes for a job of config 1). Units its claim
+    holds whole are no candidates (their room counts already)."""
+    held = occupancy.held_units(job)
+    own: dict[str, int] = {}
+    for worker in occupancy.job_workers(job):
+        own[worker.node] = own.get(worker.node, 0) + 1
+    atoms: list[Atom[UnitKey]] = []
+    kept: list[Atom[UnitKey]] = []
+    if ultra:
+        for unit, nodes in occupancy.members.items():
+            if unit[0] != config or config == 1 or unit in held or len(nodes) != config:
+                continue
+            if not empty and occupancy.blocker(job, set(nodes)) is not None:
+                continue
+            if empty:
+                if fit.excluded is not None and any(fit.excluded(n) for n in nodes):
+                    continue
+            elif any(n not in own and fit.usable(n) is not None for n in nodes):
+                continue
+            atom = Atom(unit, config, _place(occupancy, nodes), config, unit[1])
+            (kept if nodes & own.keys() else atoms).append(atom)
+        return atoms, kept
+    for node in occupancy.servers:
+        unit = (1, node)
+        single_member = node in occupancy.ultraservers
+        if unit in held or (single_member and config != 1):
+            continue
+        if empty:
+            if fit.excluded is not None and fit.excluded(node) is not None:
+                continue
+            room = 1 if single_member else fit.empty_room(node, size)
+        else:
+            if occupancy.blocker(job, {node}) is not None:
+                continue
+            mine = own.get(node, 0)
+            more = 0
+            if fit.usable(node) is None:
+                more = 1 if single_member else fit.room(node, max(1, size - mine))
+            room = 1 if single_member and mine else mine + more
+        if room > 0:
+            atom = Atom(unit, room, occupancy.places.get(node, ()), 1, node)
+            (kept if node in own else atoms).append(atom)
+    return atoms, kept
+
+
+def _held(occupancy: Occupancy, job: JobKey) -> list[Atom[UnitKey]]:
+    """The units the job's claim holds whole, as atoms (their nodes' slots)."""
+    found = []
+    for unit in occupancy.held_units(job):
+        nodes = occupancy.nodes_of(unit)
+        room = sum(occupancy.claims[n].slots for n in nodes)
+        found.append(Atom(unit, room, _place(occupancy, nodes), len(nodes), unit[1]))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The nodes to claim for a job (with the members each takes), in network order, and how
+    far apart they are."""
+
+    slots: dict[str, int]
+    config: int  # the units' (1: nodes of their own)
+    span: str  # "1 topology.k8s.aws/network-node-layer-3 domain"
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.slots)
+
+    @property
+    def where(self) -> str:
+        """ "on 4 nodes, 1 topology.k8s.aws/network-node-layer-3 domain" """
+        count = len(self.slots)
+        return f"on {count} node{'s' if count != 1 else ''}" + (
+            f", {self.span}" if self.span else ""
+        )
 
 
 def plan(
@@ -491,32 +637,124 @@ def plan(
     job: JobKey,
     config: int,
     size: int,
-    usable: Callable[[str], str | None],
-    excluded: Callable[[str], str | None] | None = None,
-) -> list[str] | Shortfall:
-    """The nodes to claim for `job` so all `size` of its members have one (whole units, added
-    to what it holds already), or why not (with `excluded`, saying so when it never can: see
-    `never_fits`). `usable(node)`: why a member cannot run there now, or None. Units holding the
-    job's own bound members come first, then the lowest server ids."""
-    held_units = occupancy.held_units(job)
-    needed = math.ceil(size / config) - len(held_units)
-    if needed <= 0:
-        return []
-    own = {w.node for w in occupancy.job_workers(job)}
-    free: list[tuple[int, str, UnitKey]] = []
-    for unit, nodes in occupancy.members.items():
-        if unit[0] != config or unit in held_units or len(nodes) != config:
-            continue
-        if occupancy.blocker(job, set(nodes)) is not None:
-            continue
-        if any(n not in own and usable(n) is not None for n in nodes):
-            continue
-        free.append((0 if nodes & own else 1, unit[1], unit))
-    if len(free) < needed:
-        never = never_fits(occupancy, job, config, size, excluded) if excluded else None
-        return never or shortfall(job, config, size, needed, len(free), bool(held_units))
-    chosen = [unit for _, _, unit in sorted(free)[:needed]]
-    return sorted(n for unit in chosen for n in occupancy.nodes_of(unit))
+    fit: Fit,
+    closeness: Closeness | None = None,
+) -> Planned | Shortfall:
+    """The nodes to claim for `job` so all `size` of its members have room (whole units, added
+    to what it holds already), chosen close in the network (`jobs.network.choose`), or why not
+    (with `fit.excluded`, saying so when it never can: see `never_fits`). A job of node config 2
+    or 4 gets UltraServer units where they fit, else nodes of their own."""
+    held = _held(occupancy, job)
+    if sum(a.room for a in held) >= size:
+        return Planned({}, config, "")
+    kinds = (True, False) if config > 1 else (False,)
+    tried: list[tuple[bool, int, bool]] = []  # (ultra, members that fit, every unit takes one)
+    for ultra in kinds:
+        atoms, kept = _atoms(occupancy, job, config, size, fit, ultra)
+        chosen = choose(atoms, size, occupancy.levels, closeness, [*held, *kept])
+        if chosen is not None:
+            new = [a for a in chosen.atoms if a not in held]
+            slots: dict[str, int] = {}
+            for atom in new:
+                nodes = sorted(occupancy.nodes_of(atom.key)) if ultra else [atom.key[1]]
+                for node in nodes:
+                    slots[node] = 1 if ultra else atom.room
+            ordered = network_order(occupancy.places, slots)
+            return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
+        rooms = [a.room for a in (*atoms, *kept)]
+        tried.append((ultra, sum(rooms), all(r == 1 for r in rooms) or ultra))
+    never = never_fits(occupancy, job, config, size, fit, closeness) if fit.excluded else None
+    return never or _shortfall(occupancy, job, config, size, held, tried, closeness)
+
+
+def _shortfall(
+    occupancy: Occupancy,
+    job: JobKey,
+    config: int,
+    size: int,
+    held: list[Atom[UnitKey]],
+    tried: list[tuple[bool, int, bool]],
+    closeness: Closeness | None,
+) -> Shortfall:
+    """Why the job fits nowhere now, in the words of the kind of unit with the most room for its
+    members (UltraServers on a tie, where the fleet has units of its config)."""
+    ultras = any(unit[0] == config for unit in occupancy.members) and config > 1
+    ultra, fitting, whole = max(tried, key=lambda t: (t[1], t[0] == ultras))
+    text = job_text(job)
+    if closeness is not None and closeness.required:
+        if depth_of(closeness.key, occupancy.levels) is None:
+            return Shortfall(not_a_level(text, closeness, occupancy.levels))
+        if fitting + sum(a.room for a in held) >= size:
+            return Shortfall(
+                f"job {text} requires its {size} members in one {closeness.key} domain "
+                f"({closeness.source}): no domain has room for all of them now; nothing is "
+                "reserved until one has"
+            )
+    more = " more" if held else ""
+    need = size - sum(a.room for a in held)
+    if ultra:
+        units = math.ceil(need / config)
+        return shortfall(job, config, size, units, fitting // config, bool(held))
+    if whole:
+        return Shortfall(
+            f"job {text} needs {unit_words(1, need, ultra=False)}{more} for its {size} members, "
+            f"{fitting} free; nothing is reserved until all of them fit"
+        )
+    return Shortfall(
+        f"job {text} needs room for {need}{more} of its {size} members on nodes free of other "
+        f"jobs, {fitting} fit now; nothing is reserved until all of them fit"
+    )
+
+
+def not_a_level(text: str, closeness: Closeness, levels: tuple[str, ...]) -> str:
+    known = ", ".join((*levels, HOSTNAME))
+    return (
+        f"job {text} asks for {closeness.text}, which is none of this extender's topology "
+        f"levels ({known}); its members wait: name one of them, or add the key to the "
+        "extender's topology levels"
+    )
+
+
+def never_fits(
+    occupancy: Occupancy,
+    job: JobKey,
+    config: int,
+    size: int,
+    fit: Fit,
+    closeness: Closeness | None = None,
+) -> Shortfall | None:
+    """Why the job can never run here, or None: even with nothing else running, the units its
+    members could ever use (`fit.excluded`: from their spec and the devices they ask for) hold
+    fewer than its members (within one domain of a required level)."""
+    if fit.excluded is None:
+        return None
+    required = closeness if closeness is not None and closeness.required else None
+    if required is not None and depth_of(required.key, occupancy.levels) is None:
+        return None  # (refused for that, not as "never")
+    best = (config > 1 and any(unit[0] == config for unit in occupancy.members), 0)
+    for ultra in (True, False) if config > 1 else (False,):
+        atoms, _ = _atoms(occupancy, job, config, size, fit, ultra, empty=True)
+        if choose(atoms, size, occupancy.levels, required) is not None:
+            return None
+        total = sum(a.room for a in atoms)
+        if total > best[1]:
+            best = (ultra, total)
+    ultra, admitted = best
+    where = f" in one {required.key} domain" if required is not None else ""
+    if ultra:
+        needed, units = math.ceil(size / config), admitted // config
+        return Shortfall(
+            f"job {job_text(job)} can never run here: it needs "
+            f"{unit_words(config, needed, '')}{where} for its {size} members, and {units} "
+            f"{'has' if units == 1 else 'have'} nodes all of which its members may use (their "
+            "nodeSelector, affinity, tolerations and the devices they ask for, on the nodes as "
+            "they are now)"
+        )
+    return Shortfall(
+        f"job {job_text(job)} can never run here: it needs room for its {size} members{where}, "
+        f"and the nodes its members may use take {admitted} (their nodeSelector, affinity, "
+        "tolerations and the devices they ask for, on the nodes as they are now)"
+    )
 
 
 def shortfall(job: JobKey, config: int, size: int, needed: int, free: int, more: bool) -> Shortfall:
@@ -529,25 +767,15 @@ def shortfall(job: JobKey, config: int, size: int, needed: int, free: int, more:
 NOBODY: JobKey = ("", "")  # a job of no members and no claim: what every new job is
 
 
-def openings(
-    occupancy: Occupancy, config: int, usable: Callable[[str], str | None]
-) -> list[UnitKey]:
-    """The units a job with no member and no claim yet could get now, lowest server id first:
-    what `plan` would find for it, computed once for all such jobs alike."""
-    found = []
-    for unit, nodes in sorted(occupancy.members.items(), key=lambda item: item[0][1]):
-        if unit[0] != config or len(nodes) != config:
-            continue
-        if occupancy.blocker(NOBODY, set(nodes)) is None and all(usable(n) is None for n in nodes):
-            found.append(unit)
-    return found
-
-
 def unreadable(occupancy: Occupancy, node: str) -> str:
     return (
-        f"UltraServer node with an UltraServerClaim this extender cannot read "
+        f"{_node_word(occupancy, node)} with an UltraServerClaim this extender cannot read "
         f"({occupancy.rejected[node]})"
     )
+
+
+def _node_word(occupancy: Occupancy, node: str) -> str:
+    return "UltraServer node" if node in occupancy.ultraservers else "node"
 
 
 @dataclass
@@ -559,19 +787,30 @@ class UnitChoice:
 
 
 def decide(
-    occupancy: Occupancy, member: Member, config: int, candidates: list[str], uid: str = ""
+    occupancy: Occupancy,
+    member: Member,
+    config: int,
+    candidates: list[str],
+    uid: str = "",
+    rank: Rank | None = None,
+    usable: Callable[[str], str | None] | None = None,
 ) -> UnitChoice:
-    """Which candidate nodes a member of `member.job` may take: the free nodes of its job's
-    claim; every other UltraServer node is refused with why. `uid`: the member's own pod, never
-    in its own way (bind asks again about a pod it counts already)."""
+    """Which candidate nodes a member of `member.job` may take: the nodes of its job's claim with
+    a slot free; every other Neuron node is refused with why. `uid`: the member's own pod, never
+    in its own way (bind asks again about a pod it counts already); `rank`: where its index puts
+    it (it goes to its rank's node while that node has room: `_by_rank`, asking `usable` about a
+    rank's node that is not a candidate)."""
     job = member.job
     claimed = occupancy.claimed(job) if occupancy.complete(job) else set()
-    own = {w.node for u, w in occupancy.workers.items() if w.job == job and u != uid}
+    own: dict[str, int] = {}
+    for u, w in occupancy.workers.items():
+        if w.job == job and u != uid:
+            own[w.node] = own.get(w.node, 0) + 1
     decision = UnitChoice([], {})
     shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:
         if name not in occupancy.servers:
-            decision.passed.append(name)  # not an UltraServer node: not ours to judge
+            decision.passed.append(name)  # not a Neuron node: not ours to judge
             continue
         claim = occupancy.claims.get(name)
         others = [
@@ -585,25 +824,71 @@ def decide(
                 occupancy.unavailable
                 or occupancy.shortfalls.get(job)
                 or (
-                    f"job {job_text(job)} has no UltraServer nodes reserved yet: they are reserved "
-                    "for all its members at once"
+                    f"job {job_text(job)} has no nodes reserved yet: they are reserved for all "
+                    "its members at once"
                 )
             )
         elif claim is not None and claim.job != job:
-            decision.failed[name] = f"UltraServer node reserved for job {claim.job_text}"
+            decision.failed[name] = (
+                f"{_node_word(occupancy, name)} reserved for job {claim.job_text}"
+            )
         elif others:
             decision.failed[name] = f"runs a member of job {job_text(others[0])}"
-        elif name in own:
-            decision.failed[name] = f"already runs a member of job {job_text(job)}"
+        elif name in claimed and own.get(name, 0) >= occupancy.claims[name].slots:
+            decision.failed[name] = (
+                f"already runs a member of job {job_text(job)}"
+                if occupancy.claims[name].slots == 1
+                else f"already runs {own[name]} members of job {job_text(job)}, all its claim "
+                "gives the node"
+            )
         elif name in claimed:
             decision.passed.append(name)
         else:
             decision.failed[name] = (
-                f"job {job_text(job)}'s members go to the UltraServer nodes reserved for it "
-                f"({shown})"
+                f"job {job_text(job)}'s members go to the nodes reserved for it ({shown})"
             )
-    _one_unit_at_a_time(occupancy, job, config, own, decision)
+    if not (claimed and _by_rank(occupancy, job, uid, rank, own, decision, usable)):
+        _one_unit_at_a_time(occupancy, job, config, set(own), decision)
     return decision
+
+
+def _by_rank(
+    occupancy: Occupancy,
+    job: JobKey,
+    uid: str,
+    rank: Rank | None,
+    own: dict[str, int],
+    decision: UnitChoice,
+    usable: Callable[[str], str | None] | None,
+) -> bool:
+    """Members with an index take the claim's slots in network order (`slot_order`): the one
+    ranked n-th among its job's ranked members goes to the n-th slot's node while that node has
+    room and can take it (a rank's node that cannot, say a failed device, does not hold it up:
+    then any slot). Whether it narrowed the choice."""
+    if rank is None:
+        return False
+    ahead = sum(
+        1
+        for u, w in occupancy.workers.items()
+        if w.job == job and u != uid and w.rank is not None and w.rank < rank
+    )
+    for u, waiting in occupancy.pending.items():
+        if waiting.member.job == job and u != uid:
+            theirs = rank_of(waiting.pod, waiting.member)
+            ahead += theirs is not None and theirs < rank
+    slots = occupancy.slot_order(job)
+    if ahead >= len(slots):
+        return False
+    node = slots[ahead]
+    if own.get(node, 0) >= occupancy.claims[node].slots:
+        return False  # taken (by a member without an index, or one that came back elsewhere)
+    if node not in decision.passed and (usable is None or usable(node) is not None):
+        return False
+    reason = f"job {job_text(job)} places its ranks in network order: this member's goes to {node}"
+    for name in [n for n in decision.passed if n != node and n in occupancy.servers]:
+        decision.passed.remove(name)
+        decision.failed[name] = reason
+    return True
 
 
 def _one_unit_at_a_time(
@@ -644,19 +929,13 @@ class UnitPlacement:
 
     outcome = "ultraserver_unit"  # the filter-outcome metric label for the nodes it fails
 
-    def __init__(
-        self,
-        occupancy: Occupancy,
-        unusable: Callable[[Pod, str], str | None] | None = None,
-        excluded: Callable[[Pod, str], str | None] | None = None,
-    ) -> None:
-        """`unusable(pod, node)`: why the member cannot run on the node (the ledger's view), so
-        the first refusal of a job without a claim says why it has none (the reservation loop
-        says it after, and kube-scheduler retries a refused pod only on an event);
-        `excluded(pod, node)`: why it never can (then it says the job can never run here)."""
+    def __init__(self, occupancy: Occupancy, fit: Callable[[Pod], Fit] | None = None) -> None:
+        """`fit(pod)`: what the ledger says of the member on each node (why it cannot run there
+        now, its room, why it never can), so the first refusal of a job without a claim says
+        why it has none (the reservation loop says it after, and kube-scheduler retries a
+        refused pod only on an event), and a rank's node is known to take it."""
         self.occupancy = occupancy
-        self.unusable = unusable
-        self.excluded = excluded
+        self.fit = fit
         # Jobs whose members kube-scheduler asked about (the reservation loop renews their
         # claims and plans for them first), by the time of the last ask (filter's clock).
         self.asked: dict[JobKey, float] = {}
@@ -679,38 +958,38 @@ class UnitPlacement:
         if len(self.asked) > 10_000:
             del self.asked[next(iter(self.asked))]
         occupancy = self.occupancy
+        fit = self.fit(pod) if self.fit is not None else None
         if not occupancy.complete(member.job):
-            if member.job not in occupancy.shortfalls and self.unusable is not None:
-                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config)
+            if member.job not in occupancy.shortfalls and fit is not None:
+                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config, fit)
             if occupancy.on_change is not None:
                 occupancy.on_change()  # the reservation loop plans for it
-        decision = decide(occupancy, member, config, passed, pod.metadata.uid)
+        decision = decide(
+            occupancy,
+            member,
+            config,
+            passed,
+            pod.metadata.uid,
+            rank_of(pod, member),
+            fit.usable if fit is not None else None,
+        )
         return decision.passed, decision.failed
 
-    def _why_no_claim(self, pod: Pod, member: Member, config: int) -> str:
-        assert self.unusable is not None
+    def _why_no_claim(self, pod: Pod, member: Member, config: int, fit: Fit) -> str:
         size = max(self.occupancy.size(member, member.job), 1)
-        excluded = functools.partial(self.excluded, pod) if self.excluded else None
-        planned = plan(
-            self.occupancy,
-            member.job,
-            config,
-            size,
-            functools.partial(self.unusable, pod),
-            excluded,
-        )
+        planned = plan(self.occupancy, member.job, config, size, fit, closeness_of(pod))
         if isinstance(planned, Shortfall):
             return planned.reason
         return (
-            f"job {member.text} fits on {len(planned)} UltraServer nodes now: they are being "
-            "reserved for all its members at once"
+            f"job {member.text} fits now ({planned.where}): they are being reserved for all its "
+            "members at once"
         )
 
     def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
         """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
         claims, rejected = self.occupancy.claims, self.occupancy.rejected
         failed = {
-            n: f"UltraServer node reserved for job {claims[n].job_text}"
+            n: f"{_node_word(self.occupancy, n)} reserved for job {claims[n].job_text}"
             if n in claims
             else unreadable(self.occupancy, n)
             for n in passed
@@ -729,4 +1008,7 @@ class UnitPlacement:
             config = pod_node_config(pod)
         except (NodeConfigError, MembershipError):
             return False
-        return node in decide(self.occupancy, member, config, [node], pod.metadata.uid).passed
+        decision = decide(
+            self.occupancy, member, config, [node], pod.metadata.uid, rank_of(pod, member)
+        )
+        return node in decision.passed
