@@ -325,7 +325,7 @@ def test_a_ranks_node_that_cannot_take_it_does_not_hold_it_up() -> None:
 
 
 def test_every_framework_gives_its_rank() -> None:
-    def ranked(labels: dict[str, str]) -> tuple[int, ...] | None:
+    def ranked(labels: dict[str, str]) -> tuple[int, int] | None:
         pod = msgspec.convert(pod_json("p", {NEURON: 1}, labels=labels), Pod)
         found = member_of(pod)
         assert found is not None
@@ -347,7 +347,7 @@ def test_every_framework_gives_its_rank() -> None:
         }
     ) == (1, 0)
     mpi = {"training.kubeflow.org/job-name": "m", "training.kubeflow.org/job-role": "worker"}
-    assert ranked({**mpi, "training.kubeflow.org/replica-index": "7"}) == (7,)
+    assert ranked({**mpi, "training.kubeflow.org/replica-index": "7"}) == (0, 7)
     jobset = {"jobset.sigs.k8s.io/jobset-name": "js", "jobset.sigs.k8s.io/job-index": "2"}
     assert ranked({**jobset, "batch.kubernetes.io/job-completion-index": "3"}) == (2, 3)
     assert ranked({**jobset, "jobset.sigs.k8s.io/job-global-index": "5"}) == (5, 0)
@@ -356,7 +356,7 @@ def test_every_framework_gives_its_rank() -> None:
         "leaderworkerset.sigs.k8s.io/group-index": "0",
         "leaderworkerset.sigs.k8s.io/worker-index": "2",
     }
-    assert ranked(lws) == (2,)
+    assert ranked(lws) == (0, 2)
     assert ranked({**mpi, "training.kubeflow.org/replica-index": "x"}) is None
     assert ranked({**mpi, "training.kubeflow.org/replica-index": "9" * 20}) is None
 
@@ -405,3 +405,17 @@ def test_a_claim_keeps_its_slots_and_refuses_slots_it_could_not_have() -> None:
     except ClaimError:
         return
     raise AssertionError("an UltraServer node's claim with 2 slots read")
+
+
+def test_without_claims_jobs_on_plain_nodes_are_placed_pod_by_pod() -> None:
+    """A cluster without the claim CRD (installCRD false and none installed by hand): members on
+    UltraServer nodes are refused, as before issue 47; elsewhere they go pod by pod, as before."""
+    fleet = six_nodes()
+    ultra = node("u0", "trn2u.48xlarge", labels={"neuron.amazonaws.com/ultraserver-mode": "1_2_4"})
+    fleet.occupancy.apply_node(ultra)
+    fleet.occupancy.unavailable = "job claims are not available (not served): ..."
+    found = member_of(fleet.member("j", 0, 4))
+    assert found is not None
+    choice = decide(fleet.occupancy, found, 4, ["n0", "n1", "u0"])
+    assert choice.passed == ["n0", "n1"]
+    assert choice.failed["u0"].startswith("job claims are not available")

@@ -160,8 +160,9 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
     async def watch_claims() -> None:
         def absent(why: str) -> None:
             occupancy.unavailable = (
-                f"UltraServer claims are not available ({why}): no training job is placed on "
-                "UltraServer nodes; install the chart's UltraServerClaim CRD "
+                f"job claims are not available ({why}): no training job is placed on "
+                "UltraServer nodes, and on other nodes jobs are placed pod by pod (not all or "
+                "nothing); install the chart's UltraServerClaim CRD "
                 "(scheduler.ultraserver.installCRD)"
             )
             claims_known.set()
@@ -172,7 +173,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
 
         def served() -> None:
             if occupancy.unavailable is not None:
-                log.info("UltraServerClaims are served now: UltraServer placement is on")
+                log.info("UltraServerClaims are served now: training jobs go all or nothing")
                 occupancy.unavailable = None
 
         waiting = asyncio.get_running_loop().create_task(listed())

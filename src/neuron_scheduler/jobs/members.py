@@ -127,33 +127,31 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an Indexe
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 MAX_INDEX_DIGITS = 6
 
-Rank = tuple[int, ...]  # compared as tuples: a smaller rank comes first in network order
+Rank = tuple[int, int]  # (group, index within it): a PyTorchJob's master 0, its workers 1
 
 
 def rank_of(pod: Pod, member: Member) -> Rank | None:
     """Where the member stands among its job's ranks, from the index its framework gives it
-    (None: it gives none, or none that reads as a number): a PyTorchJob's master before its
-    workers by replica index, an MPIJob's workers by replica index, a JobSet's pods by job
-    index (global across replicated jobs where JobSet writes it) then completion index, a
-    LeaderWorkerSet group's pods by worker index (the leader is 0), any other job's pods by
-    their Indexed Job completion index."""
+    (None: it gives none, or none that reads as a number): a group and the index within it. A
+    PyTorchJob's master (group 0) before its workers (group 1) by replica index, a JobSet's pods
+    by job index (global across replicated jobs where JobSet writes it) then completion index, an
+    MPIJob's workers by replica index, a LeaderWorkerSet group's pods by worker index (the
+    leader is 0), any other job's pods by their Indexed Job completion index (group 0). A rank's
+    place is its index plus the members of the groups before it (jobs/placement.py)."""
     labels = pod.metadata.labels
     if member.framework == "pytorchjob":
         index = _index(labels.get(REPLICA_INDEX_LABEL))
         master = labels.get(REPLICA_TYPE_LABEL) == "master"
         return None if index is None else (0 if master else 1, index)
-    if member.framework == "mpijob":
-        index = _index(labels.get(REPLICA_INDEX_LABEL))
-        return None if index is None else (index,)
     if member.framework == "jobset":
         job = _index(labels.get(JOBSET_GLOBAL_INDEX_LABEL, labels.get(JOBSET_INDEX_LABEL)))
         completion = _index(labels.get(COMPLETION_INDEX_LABEL)) or 0
         return None if job is None else (job, completion)
-    if member.framework == "leaderworkerset":
-        index = _index(labels.get(LWS_WORKER_INDEX_LABEL))
-        return None if index is None else (index,)
-    index = _index(labels.get(COMPLETION_INDEX_LABEL))
-    return None if index is None else (index,)
+    key = {"mpijob": REPLICA_INDEX_LABEL, "leaderworkerset": LWS_WORKER_INDEX_LABEL}.get(
+        member.framework, COMPLETION_INDEX_LABEL
+    )
+    index = _index(labels.get(key))
+    return None if index is None else (0, index)
 
 
 def _index(text: str | None) -> int | None:

@@ -812,6 +812,9 @@ def decide(
         if name not in occupancy.servers:
             decision.passed.append(name)  # not a Neuron node: not ours to judge
             continue
+        if occupancy.unavailable and name not in occupancy.ultraservers:
+            decision.passed.append(name)  # no claims: pod by pod, as before there were any
+            continue
         claim = occupancy.claims.get(name)
         others = [
             w.job for u, w in occupancy.on_node.get(name, {}).items() if w.job != job and u != uid
@@ -861,21 +864,21 @@ def _by_rank(
     decision: UnitChoice,
     usable: Callable[[str], str | None] | None,
 ) -> bool:
-    """Members with an index take the claim's slots in network order (`slot_order`): the one
-    ranked n-th among its job's ranked members goes to the n-th slot's node while that node has
+    """Members with an index take the claim's slots in network order (`slot_order`): a rank
+    goes to the slot of its index plus the members known in the groups before its own (a
+    PyTorchJob's master before its workers, a JobSet's earlier jobs), while that slot's node has
     room and can take it (a rank's node that cannot, say a failed device, does not hold it up:
     then any slot). Whether it narrowed the choice."""
     if rank is None:
         return False
-    ahead = sum(
-        1
-        for u, w in occupancy.workers.items()
-        if w.job == job and u != uid and w.rank is not None and w.rank < rank
-    )
+    ahead = rank[1]
+    for u, worker in occupancy.workers.items():
+        if worker.job == job and u != uid:
+            ahead += worker.rank is not None and worker.rank[0] < rank[0]
     for u, waiting in occupancy.pending.items():
         if waiting.member.job == job and u != uid:
             theirs = rank_of(waiting.pod, waiting.member)
-            ahead += theirs is not None and theirs < rank
+            ahead += theirs is not None and theirs[0] < rank[0]
     slots = occupancy.slot_order(job)
     if ahead >= len(slots):
         return False
