@@ -105,7 +105,7 @@ def extender(
         str,
         typer.Option(
             help="the network's topology levels, broadest first: node-label keys, comma "
-            "separated, training jobs are placed close in ('' for none; docs/ultraserver.md)"
+            "separated, training jobs are placed close in ('' for none; docs/training-jobs.md)"
         ),
     ] = ",".join(EKS_LEVELS),
     consolidation: Annotated[

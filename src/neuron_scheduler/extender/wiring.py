@@ -1,5 +1,5 @@
 """The extender's parts wired together: the one place that decides which views, node filters and
-reservers the judge and binder get (today the ledger and the UltraServer unit rule), what the
+reservers the judge and binder get (today the ledger and the training-job unit rule), what the
 waker hears from, and what consolidation reads."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from neuron_scheduler.kube.events import EventRecorder
 @dataclass(frozen=True)
 class Extender:
     """The extender's parts, wired: the views the watches feed, the judge (filter, prioritize)
-    and the binder, sharing one ledger. The UltraServer unit rule is given to them as a view, a
+    and the binder, sharing one ledger. The training-job unit rule is given to them as a view, a
     node filter and a reserver."""
 
     ledger: Ledger
@@ -58,7 +58,7 @@ class Extender:
     binder: Binder
     preemptor: Preemptor
     waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
-    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    occupancy: Occupancy  # training jobs' units, members and claims
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's

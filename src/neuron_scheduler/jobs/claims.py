@@ -8,7 +8,7 @@ writes, and a change conditioned on the resourceVersion it read cannot undo anot
 our own keeps the extender's permission to exactly these objects (Leases would have needed write
 access to every Lease of a namespace, kube-system's control-plane Leases among them; RBAC cannot
 narrow it to a label), lets the API server check the fields (schema), and `kubectl get
-ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says more.
+ultraserverclaims` lists them with their job and phase. docs/training-jobs.md says more.
 
 A claim is Pending from when the job's units are reserved until all its members are bound, and
 ends if its job does nothing for `seconds` (renewTime is the last time kube-scheduler asked about

@@ -2,7 +2,7 @@
 gang). Pure: read from the pod's labels, annotations and env; a PodGroup's minCount is passed in.
 
 The frameworks' CRDs are not needed: their controllers label the pods they create, and that is
-what is read here (keys from each project's source, docs/ultraserver.md lists them).
+what is read here (keys from each project's source, docs/training-jobs.md lists them).
 
 - Kubernetes 1.36's Workload API: `spec.schedulingGroup.podGroupName` names the job (a PodGroup
   in the pod's namespace); the size is the PodGroup's `gang.minCount`.

@@ -536,6 +536,14 @@ class Fit:
     room: Callable[[str, int], int] = _one
     excluded: Callable[[str], str | None] | None = None
     empty_room: Callable[[str, int], int] = _one
+    kind: bytes | None = None  # members of one kind get the same answers (None: unknown)
+
+
+# Units open to a new job (no member bound, no claim), by what decides them: its config, kind
+# and size, UltraServer or not, now or empty. Shared by the jobs planned in one step.
+AtomsMemo = dict[
+    tuple[int, bytes, int, bool, bool], tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]
+]
 
 
 def _place(occupancy: Occupancy, nodes: Iterable[str]) -> tuple[str, ...]:
@@ -551,16 +559,38 @@ def _atoms(
     fit: Fit,
     ultra: bool,
     empty: bool = False,
+    memo: AtomsMemo | None = None,
 ) -> tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]:
     """The units the job could take now (`empty`: that it may ever take, as if nothing ran
     there), each with the members it takes, and apart from them the units holding its own bound
     members (it keeps those first): UltraServer units of its config (`ultra`), else nodes of
     their own (plain Neuron nodes, and UltraServer nodes for a job of config 1). Units its claim
-    holds whole are no candidates (their room counts already)."""
-    held = occupancy.held_units(job)
+    holds whole are no candidates (their room counts already). `memo`: what a new job of the
+    same kind found this step (a job with members or a claim works its own out)."""
     own: dict[str, int] = {}
     for worker in occupancy.job_workers(job):
         own[worker.node] = own.get(worker.node, 0) + 1
+    key = (config, fit.kind or b"", size, ultra, empty)
+    shared = memo is not None and fit.kind is not None and not own and job not in occupancy.by_job
+    if shared and memo is not None and key in memo:
+        return memo[key]
+    found = _units_open(occupancy, job, config, size, fit, ultra, empty, own)
+    if shared and memo is not None:
+        memo[key] = found
+    return found
+
+
+def _units_open(
+    occupancy: Occupancy,
+    job: JobKey,
+    config: int,
+    size: int,
+    fit: Fit,
+    ultra: bool,
+    empty: bool,
+    own: dict[str, int],
+) -> tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]:
+    held = occupancy.held_units(job)
     atoms: list[Atom[UnitKey]] = []
     kept: list[Atom[UnitKey]] = []
     if ultra:
@@ -639,6 +669,7 @@ def plan(
     size: int,
     fit: Fit,
     closeness: Closeness | None = None,
+    memo: AtomsMemo | None = None,
 ) -> Planned | Shortfall:
     """The nodes to claim for `job` so all `size` of its members have room (whole units, added
     to what it holds already), chosen close in the network (`jobs.network.choose`), or why not
@@ -650,7 +681,7 @@ def plan(
     kinds = (True, False) if config > 1 else (False,)
     tried: list[tuple[bool, int, bool]] = []  # (ultra, members that fit, every unit takes one)
     for ultra in kinds:
-        atoms, kept = _atoms(occupancy, job, config, size, fit, ultra)
+        atoms, kept = _atoms(occupancy, job, config, size, fit, ultra, memo=memo)
         chosen = choose(atoms, size, occupancy.levels, closeness, [*held, *kept])
         if chosen is not None:
             new = [a for a in chosen.atoms if a not in held]
@@ -663,7 +694,7 @@ def plan(
             return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
         rooms = [a.room for a in (*atoms, *kept)]
         tried.append((ultra, sum(rooms), all(r == 1 for r in rooms) or ultra))
-    never = never_fits(occupancy, job, config, size, fit, closeness) if fit.excluded else None
+    never = never_fits(occupancy, job, config, size, fit, closeness, memo) if fit.excluded else None
     return never or _shortfall(occupancy, job, config, size, held, tried, closeness)
 
 
@@ -722,6 +753,7 @@ def never_fits(
     size: int,
     fit: Fit,
     closeness: Closeness | None = None,
+    memo: AtomsMemo | None = None,
 ) -> Shortfall | None:
     """Why the job can never run here, or None: even with nothing else running, the units its
     members could ever use (`fit.excluded`: from their spec and the devices they ask for) hold
@@ -733,7 +765,7 @@ def never_fits(
         return None  # (refused for that, not as "never")
     best = (config > 1 and any(unit[0] == config for unit in occupancy.members), 0)
     for ultra in (True, False) if config > 1 else (False,):
-        atoms, _ = _atoms(occupancy, job, config, size, fit, ultra, empty=True)
+        atoms, _ = _atoms(occupancy, job, config, size, fit, ultra, empty=True, memo=memo)
         if choose(atoms, size, occupancy.levels, required) is not None:
             return None
         total = sum(a.room for a in atoms)

@@ -6,7 +6,7 @@ cannot be right is unusable; the pod's own nodeSelector, required node affinity 
 keep it off others (kube-scheduler filters those before asking the extender); then the allocator
 decides on the node as the pod sees it (blocks held for pods nominated by preemption count
 against it unless their priority is lower); on the nodes it fits, the extender's node filter
-(the UltraServer rule: a training job's members go where its claim is) has the last word.
+(the training-job rule: a training job's members go where its claim is) has the last word.
 Where the refusal can be resolved, it says what would have to be freed: the pods holding the
 cheapest allowed block, whatever their priority (what blocks it), and what the preempt verb
 would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
@@ -74,7 +74,7 @@ class NotPending(ValueError):
 
 class Verdict(StrEnum):
     FITS = "fits"  # its devices fit now: it waits for something else
-    UNIT_RULE = "unit_rule"  # its devices fit, but the UltraServer unit rule keeps it off
+    UNIT_RULE = "unit_rule"  # its devices fit, but the training-job unit rule keeps it off
     BLOCKED = "blocked"  # pods (or held blocks) are in the way
     NEVER = "never"  # no amount of freeing helps: a size the node does not allow, too big
     EXCLUDED = "excluded"  # its own nodeSelector, affinity or tolerations keep it off
@@ -318,7 +318,7 @@ def _consolidation(
 
 
 def _unit_admits(units: UnitPlacement) -> Admits:
-    """The UltraServer rule as consolidation's planner asks it (its claims are the snapshot's)."""
+    """The training-job rule as consolidation's planner asks it (its claims are the snapshot's)."""
     return lambda pod, node: units.admits(pod, node, 0.0)
 
 

@@ -51,12 +51,12 @@ UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     ledger: Ledger
-    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    occupancy: Occupancy  # training jobs' units, members and claims
     node_names: frozenset[str]  # every node listed, with Neuron resources or not
     movability: Movability  # what consolidation knows of each Neuron pod
     plans: Plans  # consolidation plans in flight, holding in `ledger` as in the extender's
     placeholders: Placeholders  # capacity requests' placeholder pods (counted in no other view)
-    claims_unread: str | None = None  # why the UltraServer claims were not read
+    claims_unread: str | None = None  # why the job claims were not read
     dra: tuple[DraNode, ...] = ()  # nodes our DRA driver serves, and their failed devices
     dra_unread: str | None = None  # why its ResourceSlices were not read
 
@@ -85,7 +85,7 @@ class Budget:
 
 async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRIVER) -> Snapshot:
     """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
-    UltraServer claims and PodGroups, and our DRA driver's slices, where they can be read."""
+    job claims and PodGroups, and our DRA driver's slices, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS

@@ -263,7 +263,7 @@ def status_view(fleet: Fleet) -> Iterator[RenderableType]:
 def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
     """UltraServers, node by node (who claims it, whose members run there), and the claims."""
     if view.unread:
-        yield Text(f"UltraServer claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
+        yield Text(f"job claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
     if view.units:
         units = Table(title="UltraServers")
         for column in ("UltraServer", "node", "claimed for", "members of"):

@@ -15,7 +15,11 @@ loop's order). The rules differ only in which free nodes a job that fits takes:
   layer-2, best fit; a job that must span domains takes the most broken-up ones);
 - `closest-wait`: measured, not built: `closest`, and a job that one layer-3 domain could hold
   but none can now waits up to `patience_h` for one (as if it required one for that long), then
-  spans domains.
+  spans domains;
+- `by-size`, `end-aligned`: measured, not built, to see whether another immediate rule does
+  better: a job one domain holds goes to the smallest such domain (by nodes in all), then best
+  fit; or (clairvoyant: run times known) to the domain whose running jobs end closest to when
+  it ends. Spanning as `closest`.
 
 A job's wait is from its arrival to its start; a job not started by the end counts as waiting to
 the end. Idle node-hours are node-hours that nodes stood free while a job waited (for more than
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 
 from neuron_scheduler.jobs.network import Atom, Closeness, choose
 
-RULES = ("none", "first-fit", "closest", "closest-wait")
+RULES = ("none", "first-fit", "closest", "closest-wait", "by-size", "end-aligned")
 LEVELS = ("layer-1", "layer-2", "layer-3")
 
 
@@ -115,10 +119,19 @@ class Cluster:
         self.rng = rng
         self.free = set(range(len(places)))
         self.domains = sorted({p for p in places})  # first-fit's fixed order
-        self.largest = max(places.count(p) for p in self.domains)
+        self.sizes = {p: places.count(p) for p in self.domains}
+        self.largest = max(self.sizes.values())
+        self.ends: dict[int, float] = {}  # busy node -> when its job ends (end-aligned only)
 
-    def pick(self, job: Job, one_domain: bool = False) -> list[int] | None:
-        """The nodes the job takes now, or None (`one_domain`: only within one layer-3 domain)."""
+    def _end_gap(self, domain: tuple[str, str, str], end: float) -> float:
+        """How far the latest end of the jobs running in the domain is from `end` (an empty
+        domain: as far as can be)."""
+        busy = [self.ends[n] for n in self.ends if self.places[n] == domain]
+        return abs(max(busy) - end) if busy else math.inf
+
+    def pick(self, job: Job, now: float, one_domain: bool = False) -> list[int] | None:
+        """The nodes the job takes at `now`, or None (`one_domain`: only within one layer-3
+        domain)."""
         if len(self.free) < job.size:
             return None
         if self.rule == "none":
@@ -132,6 +145,19 @@ class Cluster:
                     return by_domain[domain][: job.size]
             ordered = [n for d in self.domains for n in by_domain.get(d, [])]
             return ordered[: job.size]
+        if self.rule in ("by-size", "end-aligned"):
+            by_domain = {}
+            for n in sorted(self.free):
+                by_domain.setdefault(self.places[n], []).append(n)
+            fitting = [d for d, free in by_domain.items() if len(free) >= job.size]
+            if fitting:
+                end = now + job.hours
+                key = (
+                    (lambda d: (self.sizes[d], len(by_domain[d]), d))
+                    if self.rule == "by-size"
+                    else (lambda d: (self._end_gap(d, end), len(by_domain[d]), d))
+                )
+                return by_domain[min(fitting, key=key)][: job.size]
         atoms = [Atom(n, 1, self.places[n], 1, f"{n:06d}") for n in sorted(self.free)]
         asked = Closeness(LEVELS[-1], True, "patience") if one_domain else None
         chosen = choose(atoms, job.size, LEVELS, asked)
@@ -160,6 +186,8 @@ def run(workload: NetworkWorkload, rule: str, seed: int) -> NetworkResult:
             waiting.append(job)
         elif kind == "leave":
             cluster.free.update(job.nodes)
+            for node in job.nodes:
+                cluster.ends.pop(node, None)
         still = []
         for candidate in waiting:
             patient = (
@@ -167,11 +195,12 @@ def run(workload: NetworkWorkload, rule: str, seed: int) -> NetworkResult:
                 and candidate.size <= cluster.largest
                 and now - candidate.arrived < workload.patience_h
             )
-            nodes = cluster.pick(candidate, patient)
+            nodes = cluster.pick(candidate, now, patient)
             if nodes is None:
                 still.append(candidate)
                 continue
             cluster.free.difference_update(nodes)
+            cluster.ends.update(dict.fromkeys(nodes, now + candidate.hours))
             candidate.nodes, candidate.started = nodes, now
             heapq.heappush(events, (now + candidate.hours, 1, "leave", candidate.index))
         waiting = still

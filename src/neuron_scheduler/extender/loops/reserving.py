@@ -1,5 +1,6 @@
-"""The reservation loop: UltraServer claims for training jobs, all or nothing. The leader's only
-writer of claims (one UltraServerClaim per node, ultraserver/claims.py says why).
+"""The reservation loop: claims for training jobs, all or nothing, on UltraServer units and nodes
+of their own. The leader's only writer of claims (one object per node, jobs/claims.py says
+why).
 
 Each step, as leader, once the watches have listed pods, nodes and claims:
 1. ends what should end: the claims of a job that is gone (no member left) and of a job that
@@ -9,9 +10,9 @@ Each step, as leader, once the watches have listed pods, nodes and claims:
    bound; renews a Pending claim its job is still working on, or whose victims are still
    leaving (and evicts those of them a restart left behind);
 2. plans, highest priority first and then oldest, for each job with members waiting and no
-   complete claim (`ultraserver.placement.plan`): either the nodes of every unit its members
-   need, claimed at once, or, when kube-scheduler asked the preempt verb for one of its members,
-   the units preemption frees (`ultraserver.preemption`: whole jobs of lower priority, or
+   complete claim (`jobs.placement.plan`): either the nodes of every unit its members need,
+   close in the network, claimed at once, or, when kube-scheduler asked the preempt verb for one
+   of its members, the units preemption frees (`jobs.preemption`: whole jobs of lower priority, or
    nothing), claimed at once with the victims listed on the claim and then evicted, or the
    reason its members are refused with until they fit (a job that can never run here is told so
    in a FailedScheduling event on its members: kube-scheduler itself says only that nodes are
@@ -50,6 +51,7 @@ from neuron_scheduler.jobs.claims import (
 from neuron_scheduler.jobs.members import JobKey
 from neuron_scheduler.jobs.network import closeness_of
 from neuron_scheduler.jobs.placement import (
+    AtomsMemo,
     Occupancy,
     Pending,
     Planned,
@@ -69,7 +71,8 @@ log = logging.getLogger("neuron_scheduler.extender.reserving")
 
 TICK = 1.0  # seconds between steps when nothing changes (claims end by the clock)
 # A burst of changes (members binding, filter asking) is one step: plans cost a scan of the
-# UltraServers per waiting job (16 ms for 20 jobs on 100 UltraServers, tests/unit/test_reserving).
+# units per waiting job with members or a claim, and one per kind of member for the new jobs
+# (tests/unit/test_reserving prints a step with 20 jobs on 100 UltraServers).
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
@@ -246,9 +249,9 @@ class Reservations:
         return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
     async def _evict(self, job: JobKey, victims: list[str]) -> int:
-        """Evicts a preemption's victims for `job`: only pods on UltraServer nodes, of lower
-        priority than the job's as its members say now, and none for a job whose members must
-        not preempt. A claim is an object anyone allowed to write claims could write: what it
+        """Evicts a preemption's victims for `job`: only pods on Neuron nodes, of lower priority
+        than the job's as its members say now, and none for a job whose members must not
+        preempt. A claim is an object anyone allowed to write claims could write: what it
         lists is not enough to delete a pod."""
         priority = job_priority(self.occupancy, job)
         if priority is None:
@@ -257,14 +260,14 @@ class Reservations:
         if any(p.member.job == job and p.pod.spec.preemptionPolicy == NEVER for p in waiting):
             return 0  # (a claim that lists victims for it was not written by this loop)
         servers = self.occupancy.servers
-        on_servers = [
+        on_neuron_nodes = [
             uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
         ]
         text = (
             f"neuron-scheduler: evicted whole with its job, by preemption for job "
             f"{job_text(job)} of higher priority"
         )
-        return await self.evictions.evict(on_servers, text, below=priority)
+        return await self.evictions.evict(on_neuron_nodes, text, below=priority)
 
     async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
         """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
@@ -339,6 +342,7 @@ class Reservations:
             ),
         )
         memo = FitMemo()  # what each kind of member may do on each node, this step
+        opened: AtomsMemo = {}  # the units open to a new job of each kind (until one claims)
         for count, (job, waiting) in enumerate(order):
             if count % 64 == 63:
                 await asyncio.sleep(0)  # filter and bind are answered in between
@@ -350,7 +354,7 @@ class Reservations:
                 continue
             fit = member_fit(self.ledger, first.pod, self.policy, memo)
             closeness = closeness_of(first.pod)
-            chosen = plan(self.occupancy, job, first.config, size, fit, closeness)
+            chosen = plan(self.occupancy, job, first.config, size, fit, closeness, opened)
             own = bool(self.occupancy.by_job.get(job))
             # Half a preemption's claim (a crash) is planned again as a preemption, whatever is
             # free now: its victims are worked out anew, and the rest of it let go.
@@ -369,22 +373,25 @@ class Reservations:
                 if isinstance(planned, Preemption):
                     self._no_preemption.pop(job, None)
                     await self._preempt(first, size, planned)
+                    opened.clear()  # what is open is worked out again
                     continue
                 self._impossible(job, planned)
                 if half:  # its victims are not evicted for a claim it cannot have now
                     claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its preemption cannot be made now")
+                    opened.clear()
                     continue
             if isinstance(chosen, Shortfall):
                 if own and not self.occupancy.complete(job):
                     # What a crash left half written, and cannot be completed now.
                     claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its other nodes are no longer free")
-                cannot = never_fits(self.occupancy, job, first.config, size, fit, closeness)
+                cannot = never_fits(self.occupancy, job, first.config, size, fit, closeness, opened)
                 self._refuse(job, waiting, cannot or chosen, cannot is not None)
                 continue
             if chosen.slots or own:
                 await self._claim(job, first, size, chosen)
+                opened.clear()  # those units are taken: what is open is worked out again
 
     def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a

@@ -4,7 +4,7 @@ kube-scheduler retries a pod the extender refused on any cluster event (the exte
 recorded under `ExtenderName`, registered for every event; docs/scheduling.md). Two kinds of
 freed room reach no such retry:
 
-- room freed without a cluster event: a failed bind's hold that ends, an UltraServer claim that
+- room freed without a cluster event: a failed bind's hold that ends, a job's claim that
   expires, a hold that ends after a restart;
 - room freed by an event kube-scheduler acted on before our watch did: it retried the pod at
   once, our filter still saw the block taken, and no further event comes.
@@ -66,7 +66,7 @@ WAKE_ANNOTATION = "neuron-scheduler.io/woken"
 
 # Changes the cluster made are events kube-scheduler saw too: the waker gives it `grace` to act
 # on them first. Holds that end inside the extender (a bind's hold let go or expired, an
-# UltraServer claim ended) are nobody's event: those are examined at once.
+# job's claim ended) are nobody's event: those are examined at once.
 CLUSTER_EVENTS = frozenset({POD_DELETED, POD_FINISHED, POD_CHANGED, NODE_CHANGED, NOMINATION_ENDED})
 
 DEFAULT_RATE = 20.0  # wake writes per second

@@ -122,7 +122,7 @@ def member_fit(ledger: Ledger, pod: Pod, policy: Policy, memo: FitMemo | None = 
             memo.room[key] = (found, most)
         return min(found, most)
 
-    return Fit(why_not, room, never, lambda node, most: room(node, most, True))
+    return Fit(why_not, room, never, lambda node, most: room(node, most, True), kind)
 
 
 def member_excluded(ledger: Ledger, pod: Pod, node: str) -> str | None:

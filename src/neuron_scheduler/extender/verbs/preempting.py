@@ -14,11 +14,11 @@ already fit, devices are not what is short and kube-scheduler's answer stands un
 
 Training jobs (issue 40): a job's member is never a victim of a node's answer (kube-scheduler
 evicts on one node only, and a job goes whole or not at all), so such nodes are dropped. For a
-preemptor that is itself a member of a job on UltraServer nodes, its whole job is the preemptor
-(ultraserver/preemption.py): the verb only records that kube-scheduler asked, and the
+preemptor that is itself a member of a training job, its whole job is the preemptor
+(jobs/preemption.py): the verb only records that kube-scheduler asked, and the
 reservation loop works out whether evicting whole jobs of lower priority gives it units for all
 its members and carries that out (its claim first, then the evictions, all done by the
-extender, on every node at once); kube-scheduler is answered no UltraServer node, so it evicts
+extender, on every node at once); kube-scheduler is answered no Neuron node, so it evicts
 nothing there itself. When nothing would, nobody is evicted. The ask is recorded only for a
 pending member the watch knows, as the watch shows it (the request's body is only what the
 caller says), and never for one whose `preemptionPolicy` is `Never`: what the extender then
@@ -141,7 +141,7 @@ class Preemptor:
 
     def _member(self, pod: Pod) -> tuple[Member, int] | None:
         """The pod's job membership and node config, when it is a member (one that gives a bad
-        size or config is refused every UltraServer node by filter: treated as a member, so no
+        size or config is refused every Neuron node by filter: treated as a member, so no
         node of them is answered)."""
         try:
             member = member_of(pod)
