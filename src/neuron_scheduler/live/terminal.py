@@ -278,7 +278,7 @@ def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
                 )
         yield units
     if view.claims:
-        claims = Table(title="Claims (kubectl get ultraserverclaims)")
+        claims = Table(title="Training jobs' claims (kubectl get ultraserverclaims)")
         for column in ("job", "phase", "members bound", "units of", "nodes", "ends in"):
             claims.add_column(column, justify="right" if column == "ends in" else "left")
         for claim in view.claims:
