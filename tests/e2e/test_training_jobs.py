@@ -64,6 +64,22 @@ def pytorch(world: Gangs, job: str, index: int, size: int, **kwargs: str) -> str
     return name
 
 
+def workers(world: Gangs, job: str, size: int, priority_class: str) -> list[str]:
+    """A PyTorchJob's `size` workers of this PriorityClass."""
+    names = []
+    for i in range(size):
+        name = f"{job}-worker-{i}"
+        labels = {
+            "training.kubeflow.org/job-name": job,
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": str(i),
+        }
+        gang = {"neuron-scheduler.io/gang-size": str(size)}
+        world.pod(name, labels, gang, priority_class=priority_class)
+        names.append(name)
+    return names
+
+
 def annotated(world: Gangs, job: str, index: int, size: int) -> str:
     name = f"{job}-{index}"
     world.pod(
@@ -217,31 +233,12 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
     low = cluster.priority_class(LOW)
     jobs = []
     for j in range(2):
-        names = []
-        for i in range(4):
-            name = f"low{j}-worker-{i}"
-            labels = {
-                "training.kubeflow.org/job-name": f"low{j}",
-                "training.kubeflow.org/replica-type": "worker",
-                "training.kubeflow.org/replica-index": str(i),
-            }
-            cluster.pod(name, labels, {"neuron-scheduler.io/gang-size": "4"}, priority_class=low)
-            names.append(name)
+        names = workers(cluster, f"low{j}", 4, low)
         cluster.placed(names)
         wait_for(lambda n=names: set(n) <= set(stand_in.started), f"low{j} running", 30)
         time.sleep(1.1)  # start times have second resolution: the second is younger
         jobs.append(names)
-    high = cluster.priority_class(HIGH)
-    big = []
-    for i in range(4):
-        name = f"big-worker-{i}"
-        labels = {
-            "training.kubeflow.org/job-name": "big",
-            "training.kubeflow.org/replica-type": "worker",
-            "training.kubeflow.org/replica-index": str(i),
-        }
-        cluster.pod(name, labels, {"neuron-scheduler.io/gang-size": "4"}, priority_class=high)
-        big.append(name)
+    big = workers(cluster, "big", 4, cluster.priority_class(HIGH))
     youngest = set(cluster.nodes(jobs[1]).values())
     placed = cluster.placed(big, 120)
     gone = evicted(cluster, stand_in)

@@ -214,15 +214,20 @@ class Gangs:
 
     def why(self, pod: str) -> dict[str, Any]:
         """`neuron-scheduler why --json` on one of this test's pods, as an operator runs it."""
+        return self._cli("why", pod, "-n", self.namespace)
+
+    def status(self) -> dict[str, Any]:
+        """`neuron-scheduler status --json` as an operator runs it (the UltraServers part)."""
+        found: dict[str, Any] = self._cli("status")["ultraservers"]
+        return found
+
+    def _cli(self, *command: str) -> dict[str, Any]:
         result = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "neuron_scheduler",
-                "why",
-                pod,
-                "-n",
-                self.namespace,
+                *command,
                 "--json",
                 "--kubeconfig",
                 str(self.cp.kubeconfig_path),
@@ -232,25 +237,6 @@ class Gangs:
             check=True,
         )
         found: dict[str, Any] = json.loads(result.stdout)
-        return found
-
-    def status(self) -> dict[str, Any]:
-        """`neuron-scheduler status --json` as an operator runs it (the UltraServers part)."""
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "neuron_scheduler",
-                "status",
-                "--json",
-                "--kubeconfig",
-                str(self.cp.kubeconfig_path),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        found: dict[str, Any] = json.loads(result.stdout)["ultraservers"]
         return found
 
     def claims(self) -> dict[str, str]:

@@ -466,17 +466,7 @@ class Reservations:
             known = self.occupancy.claims.get(node)
             if known is not None and known.job == job:
                 continue  # held already (what a crash left half written)
-            claim = NodeClaim(
-                node,
-                job,
-                planned.config,
-                size,
-                PENDING,
-                now,
-                self.claim_seconds,
-                scheduler,
-                slots=slots,
-            )
+            claim = self._new_claim(node, job, planned.config, size, now, scheduler, slots)
             try:
                 ours = from_object(await self.api.create_claim(to_object(claim)))
             except CLAIM_WRITE_ERRORS as error:
@@ -501,6 +491,14 @@ class Reservations:
             )
         return True
 
+    def _new_claim(
+        self, node: str, job: JobKey, config: int, size: int, now: float, scheduler: str, slots: int
+    ) -> NodeClaim:
+        """A Pending claim on `node`, as this loop writes one (renewed now)."""
+        return NodeClaim(
+            node, job, config, size, PENDING, now, self.claim_seconds, scheduler, slots=slots
+        )
+
     async def _preempt(self, first: Pending, size: int, planned: Preemption) -> bool:
         """Preemption for the job: its claim on the units first, node by node, taking the nodes
         of the victim jobs' claims (conditioned on what was read) and listing the victims; then
@@ -512,18 +510,10 @@ class Reservations:
         slots = planned.slots or (1,) * len(planned.nodes)
         for node, taking in zip(planned.nodes, slots, strict=True):
             known = self.occupancy.claims.get(node)
-            claim = NodeClaim(
-                node,
-                job,
-                planned.config,
-                size,
-                PENDING,
-                now,
-                self.claim_seconds,
-                scheduler,
+            claim = dataclasses.replace(
+                self._new_claim(node, job, planned.config, size, now, scheduler, taking),
                 victims=planned.victims,
                 victim_jobs=planned.jobs,
-                slots=taking,
             )
             try:
                 if known is None:
