@@ -16,8 +16,12 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
 from neuron_scheduler.extender.loops.reserving import Reservations
+from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import member_fit
+from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.extender.verbs.wire import ExtenderPreemptionArgs, MetaPod, MetaVictims
 from neuron_scheduler.jobs.claims import PENDING, ClaimError, NodeClaim, from_object, to_object
 from neuron_scheduler.jobs.members import member_of, rank_of
 from neuron_scheduler.jobs.network import EKS_LEVELS, closeness_of
@@ -419,3 +423,31 @@ def test_without_claims_jobs_on_plain_nodes_are_placed_pod_by_pod() -> None:
     choice = decide(fleet.occupancy, found, 4, ["n0", "n1", "u0"])
     assert choice.passed == ["n0", "n1"]
     assert choice.failed["u0"].startswith("job claims are not available")
+
+
+def test_without_claims_a_member_on_plain_nodes_is_preempted_for_node_by_node() -> None:
+    """Without the claim CRD nothing carries out a whole job's preemption (the reservation loop
+    stands still), so on plain nodes kube-scheduler's own node-by-node preemption stands, as it
+    does for their placement; UltraServer nodes are still answered none."""
+    fleet = six_nodes()
+    ultra = node("u0", "trn2u.48xlarge", labels={"neuron.amazonaws.com/ultraserver-mode": "1_2_4"})
+    for view in (fleet.ledger, fleet.occupancy):
+        view.apply_node(ultra)
+    fleet.occupancy.unavailable = "job claims are not available (not served): ..."
+    victim = fleet.busy("n0", list(range(16)))
+    body = msgspec.to_builtins(fleet.member("j", 0, 4))
+    body["spec"]["priority"] = 1000
+    member = fleet.add(msgspec.convert(body, Pod))
+    verb = Preemptor(
+        fleet.ledger, DisruptionBudgets(), Metrics(fleet.ledger), occupancy=fleet.occupancy
+    )
+    args = ExtenderPreemptionArgs(
+        Pod=member,
+        NodeNameToMetaVictims={
+            "n0": MetaVictims([MetaPod(victim.metadata.uid)]),
+            "u0": MetaVictims([]),
+        },
+    )
+    answer = asyncio.run(verb.preempt(args)).NodeNameToMetaVictims
+    assert list(answer) == ["n0"]
+    assert [p.UID for p in answer["n0"].Pods] == [victim.metadata.uid]

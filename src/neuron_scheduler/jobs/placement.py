@@ -365,6 +365,12 @@ class Occupancy:
 
     # --- reading -----------------------------------------------------------------------------
 
+    def rules(self, node: str) -> bool:
+        """Whether the training-job rule decides for members on this node: a Neuron node, and,
+        while claims cannot be kept (`unavailable`), only an UltraServer node (members go pod
+        by pod on the others, and kube-scheduler preempts for them node by node)."""
+        return node in self.servers and (not self.unavailable or node in self.ultraservers)
+
     def unit(self, node: str, config: int) -> UnitKey | None:
         server = self.servers.get(node, {}).get(config)
         return (config, server) if server is not None else None
@@ -841,11 +847,8 @@ def decide(
     decision = UnitChoice([], {})
     shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:
-        if name not in occupancy.servers:
-            decision.passed.append(name)  # not a Neuron node: not ours to judge
-            continue
-        if occupancy.unavailable and name not in occupancy.ultraservers:
-            decision.passed.append(name)  # no claims: pod by pod, as before there were any
+        if not occupancy.rules(name):
+            decision.passed.append(name)  # not a Neuron node, or no claims: not ours to judge
             continue
         claim = occupancy.claims.get(name)
         others = [
