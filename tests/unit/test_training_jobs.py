@@ -35,6 +35,7 @@ from neuron_scheduler.jobs.placement import (
     plan,
 )
 from neuron_scheduler.kube.objects import JobClaim, Pod
+from neuron_scheduler.live.ultraservers import ultraserver_view
 from tests.builders import node, pod_json
 from tests.unit.test_reserving import FakeClaims
 
@@ -451,3 +452,19 @@ def test_without_claims_a_member_on_plain_nodes_is_preempted_for_node_by_node() 
     answer = asyncio.run(verb.preempt(args)).NodeNameToMetaVictims
     assert list(answer) == ["n0"]
     assert [p.UID for p in answer["n0"].Pods] == [victim.metadata.uid]
+
+
+def test_status_shows_a_job_waiting_on_plain_nodes_where_nothing_is_claimed() -> None:
+    """`kubectl neuron status` prints the training jobs' section unless it is empty: a fleet of
+    plain nodes has no UltraServer units, and a job that waits holds no claim."""
+    fleet = two_domains()
+    fleet.busy("x0", list(range(16)))
+    fleet.busy("y3", list(range(16)))
+    required = {"neuron-scheduler.io/required-topology": L3}
+    for index in range(4):
+        fleet.member("r", index, 4, annotations=required)
+    fleet.step()
+    assert not fleet.occupancy.claims
+    view = ultraserver_view(fleet.occupancy, fleet.ledger, 0.0)
+    assert [job for job, _ in view.waiting] == ["ml/r"]
+    assert not view.empty
