@@ -468,3 +468,36 @@ def test_status_shows_a_job_waiting_on_plain_nodes_where_nothing_is_claimed() ->
     view = ultraserver_view(fleet.occupancy, fleet.ledger, 0.0)
     assert [job for job, _ in view.waiting] == ["ml/r"]
     assert not view.empty
+
+
+def test_consecutive_ranks_fill_one_ultraserver_before_the_next() -> None:
+    """An UltraServer is the closest domain above its nodes: ranks 0-3 of an 8-member job on two
+    UltraServers sit in one of them, whatever the nodes' names (here they interleave)."""
+    fleet = Fleet({})
+    prefix = "neuron.amazonaws.com/ultraserver-"
+    servers = {f"n{i}": ("a" if i % 2 else "b") * 16 for i in range(8)}
+    for view in (fleet.ledger, fleet.occupancy):
+        view.replace_nodes(
+            [
+                node(
+                    name,
+                    "trn2u.48xlarge",
+                    labels={prefix + "mode": "1_2_4", prefix + "server-id-4": server},
+                )
+                for name, server in servers.items()
+            ]
+        )
+    pods = [fleet.member("u", i, 8) for i in range(8)]
+    fleet.step()
+    assert len(fleet.claimed("u")) == 8
+    taken = []
+    for pod in pods:
+        found = member_of(pod)
+        assert found is not None
+        choice = decide(
+            fleet.occupancy, found, 4, sorted(servers), pod.metadata.uid, rank_of(pod, found)
+        )
+        assert len(choice.passed) == 1
+        taken.append(choice.passed[0])
+    assert len(set(taken)) == 8
+    assert len({servers[n] for n in taken[:4]}) == 1 and len({servers[n] for n in taken[4:]}) == 1

@@ -363,7 +363,13 @@ def _score(
     return (kept, spans, kept_for_others, over, len(picked), tuple(sorted(a.order for a in picked)))
 
 
-def network_order(places: Mapping[str, tuple[str, ...]], nodes: Iterable[str]) -> list[str]:
-    """Nodes in network order: by place (broadest level first), then name, so consecutive ranks
-    sit in the same deepest domain."""
-    return sorted(nodes, key=lambda n: (places.get(n, ()), n))
+def network_order(
+    places: Mapping[str, tuple[str, ...]],
+    nodes: Iterable[str],
+    units: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Nodes in network order: by place (broadest level first), then unit (`units`: a node's
+    UltraServer, the domain below the deepest level), then name, so consecutive ranks sit in the
+    same deepest domain and the same UltraServer."""
+    within = units or {}
+    return sorted(nodes, key=lambda n: (places.get(n, ()), within.get(n, ""), n))

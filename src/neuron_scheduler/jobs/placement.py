@@ -420,7 +420,9 @@ class Occupancy:
     def slot_order(self, job: JobKey) -> list[str]:
         """The job's claimed nodes, each as often as its slots, in network order: the node the
         member of each rank goes to."""
-        nodes = network_order(self.places, self.claimed(job))
+        claimed = self.claimed(job)
+        units = {n: unit[1] for n in claimed if (unit := self.unit(n, self.claims[n].config))}
+        nodes = network_order(self.places, claimed, units)
         return [n for n in nodes for _ in range(self.claims[n].slots)]
 
     def jobs(self) -> dict[JobKey, list[Pending]]:
@@ -692,11 +694,13 @@ def plan(
         if chosen is not None:
             new = [a for a in chosen.atoms if a not in held]
             slots: dict[str, int] = {}
+            units: dict[str, str] = {}
             for atom in new:
                 nodes = sorted(occupancy.nodes_of(atom.key)) if ultra else [atom.key[1]]
                 for node in nodes:
                     slots[node] = 1 if ultra else atom.room
-            ordered = network_order(occupancy.places, slots)
+                    units[node] = atom.key[1]
+            ordered = network_order(occupancy.places, slots, units)
             return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
         rooms = [a.room for a in (*atoms, *kept)]
         tried.append((ultra, sum(rooms), all(r == 1 for r in rooms) or ultra))
