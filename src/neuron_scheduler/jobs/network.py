@@ -159,11 +159,9 @@ def choose(
             required = at
         else:
             preferred = at
-    rooms: list[dict[tuple[str, ...], int]] = [{} for _ in range(depth + 1)]
-    for atom in (*atoms, *fixed):
-        for d in range(depth + 1):
-            prefix = atom.place[:d]
-            rooms[d][prefix] = rooms[d].get(prefix, 0) + atom.room
+    rooms = _rooms((*atoms, *fixed), depth)
+    if not _held_somewhere(rooms, (*atoms, *fixed), need, required):
+        return None  # (every domain a search would try holds too few)
     best: tuple[tuple[object, ...], list[Atom[K]]] | None = None
     picks: dict[tuple[str, ...], list[Atom[K]] | None] = {}  # by the enclosing domain
     for anchor_depth, domain, inside, same in _anchors(atoms, fixed, depth, need):
@@ -178,6 +176,46 @@ def choose(
         return None
     picked = best[1]
     return Choice(tuple(picked), len({a.place for a in picked}), span(picked, levels))
+
+
+def holds(
+    atoms: Sequence[Atom[K]],
+    need: int,
+    levels: Sequence[str],
+    closeness: Closeness | None = None,
+) -> bool:
+    """Whether `choose` finds units for `need` members among these (with nothing fixed), as a
+    sum: the fleet, or for a required level one domain of it, has room for them. A required key
+    that is no level holds nothing."""
+    required = None
+    if closeness is not None and closeness.required:
+        required = depth_of(closeness.key, levels)
+        if required is None:
+            return False
+    return _held_somewhere(_rooms(atoms, len(levels)), atoms, need, required)
+
+
+def _rooms(atoms: Iterable[Atom[K]], depth: int) -> list[dict[tuple[str, ...], int]]:
+    """The room of every domain, by depth (0: the fleet)."""
+    rooms: list[dict[tuple[str, ...], int]] = [{} for _ in range(depth + 1)]
+    for atom in atoms:
+        for d in range(depth + 1):
+            prefix = atom.place[:d]
+            rooms[d][prefix] = rooms[d].get(prefix, 0) + atom.room
+    return rooms
+
+
+def _held_somewhere(
+    rooms: list[dict[tuple[str, ...], int]],
+    atoms: Iterable[Atom[K]],
+    need: int,
+    required: int | None,
+) -> bool:
+    if required is None:
+        return rooms[0].get((), 0) >= need
+    if required < len(rooms):
+        return any(room >= need for room in rooms[required].values())
+    return any(a.nodes == 1 and a.room >= need for a in atoms)  # the node itself
 
 
 def span(atoms: Sequence[Atom[K]], levels: Sequence[str]) -> str:

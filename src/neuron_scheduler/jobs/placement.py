@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import msgspec
@@ -62,6 +62,7 @@ from neuron_scheduler.jobs.network import (
     choose,
     closeness_of,
     depth_of,
+    holds,
     network_order,
     place_of,
 )
@@ -547,10 +548,12 @@ class Fit:
     kind: bytes | None = None  # members of one kind get the same answers (None: unknown)
 
 
-# Units open to a new job (no member bound, no claim), by what decides them: its config, kind
-# and size, UltraServer or not, now or empty. Shared by the jobs planned in one step.
+# Units open to a new job (no member bound, no claim), by what decides them: its config, kind,
+# UltraServer or not, now or empty; with the job size they were worked out for (a unit's room is
+# counted up to it: a smaller job's is that room capped at its size). Shared by the jobs planned
+# in one step.
 AtomsMemo = dict[
-    tuple[int, bytes, int, bool, bool], tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]
+    tuple[int, bytes, bool, bool], tuple[int, list[Atom[UnitKey]], list[Atom[UnitKey]]]
 ]
 
 
@@ -578,14 +581,17 @@ def _atoms(
     own: dict[str, int] = {}
     for worker in occupancy.job_workers(job):
         own[worker.node] = own.get(worker.node, 0) + 1
-    key = (config, fit.kind or b"", size, ultra, empty)
+    key = (config, fit.kind or b"", ultra, empty)
     shared = memo is not None and fit.kind is not None and not own and job not in occupancy.by_job
-    if shared and memo is not None and key in memo:
-        return memo[key]
-    found = _units_open(occupancy, job, config, size, fit, ultra, empty, own)
-    if shared and memo is not None:
-        memo[key] = found
-    return found
+    if not shared or memo is None:
+        return _units_open(occupancy, job, config, size, fit, ultra, empty, own)
+    if key not in memo or memo[key][0] < size:
+        # Worked out for twice the size it was for, at least: jobs of growing sizes in one
+        # step cost a few scans of the nodes, not one each.
+        most = min(MAX_GANG, max(size, 2 * memo[key][0] if key in memo else size))
+        memo[key] = (most, *_units_open(occupancy, job, config, most, fit, ultra, empty, own))
+    _, atoms, kept = memo[key]
+    return [a if a.room <= size else replace(a, room=size) for a in atoms], kept
 
 
 def _units_open(
@@ -776,7 +782,7 @@ def never_fits(
     best = (config > 1 and any(unit[0] == config for unit in occupancy.members), 0)
     for ultra in (True, False) if config > 1 else (False,):
         atoms, _ = _atoms(occupancy, job, config, size, fit, ultra, empty=True, memo=memo)
-        if choose(atoms, size, occupancy.levels, required) is not None:
+        if holds(atoms, size, occupancy.levels, required):
             return None
         total = sum(a.room for a in atoms)
         if total > best[1]:

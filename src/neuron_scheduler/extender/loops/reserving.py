@@ -344,8 +344,10 @@ class Reservations:
         memo = FitMemo()  # what each kind of member may do on each node, this step
         opened: AtomsMemo = {}  # the units open to a new job of each kind (until one claims)
         for count, (job, waiting) in enumerate(order):
-            if count % 64 == 63:
-                await asyncio.sleep(0)  # filter and bind are answered in between
+            if count:
+                # Filter and bind are answered in between: a job's plan scans every Neuron node
+                # (tens of milliseconds at a thousand nodes).
+                await asyncio.sleep(0)
             first = waiting[0]
             if first.pod.spec.schedulerName not in self.scheduler_names or self._idle_now(job):
                 continue
