@@ -88,6 +88,16 @@ CLAIM_MADE = "claim_made"
 CLAIM_ENDED = "claim_ended"
 
 
+def claims_absent(why: str) -> str:
+    """What `Occupancy.unavailable` says when claims cannot be kept (`why`: "not served", the
+    cluster has no UltraServerClaim CRD; or the extender may not list them)."""
+    return (
+        f"job claims are not available ({why}): no training job is placed on UltraServer "
+        "nodes, and on other nodes jobs are placed pod by pod (not all or nothing); install the "
+        "chart's UltraServerClaim CRD (scheduler.ultraserver.installCRD)"
+    )
+
+
 def _neuron_node(node: Node) -> bool:
     """Whether the node advertises Neuron devices or cores (one advertising what cannot be
     read counts: the ledger refuses it to every member, and says why)."""
