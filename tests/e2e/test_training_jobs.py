@@ -232,6 +232,7 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
         wait_for(lambda n=names: set(n) <= set(stand_in.started), f"low{j} running", 30)
         time.sleep(1.1)  # start times have second resolution: the second is younger
         jobs.append(names)
+    youngest = set(cluster.nodes(jobs[1]).values())  # (before big exists: it evicts them)
     high = cluster.priority_class(HIGH)
     big = []
     for i in range(4):
@@ -243,7 +244,6 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
         }
         cluster.pod(name, labels, {"neuron-scheduler.io/gang-size": "4"}, priority_class=high)
         big.append(name)
-    youngest = set(cluster.nodes(jobs[1]).values())
     placed = cluster.placed(big, 120)
     gone = evicted(cluster, stand_in)
     assert gone == {"low1": jobs[1]}, f"evicted: {gone}"  # the youngest, whole
