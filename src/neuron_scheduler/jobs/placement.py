@@ -135,7 +135,7 @@ class Pending:
 
 @dataclass
 class Occupancy:
-    """UltraServer nodes by unit, members by node and job, claims by node: a view the
+    """Neuron nodes by unit, members by node and job, claims by node: a view the
     extender's watches feed (nodes, pods, UltraServerClaims, PodGroups), and a reserver bind tells
     about a member it is placing (kube-scheduler asks about the next member before this
     binding is visible in the watch)."""

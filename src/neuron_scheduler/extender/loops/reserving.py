@@ -553,11 +553,11 @@ class Reservations:
         claims = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
         victims = claim_victims(self.occupancy, claims)
         log.info(
-            "preemption for job %s (%d members, units of %d nodes, priority %d): reserved %s; "
+            "preemption for job %s (%d members, %s, priority %d): reserved %s; "
             "evicting %s (%d pods)",
             loggable(job_text(job), NAME_LIMIT),
             size,
-            planned.config,
+            f"units of {planned.config} nodes" if planned.config > 1 else "nodes",
             first.pod.spec.priority or 0,
             ", ".join(planned.nodes),
             loggable(planned.summary),
