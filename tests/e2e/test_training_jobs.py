@@ -176,13 +176,14 @@ def test_a_required_job_waits_with_its_reason_and_starts_when_a_domain_frees(
 
 
 def test_ranks_follow_the_network_order(cluster: Gangs) -> None:
-    cluster.add_nodes(["x0", "x1"], "X")
-    cluster.add_nodes(["y0", "y1"], "Y")
+    # Names that sort otherwise than the network does: X holds r1 and r3, Y holds r0 and r2.
+    cluster.add_nodes(["r1", "r3"], "X")
+    cluster.add_nodes(["r0", "r2"], "Y")
     names = {}
     for index in (3, 1, 0, 2):  # created out of order
         names[index] = pytorch(cluster, "ranked", index, 4)
     placed = cluster.placed(list(names.values()))
-    assert [placed[names[i]] for i in range(4)] == ["x0", "x1", "y0", "y1"], placed
+    assert [placed[names[i]] for i in range(4)] == ["r1", "r3", "r0", "r2"], placed
 
 
 def test_a_claim_survives_an_extender_restart_and_the_job_completes(cluster: Gangs) -> None:
@@ -238,8 +239,8 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
         wait_for(lambda n=names: set(n) <= set(stand_in.started), f"low{j} running", 30)
         time.sleep(1.1)  # start times have second resolution: the second is younger
         jobs.append(names)
+    youngest = set(cluster.nodes(jobs[1]).values())  # (before big exists: it evicts them)
     big = workers(cluster, "big", 4, cluster.priority_class(HIGH))
-    youngest = set(cluster.nodes(jobs[1]).values())
     placed = cluster.placed(big, 120)
     gone = evicted(cluster, stand_in)
     assert gone == {"low1": jobs[1]}, f"evicted: {gone}"  # the youngest, whole

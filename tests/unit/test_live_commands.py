@@ -287,3 +287,23 @@ def test_every_json_field_is_documented() -> None:
     }
     assert fields - documented == set()
     assert {"nodes_now", "holding_the_block", "where", "version", "placement"} <= fields
+
+
+def test_why_without_the_claim_crd_says_what_the_extender_does_on_plain_nodes(
+    tmp_path: Path,
+) -> None:
+    """No UltraServerClaim CRD in the cluster (the API answers 404): the extender places a
+    training job's members pod by pod on nodes without UltraServer labels, and `why` says so
+    (not that the job waits for a claim nobody can write)."""
+    nodes = [node_json(n, "trn1.32xlarge") for n in ("trn-a", "trn-b")]
+    gang = {"neuron-scheduler.io/gang": "pair", "neuron-scheduler.io/gang-size": "2"}
+    member = pod_json("pair-0", {NEURON: 16}, namespace="ml", annotations=gang)
+    with api_server(cluster_answer(nodes, [member])) as url:
+        config = str(kubeconfig(tmp_path, url))
+        why = run("why", "pair-0", "-n", "ml", "--json", "--kubeconfig", config)
+    assert why.exit_code == 0, why.stderr
+    found = json.loads(why.stdout)
+    assert {(n["node"], n["verdict"]) for n in found["nodes"]} == {
+        ("trn-a", "fits"),
+        ("trn-b", "fits"),
+    }, found["nodes"]

@@ -32,7 +32,7 @@ from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.jobs.network import EKS_LEVELS
-from neuron_scheduler.jobs.placement import CLAIM_SECONDS
+from neuron_scheduler.jobs.placement import CLAIM_SECONDS, claims_absent
 from neuron_scheduler.kube.client import (
     CLAIMS,
     DISRUPTION_BUDGETS,
@@ -159,12 +159,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
 
     async def watch_claims() -> None:
         def absent(why: str) -> None:
-            occupancy.unavailable = (
-                f"job claims are not available ({why}): no training job is placed on "
-                "UltraServer nodes, and on other nodes jobs are placed pod by pod (not all or "
-                "nothing); install the chart's UltraServerClaim CRD "
-                "(scheduler.ultraserver.installCRD)"
-            )
+            occupancy.unavailable = claims_absent(why)
             claims_known.set()
 
         async def listed() -> None:

@@ -97,24 +97,33 @@ def member_of(pod: Pod) -> Member | None:
     return None
 
 
+def _number(text: str, digits: int) -> int | None:
+    """A whole number of at most `digits` ASCII digits, or None. (str.isdigit() says yes to '²',
+    which int() refuses, to '٣', which it reads, and to 5000 nines, past int()'s limit.)"""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > digits:
+        return None
+    return int(value)
+
+
 def _size(text: str | None, source: str) -> int | None:
     if text is None:
         return None
-    value = text.strip()
-    if not value.isdigit() or not 1 <= int(value) <= MAX_GANG:
+    value = _number(text, 9)
+    if value is None or not 1 <= value <= MAX_GANG:
         raise MembershipError(
             f"{source}={text[:40]!r} is not a job size; give a whole number of pods, 1 to "
             f"{MAX_GANG}"
         )
-    return int(value)
+    return value
 
 
 def _nodes_env(pod: Pod) -> int | None:
     """torchrun's node count, when fixed (an elastic range such as "1:4" says no size)."""
     for container in pod.spec.containers:
         for variable in container.env:
-            if variable.name == NODES_ENV and variable.value.strip().isdigit():
-                count = int(variable.value.strip())
+            count = _number(variable.value, 9) if variable.name == NODES_ENV else None
+            if count is not None:
                 return count if 1 <= count <= MAX_GANG else None
     return None
 
@@ -155,7 +164,4 @@ def rank_of(pod: Pod, member: Member) -> Rank | None:
 
 
 def _index(text: str | None) -> int | None:
-    if text is None:
-        return None
-    value = text.strip()
-    return int(value) if value.isdigit() and len(value) <= MAX_INDEX_DIGITS else None
+    return None if text is None else _number(text, MAX_INDEX_DIGITS)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import msgspec
@@ -62,6 +62,7 @@ from neuron_scheduler.jobs.network import (
     choose,
     closeness_of,
     depth_of,
+    holds,
     network_order,
     place_of,
 )
@@ -85,6 +86,16 @@ CLAIM_SECONDS = 120.0
 # there now) or ended (other jobs may plan for the nodes).
 CLAIM_MADE = "claim_made"
 CLAIM_ENDED = "claim_ended"
+
+
+def claims_absent(why: str) -> str:
+    """What `Occupancy.unavailable` says when claims cannot be kept (`why`: "not served", the
+    cluster has no UltraServerClaim CRD; or the extender may not list them)."""
+    return (
+        f"job claims are not available ({why}): no training job is placed on UltraServer "
+        "nodes, and on other nodes jobs are placed pod by pod (not all or nothing); install the "
+        "chart's UltraServerClaim CRD (scheduler.ultraserver.installCRD)"
+    )
 
 
 def _neuron_node(node: Node) -> bool:
@@ -124,7 +135,7 @@ class Pending:
 
 @dataclass
 class Occupancy:
-    """UltraServer nodes by unit, members by node and job, claims by node: a view the
+    """Neuron nodes by unit, members by node and job, claims by node: a view the
     extender's watches feed (nodes, pods, UltraServerClaims, PodGroups), and a reserver bind tells
     about a member it is placing (kube-scheduler asks about the next member before this
     binding is visible in the watch)."""
@@ -365,6 +376,12 @@ class Occupancy:
 
     # --- reading -----------------------------------------------------------------------------
 
+    def rules(self, node: str) -> bool:
+        """Whether the training-job rule decides for members on this node: a Neuron node, and,
+        while claims cannot be kept (`unavailable`), only an UltraServer node (members go pod
+        by pod on the others, and kube-scheduler preempts for them node by node)."""
+        return node in self.servers and (not self.unavailable or node in self.ultraservers)
+
     def unit(self, node: str, config: int) -> UnitKey | None:
         server = self.servers.get(node, {}).get(config)
         return (config, server) if server is not None else None
@@ -414,7 +431,9 @@ class Occupancy:
     def slot_order(self, job: JobKey) -> list[str]:
         """The job's claimed nodes, each as often as its slots, in network order: the node the
         member of each rank goes to."""
-        nodes = network_order(self.places, self.claimed(job))
+        claimed = self.claimed(job)
+        units = {n: unit[1] for n in claimed if (unit := self.unit(n, self.claims[n].config))}
+        nodes = network_order(self.places, claimed, units)
         return [n for n in nodes for _ in range(self.claims[n].slots)]
 
     def jobs(self) -> dict[JobKey, list[Pending]]:
@@ -539,10 +558,12 @@ class Fit:
     kind: bytes | None = None  # members of one kind get the same answers (None: unknown)
 
 
-# Units open to a new job (no member bound, no claim), by what decides them: its config, kind
-# and size, UltraServer or not, now or empty. Shared by the jobs planned in one step.
+# Units open to a new job (no member bound, no claim), by what decides them: its config, kind,
+# UltraServer or not, now or empty; with the job size they were worked out for (a unit's room is
+# counted up to it: a smaller job's is that room capped at its size). Shared by the jobs planned
+# in one step.
 AtomsMemo = dict[
-    tuple[int, bytes, int, bool, bool], tuple[list[Atom[UnitKey]], list[Atom[UnitKey]]]
+    tuple[int, bytes, bool, bool], tuple[int, list[Atom[UnitKey]], list[Atom[UnitKey]]]
 ]
 
 
@@ -570,14 +591,17 @@ def _atoms(
     own: dict[str, int] = {}
     for worker in occupancy.job_workers(job):
         own[worker.node] = own.get(worker.node, 0) + 1
-    key = (config, fit.kind or b"", size, ultra, empty)
+    key = (config, fit.kind or b"", ultra, empty)
     shared = memo is not None and fit.kind is not None and not own and job not in occupancy.by_job
-    if shared and memo is not None and key in memo:
-        return memo[key]
-    found = _units_open(occupancy, job, config, size, fit, ultra, empty, own)
-    if shared and memo is not None:
-        memo[key] = found
-    return found
+    if not shared or memo is None:
+        return _units_open(occupancy, job, config, size, fit, ultra, empty, own)
+    if key not in memo or memo[key][0] < size:
+        # Worked out for twice the size it was for, at least: jobs of growing sizes in one
+        # step cost a few scans of the nodes, not one each.
+        most = min(MAX_GANG, max(size, 2 * memo[key][0] if key in memo else size))
+        memo[key] = (most, *_units_open(occupancy, job, config, most, fit, ultra, empty, own))
+    _, atoms, kept = memo[key]
+    return [a if a.room <= size else replace(a, room=size) for a in atoms], kept
 
 
 def _units_open(
@@ -686,11 +710,13 @@ def plan(
         if chosen is not None:
             new = [a for a in chosen.atoms if a not in held]
             slots: dict[str, int] = {}
+            units: dict[str, str] = {}
             for atom in new:
                 nodes = sorted(occupancy.nodes_of(atom.key)) if ultra else [atom.key[1]]
                 for node in nodes:
                     slots[node] = 1 if ultra else atom.room
-            ordered = network_order(occupancy.places, slots)
+                    units[node] = atom.key[1]
+            ordered = network_order(occupancy.places, slots, units)
             return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
         rooms = [a.room for a in (*atoms, *kept)]
         tried.append((ultra, sum(rooms), all(r == 1 for r in rooms) or ultra))
@@ -766,7 +792,7 @@ def never_fits(
     best = (config > 1 and any(unit[0] == config for unit in occupancy.members), 0)
     for ultra in (True, False) if config > 1 else (False,):
         atoms, _ = _atoms(occupancy, job, config, size, fit, ultra, empty=True, memo=memo)
-        if choose(atoms, size, occupancy.levels, required) is not None:
+        if holds(atoms, size, occupancy.levels, required):
             return None
         total = sum(a.room for a in atoms)
         if total > best[1]:
@@ -841,11 +867,8 @@ def decide(
     decision = UnitChoice([], {})
     shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:
-        if name not in occupancy.servers:
-            decision.passed.append(name)  # not a Neuron node: not ours to judge
-            continue
-        if occupancy.unavailable and name not in occupancy.ultraservers:
-            decision.passed.append(name)  # no claims: pod by pod, as before there were any
+        if not occupancy.rules(name):
+            decision.passed.append(name)  # not a Neuron node, or no claims: not ours to judge
             continue
         claim = occupancy.claims.get(name)
         others = [

@@ -51,7 +51,7 @@ from neuron_scheduler.jobs.placement import (
 
 @dataclass(frozen=True, slots=True)
 class Loose:
-    """A pod of no job holding Neuron devices on an UltraServer node (not leaving already)."""
+    """A pod of no job holding Neuron devices on a node (not leaving already)."""
 
     uid: str
     priority: int

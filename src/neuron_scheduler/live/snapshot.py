@@ -25,7 +25,7 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
-from neuron_scheduler.jobs.placement import Occupancy
+from neuron_scheduler.jobs.placement import Occupancy, claims_absent
 from neuron_scheduler.kube.client import (
     CLAIMS,
     NODES,
@@ -108,6 +108,8 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
         occupancy.replace_claims(claims)
     except (Forbidden, NotFound) as error:
         unread = f"cannot list UltraServerClaims: {error_text(error)}"
+        if isinstance(error, NotFound):  # no CRD: the extender has none either, and says so
+            occupancy.unavailable = claims_absent("not served")
     with contextlib.suppress(Forbidden, NotFound):  # the Workload API: alpha, often absent
         groups = await api.list_all(POD_GROUPS, PodGroup, page=PAGE, most=MOST_PODS)
         occupancy.replace_pod_groups(groups)

@@ -51,7 +51,9 @@ class UltraServers:
 
     @property
     def empty(self) -> bool:
-        return not self.units and not self.claims
+        """Nothing to show: no UltraServer, no claim, no job waiting for one (a fleet of plain
+        nodes has no units, and a job that waits holds no claim)."""
+        return not self.units and not self.claims and not self.waiting
 
 
 def ultraserver_view(

@@ -19,7 +19,9 @@ preemptor that is itself a member of a training job, its whole job is the preemp
 reservation loop works out whether evicting whole jobs of lower priority gives it units for all
 its members and carries that out (its claim first, then the evictions, all done by the
 extender, on every node at once); kube-scheduler is answered no Neuron node, so it evicts
-nothing there itself. When nothing would, nobody is evicted. The ask is recorded only for a
+nothing there itself. When nothing would, nobody is evicted. (Without the claim CRD nothing can
+carry that out: members go pod by pod on nodes without UltraServer labels, and are answered
+there as any pod is.) The ask is recorded only for a
 pending member the watch knows, as the watch shows it (the request's body is only what the
 caller says), and never for one whose `preemptionPolicy` is `Never`: what the extender then
 deletes is decided from the cluster's own objects.
@@ -117,12 +119,12 @@ class Preemptor:
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
         member = self._member(pod) if request is not None else None  # (members ask devices)
-        servers = self.occupancy.servers
-        if member is not None and any(node in servers for node in candidates):
+        ruled = self.occupancy.rules
+        if member is not None and any(ruled(node) for node in candidates):
             self._for_job(pod)
         answer: dict[str, MetaVictims] = {}
         for node, (given, violations) in candidates.items():
-            if member is not None and node in servers:
+            if member is not None and ruled(node):
                 self.metrics.preempt_nodes.labels("dropped").inc()
                 continue  # its whole job preempts (`_for_job`), never a node at a time
             if request is None:  # not ours to judge: kube-scheduler's choice stands
