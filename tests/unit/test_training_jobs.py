@@ -555,3 +555,18 @@ def test_a_step_with_fifty_waiting_jobs_on_a_thousand_nodes_yields_between_jobs(
         asked = devices[int(claim.job[1][1:]) % 4] if int(claim.job[1][1:]) < 50 else 16
         assert int(claim.node[1:]) % 2 == 1 and claim.slots * asked <= 16, claim
     assert first_gap < first / 3
+
+
+def test_a_required_level_never_takes_nodes_without_its_label() -> None:
+    """Where a node without the label sits in the network is unknown: a job requiring a level
+    stays off it (Kueue and KAI do the same); one that only prefers it may use it."""
+    fleet = Fleet(
+        {**{f"x{i}": ("s1", "X") for i in range(3)}, **{f"u{i}": ("", "") for i in range(3)}}
+    )
+    required = {"neuron-scheduler.io/required-topology": L3}
+    short = fleet.plan(fleet.member("r", 0, 4, annotations=required))
+    assert isinstance(short, Shortfall) and "can never run here" in short.reason
+    planned = fleet.plan(fleet.member("p", 0, 3, annotations=required))
+    assert isinstance(planned, Planned) and planned.nodes == ["x0", "x1", "x2"]
+    preferred = {"neuron-scheduler.io/preferred-topology": L3}
+    assert isinstance(fleet.plan(fleet.member("q", 0, 4, annotations=preferred)), Planned)

@@ -157,6 +157,7 @@ def choose(
             if at is None:
                 return None
             required = at
+            atoms = _labelled(atoms, at, depth)
         else:
             preferred = at
     rooms = _rooms((*atoms, *fixed), depth)
@@ -192,7 +193,17 @@ def holds(
         required = depth_of(closeness.key, levels)
         if required is None:
             return False
+        atoms = _labelled(atoms, required, len(levels))
     return _held_somewhere(_rooms(atoms, len(levels)), atoms, need, required)
+
+
+def _labelled(atoms: Sequence[Atom[K]], required: int, depth: int) -> Sequence[Atom[K]]:
+    """The units whose nodes carry the required level's label: where a node is in the network is
+    unknown without it, so it is in no domain of that level (as Kueue and KAI-Scheduler leave
+    such nodes out). The node level (hostname) every node has."""
+    if required > depth:
+        return atoms
+    return [a for a in atoms if a.place[required - 1]]
 
 
 def _rooms(atoms: Iterable[Atom[K]], depth: int) -> list[dict[tuple[str, ...], int]]:
