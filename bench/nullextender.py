@@ -16,11 +16,15 @@ verbs, nodeCacheCapable, weights, TLS). Per verb it does the least that still an
 
 With `--bind-writes` its bind makes other API calls, with no decision behind them, to price
 them apart from the extender's own work:
-- `ours`: the calls ours makes (patch two annotations on the pod, the Binding conditioned on the
-  patched pod, one event): configuration `null-writes`;
+- `ours`: the calls ours makes (patch our hand-off annotations on the pod, the Binding
+  conditioned on the patched pod, one event): configuration `null-writes`;
 - `one-write`: the Binding carrying the annotations (kube-apiserver copies a Binding's
   annotations onto the pod with its nodeName, in one write), and the event: configuration
   `null-one-write`, what ours would make with a bind of one write.
+The annotations are ours, key for key (core/handoff.py, for one core on device 0 of the node),
+as ours would write them for a one-core pod: the chart's admission policy on the extender's pod
+writes (`<extender>-pod-writes`) admits no other key for its ServiceAccount, and its evaluation
+is part of what a bind costs the API server.
 
 With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is not one of
 our dependencies: `uv run --with zttp`): kube-scheduler's transport then sends every call over
@@ -44,6 +48,9 @@ import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
 
+from neuron_scheduler.core import handoff
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.resources import NEURONCORE, NeuronRequest
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, read_body
 from neuron_scheduler.extender.serve import ExtenderOptions, server_config, tls_settings
 from neuron_scheduler.extender.verbs.wire import (
@@ -80,13 +87,20 @@ class Victims(msgspec.Struct):
 _HEADERS = [(b"content-type", b"application/json")]
 
 
+# What ours writes for a one-core pod placed on core 0 (module docstring).
+ONE_CORE = NeuronRequest(NEURONCORE, 1)
+CORE_ZERO = Placement((0,), (0,), 0)
+
+
 async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> None:
     """A bind making the API calls `writes` names (module docstring)."""
-    annotations = {"null.bench/ids": "0", "null.bench/time": str(time.time_ns())}
+    annotations: dict[str, str | None] = {
+        **handoff.encode(args.Node, ONE_CORE, CORE_ZERO, ("main",), time.time_ns())
+    }
     ref = ObjectRef("Pod", args.PodNamespace, args.PodName, args.PodUID)
     if writes == "ours":
         version = await api.patch_annotations(
-            args.PodNamespace, args.PodName, args.PodUID, dict(annotations)
+            args.PodNamespace, args.PodName, args.PodUID, annotations
         )
         await api.bind(
             args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=version
