@@ -26,8 +26,8 @@ as ours would write them for a one-core pod: the chart's admission policy on the
 writes (`<extender>-pod-writes`) admits no other key for its ServiceAccount, and its evaluation
 is part of what a bind costs the API server.
 
-With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is not one of
-our dependencies: `uv run --with zttp`): kube-scheduler's transport then sends every call over
+With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is a dev
+dependency only, for these benchmarks): kube-scheduler's transport then sends every call over
 one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
 (configuration `null-h2`, what would lift the floor).
 

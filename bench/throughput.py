@@ -65,7 +65,7 @@ from tests.testbed.process import ManagedProcess, free_port
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
-# null-h2, ours-h2: serving HTTP/2 too (need zttp: uv run --with zttp; bench/h2serve.py).
+# null-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency; bench/h2serve.py).
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
 # default 50 (its binds go through that limit; an extender's do not).
 CONFIGS = (
