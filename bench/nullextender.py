@@ -17,7 +17,8 @@ verbs, nodeCacheCapable, weights, TLS). Per verb it does the least that still an
 With `--bind-writes` its bind makes other API calls, with no decision behind them, to price
 them apart from the extender's own work:
 - `ours`: the calls ours makes (patch our hand-off annotations on the pod, the Binding
-  conditioned on the patched pod, one event): configuration `null-writes`;
+  conditioned on the patched pod, one event, sent in the background as ours sends it):
+  configuration `null-writes`;
 - `one-write`: the Binding carrying the annotations (kube-apiserver copies a Binding's
   annotations onto the pod with its nodeName, in one write), and the event: configuration
   `null-one-write`, what ours would make with a bind of one write.
@@ -63,6 +64,7 @@ from neuron_scheduler.extender.verbs.wire import (
 from neuron_scheduler.kube.client import KubeAPI, pod_path
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, error_text
+from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.kube.objects import ObjectRef
 
 log = logging.getLogger("nullextender")
@@ -92,8 +94,11 @@ ONE_CORE = NeuronRequest(NEURONCORE, 1)
 CORE_ZERO = Placement((0,), (0,), 0)
 
 
-async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> None:
-    """A bind making the API calls `writes` names (module docstring)."""
+async def bind_writing(
+    api: KubeAPI, events: EventRecorder, args: ExtenderBindingArgs, writes: str
+) -> None:
+    """A bind making the API calls `writes` names (module docstring); the event in the
+    background, as ours sends it (bind answers before it is written)."""
     annotations: dict[str, str | None] = {
         **handoff.encode(args.Node, ONE_CORE, CORE_ZERO, ("main",), time.time_ns())
     }
@@ -121,10 +126,13 @@ async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> 
                 "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
             },
         )
-    await api.create_event(ref, "NullAllocated", f"on {args.Node}", False)
+    ids = annotations[handoff.IDS]
+    message = f"Bound to {args.Node} with {NEURONCORE} ids {ids} (devices {ids})"
+    events.record(ref, "NeuronAllocated", message, warning=False)
 
 
 def app_for(api: KubeAPI, writes: str) -> Any:
+    events = EventRecorder(api)
     names = msgspec.json.Decoder(Names)
     binding = msgspec.json.Decoder(ExtenderBindingArgs)
     victims = msgspec.json.Decoder(Victims)
@@ -139,7 +147,7 @@ def app_for(api: KubeAPI, writes: str) -> Any:
             args = binding.decode(body)
             try:
                 if writes != "binding":
-                    await bind_writing(api, args, writes)
+                    await bind_writing(api, events, args, writes)
                 else:
                     await api.bind(
                         args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=""
