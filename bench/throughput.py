@@ -230,6 +230,8 @@ class Outcome:
     extender: dict[str, float] = field(default_factory=dict)  # ours: handler ms per pod
     rss: float = 0.0
     connections: int = 0  # TCP connections opened on the machine during the run
+    # kube-apiserver's requests (verb, resource) and watch events sent (kind), per pod bound
+    api: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -297,6 +299,30 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     figures["loop lag"] = 1000 * delta("neuron_scheduler_loop_lag_seconds_sum") / max(samples, 1)
     figures["decisions"] = delta("neuron_scheduler_decisions_total") / pods
     figures["demand snapshots"] = delta("neuron_scheduler_demand_snapshots_total")
+    return figures
+
+
+def apiserver_figures(cp: ControlPlane) -> dict[str, float]:
+    """kube-apiserver's counts so far: requests by verb and resource (subresource), watch
+    events sent by kind, and their bytes (`watch bytes`)."""
+    request = urllib.request.Request(
+        f"{cp.server_url}/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"}
+    )
+    with opener(cp.ca_path).open(request, timeout=30) as answer:
+        m = families(answer.read().decode())
+    figures: dict[str, float] = {}
+    for labels, value in m.get("apiserver_request_total", []):
+        if labels.get("verb") in ("WATCH", "LIST", "GET") and labels.get("resource") != "pods":
+            continue  # informers' and leases' steady traffic, not per pod
+        resource = labels.get("resource", "") + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        key = f"{labels.get('verb')} {resource}"
+        figures[key] = figures.get(key, 0.0) + value
+    for labels, value in m.get("apiserver_watch_events_total", []):
+        key = f"watch {labels.get('kind') or labels.get('resource', '?')}"
+        figures[key] = figures.get(key, 0.0) + value
+    figures["watch bytes"] = total(m, "apiserver_watch_events_sizes_sum")
     return figures
 
 
@@ -437,6 +463,7 @@ def run(
     idle0 = _idle_ticks()
     opens0 = tcp_opens()
     metrics_before = extender.metrics() if extender is not None and extender.metrics else ""
+    api_before = apiserver_figures(cp)
     recording = None
     if profile is not None and ext_pid is not None:
         recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
@@ -456,6 +483,13 @@ def run(
     if watch.times:
         outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
     outcome.scheduler = scheduler_figures(scheduler.metrics(cp.admin_token))
+    api_after = apiserver_figures(cp)
+    per = 1 / max(outcome.bound, 1)
+    outcome.api = {
+        key: (value - api_before.get(key, 0.0)) * per
+        for key, value in api_after.items()
+        if value - api_before.get(key, 0.0) > 0
+    }
     if extender is not None and extender.metrics is not None and ext_pid is not None:
         outcome.extender = extender_figures(metrics_before, extender.metrics(), outcome.bound or 1)
         outcome.rss = rss_mb(ext_pid)
@@ -541,6 +575,11 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"event loop lag {e['loop lag']:.2f} ms on average; {e['decisions']:.1f} decisions "
             f"computed per pod; {e['demand snapshots']:.0f} demand snapshots; RSS {o.rss:.0f} MB"
         )
+    print("\nkube-apiserver, per pod bound: requests by verb and resource, watch events sent:")
+    for o in outcomes:
+        shown = sorted(((v, k) for k, v in o.api.items() if k != "watch bytes"), reverse=True)
+        text = ", ".join(f"{key} {value:.2f}" for value, key in shown if value >= 0.005)
+        print(f"{o.name:{w}} {text}; watch {o.api.get('watch bytes', 0) / 1024:.1f} KiB")
     rates = {o.name: o.rate for o in outcomes}
     print()
     if rates.get("null") and rates.get("ours"):
