@@ -55,7 +55,8 @@ unit: sync
 property: sync
 	$(UV) run pytest tests/property $(PYTEST_ARGS)
 
-# Not part of `make test` (figures go to BENCHMARKS.md by hand, with the machine they ran on).
+# The figures go to BENCHMARKS.md by hand, with the machine they ran on; `make test` runs every
+# benchmark at its smallest size, as a smoke test (tests/bench).
 bench: sync $(KUBE_BIN)
 	$(UV) run python bench/allocator.py
 	$(UV) run python bench/simulate.py

@@ -33,12 +33,50 @@ def _neuron_counts(container: Container) -> dict[str, int]:
     }
 
 
+# neuron_request's answers by what it reads (each container's name, requests and limits): one
+# pod is read half a dozen times while it is scheduled (filter, prioritize, bind, each watch
+# event), and a workload's pods ask alike, so reading the quantities again was a visible share of
+# the extender's CPU per pod (issue 50). Only small shapes are kept, and at most `_KEPT` of them.
+_known_requests: dict[object, NeuronRequest | None] = {}
+_KEPT = 512
+_KEPT_CONTAINERS = 8
+_KEPT_ENTRIES = 8  # requests and limits of one container
+
+
+def _shape(containers: list[Container]) -> tuple[object, ...] | None:
+    """What neuron_request reads of these containers, as a key; None when too large to keep."""
+    if len(containers) > _KEPT_CONTAINERS:
+        return None
+    shape = []
+    for container in containers:
+        resources = container.resources
+        if len(resources.requests) + len(resources.limits) > _KEPT_ENTRIES:
+            return None
+        shape.append(
+            (container.name, tuple(resources.requests.items()), tuple(resources.limits.items()))
+        )
+    return tuple(shape)
+
+
 def neuron_request(pod: Pod) -> NeuronRequest | None:
     """The pod's Neuron request, None without one; RequestError when it cannot be served."""
-    return pod_request(
-        [_neuron_counts(c) for c in pod.spec.containers],
-        [_neuron_counts(c) for c in pod.spec.initContainers],
+    spec = pod.spec
+    apps, inits = _shape(spec.containers), _shape(spec.initContainers)
+    key = (apps, inits) if apps is not None and inits is not None else None
+    if key is not None:
+        try:
+            return _known_requests[key]
+        except KeyError:
+            pass
+    request = pod_request(
+        [_neuron_counts(c) for c in spec.containers],
+        [_neuron_counts(c) for c in spec.initContainers],
     )
+    if key is not None:
+        if len(_known_requests) >= _KEPT:
+            _known_requests.clear()
+        _known_requests[key] = request
+    return request
 
 
 def servable_request(pod: Pod) -> NeuronRequest | None:
