@@ -47,6 +47,12 @@ SMOKES = (
     Smoke("allocator.py", ("--seconds", "0", "--decisions", "20", "--states", "100"), r"by demand"),
     Smoke("simulate.py", ("--nodes", "20", "--events", "200"), r"placed \d+, pending at end"),
     Smoke("gangs.py", ("--seeds", "2", "--ultraservers", "1", "--days", "0.2"), r"\| preempt \|"),
+    Smoke(
+        "gangs.py",
+        ("--topology", "--seeds", "2", "--loads", "0.8", "--days", "0.2", "--nodes", "48"),
+        r"\| 0.8 \| closest \|",
+        "topology",
+    ),
     Smoke("preempt_verb.py", ("--units", "2", "--calls", "2"), r"\| 2 \|"),
     Smoke("quality.py", (*SMALL_WORKLOADS, "--out", "{tmp}"), r"first-fit"),
     Smoke(
