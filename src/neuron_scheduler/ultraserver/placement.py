@@ -44,7 +44,7 @@ from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import RequestError
 from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
-from neuron_scheduler.kube.reading import epoch, neuron_request
+from neuron_scheduler.kube.reading import epoch, gated, neuron_request
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 from neuron_scheduler.ultraserver.claims import ClaimError, NodeClaim, from_object
 from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey, Member, MembershipError, member_of
@@ -175,7 +175,12 @@ class Occupancy:
             member = member_of(pod) if neuron_request(pod) is not None else None
         except (MembershipError, RequestError):
             member = None
-        if member is None or pod.finished or pod.metadata.deletionTimestamp is not None:
+        if (
+            member is None
+            or pod.finished
+            or pod.metadata.deletionTimestamp is not None
+            or gated(pod)  # not pending (Kueue has not admitted its job): nothing is claimed
+        ):
             self.remove_pod(uid)
             return
         try:
