@@ -12,6 +12,7 @@ from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.kube.objects import ObjectRef
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_WORKLOAD_ANNOTATION, gating
 from tests.builders import node, pod
 
 CATALOG = Catalog.builtin()
@@ -169,3 +170,21 @@ def test_unusable_nodes_keep_their_reason(capacity: dict[str, str], code: str, r
     assert "bad" in ledger.nodes and "bad" not in ledger.unusable
     ledger.replace_nodes([])
     assert not ledger.nodes and not ledger.unusable
+
+
+def test_what_a_gated_pod_says_of_its_gates_and_workload_is_bounded() -> None:
+    """Anyone who may create a pod writes its gates and annotations: `why` shows a bounded part."""
+    many = [f"example.com/gate-{i}" for i in range(40)]
+    huge = "w" * 100_000
+    gated = pod(
+        "p",
+        {NEURON: 1},
+        gates=[KUEUE_ADMISSION_GATE, *many],
+        annotations={KUEUE_WORKLOAD_ANNOTATION: huge},
+    )
+    found = gating(gated)
+    assert found is not None
+    assert len(found.gates) == 8 and found.more == 33
+    assert found.workload == "w" * 253
+    assert "and 33 more" in found.text
+    assert gating(pod("free", {NEURON: 1})) is None

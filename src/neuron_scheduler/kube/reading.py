@@ -135,6 +135,7 @@ KUEUE_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set once the workload i
 KUEUE_PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
 KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"  # a pod group's Workload is named so
 MAX_GATES_SHOWN = 8
+MAX_NAME = 253  # an object's name at most; longer values are cut (annotations are free text)
 
 
 def gated(pod: Pod) -> bool:
@@ -178,10 +179,10 @@ def gating(pod: Pod) -> Gating | None:
     labels = pod.metadata.labels
     return Gating(
         namespace=pod.metadata.namespace,
-        gates=tuple(names[:MAX_GATES_SHOWN]),
+        gates=tuple(name[: 2 * MAX_NAME] for name in names[:MAX_GATES_SHOWN]),
         more=max(len(names) - MAX_GATES_SHOWN, 0),
-        workload=kueue_workload(pod) if kueue else "",
-        queue=labels.get(KUEUE_QUEUE_LABEL, "") if kueue else "",
+        workload=kueue_workload(pod)[:MAX_NAME] if kueue else "",
+        queue=labels.get(KUEUE_QUEUE_LABEL, "")[:MAX_NAME] if kueue else "",
     )
 
 
