@@ -41,6 +41,7 @@ from neuron_scheduler.jobs.placement import (
 )
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import JobClaim, ObjectRef, Pod
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -270,6 +271,26 @@ async def test_two_jobs_racing_for_one_unit_one_gets_it_all_the_other_nothing() 
         "job ns/second needs 1 free UltraServer of 4 nodes for its 4 members, 0 free; "
         "nothing is reserved until all of them fit"
     )
+
+
+async def test_a_gated_job_gets_no_claim_and_a_job_outside_kueue_takes_the_free_unit() -> None:
+    """Issue 48: Kueue holds a pod group's members back with its scheduling gate until it admits
+    the workload. They are not pending: no claim for them (the unit stays free for a job outside
+    Kueue), until Kueue lifts the gate; then they wait for a unit like any job."""
+    world = World(units=1)
+    queued = world.job("queued", 4, gates=[KUEUE_ADMISSION_GATE])  # the oldest
+    await world.loop.step()
+    assert world.claimed("queued") == [] and world.stored("queued") == []
+    assert world.occupancy.jobs() == {}
+    world.job("outside", 4)
+    await world.loop.step()
+    assert world.claimed("outside") == ["a0", "a1", "a2", "a3"]
+    assert ("ns", "queued") not in world.occupancy.shortfalls
+    for pod in queued:  # admitted: Kueue removes the gate
+        world.member("queued", int(pod.metadata.name.rsplit("-", 1)[1]), 4)
+    await world.loop.step()
+    assert world.claimed("queued") == []
+    assert "needs 1 free UltraServer" in world.occupancy.shortfalls[("ns", "queued")]
 
 
 async def test_a_job_larger_than_what_is_free_waits_then_gets_it_all() -> None:

@@ -14,6 +14,7 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.jobs.members import MembershipError, member_of
 from neuron_scheduler.jobs.placement import Occupancy
 from neuron_scheduler.kube.objects import EnvVar, ObjectRef
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_WORKLOAD_ANNOTATION, gating
 from tests.builders import node, pod
 
 CATALOG = Catalog.builtin()
@@ -200,3 +201,21 @@ def test_a_job_size_in_digits_int_refuses_or_misreads_is_no_size(text: str) -> N
     for each in (sized, torch):
         occupancy.apply_pod(each)  # no exception
     assert [p.member.job for p in occupancy.pending.values()] == [("default", "t")]
+
+
+def test_what_a_gated_pod_says_of_its_gates_and_workload_is_bounded() -> None:
+    """Anyone who may create a pod writes its gates and annotations: `why` shows a bounded part."""
+    many = [f"example.com/gate-{i}" for i in range(40)]
+    huge = "w" * 100_000
+    gated = pod(
+        "p",
+        {NEURON: 1},
+        gates=[KUEUE_ADMISSION_GATE, *many],
+        annotations={KUEUE_WORKLOAD_ANNOTATION: huge},
+    )
+    found = gating(gated)
+    assert found is not None
+    assert len(found.gates) == 8 and found.more == 33
+    assert found.workload == "w" * 253
+    assert "and 33 more" in found.text
+    assert gating(pod("free", {NEURON: 1})) is None

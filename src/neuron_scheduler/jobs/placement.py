@@ -75,7 +75,7 @@ from neuron_scheduler.jobs.units import (
     server_id_label,
 )
 from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
-from neuron_scheduler.kube.reading import epoch, neuron_request, node_capacity
+from neuron_scheduler.kube.reading import epoch, gated, neuron_request, node_capacity
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
@@ -220,7 +220,12 @@ class Occupancy:
             member = member_of(pod) if neuron_request(pod) is not None else None
         except (MembershipError, RequestError):
             member = None
-        if member is None or pod.finished or pod.metadata.deletionTimestamp is not None:
+        if (
+            member is None
+            or pod.finished
+            or pod.metadata.deletionTimestamp is not None
+            or gated(pod)  # not pending (Kueue has not admitted its job): nothing is claimed
+        ):
             self.remove_pod(uid)
             return
         try:

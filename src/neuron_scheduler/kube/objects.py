@@ -106,6 +106,10 @@ class PodResourceClaimStatus(msgspec.Struct):
     resourceClaimName: str | None = None  # the claim made from the template
 
 
+class PodSchedulingGate(msgspec.Struct):
+    name: str = ""
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
@@ -121,6 +125,9 @@ class PodSpec(msgspec.Struct):
     preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
     resourceClaims: list[PodResourceClaim] = []
+    # While any is there, kube-scheduler does not try the pod and the extender's loops leave it
+    # alone (kube.reading.gated): Kueue holds its pods so until it admits their workload.
+    schedulingGates: list[PodSchedulingGate] = []
 
 
 class PodCondition(msgspec.Struct):

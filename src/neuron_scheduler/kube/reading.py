@@ -3,6 +3,8 @@ capacity, and our annotations on a bound pod. Pure."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from datetime import datetime
 
 from neuron_scheduler.core import health
@@ -159,6 +161,85 @@ def unschedulable(pod: Pod) -> bool:
         c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
         for c in pod.status.conditions
     )
+
+
+# Kueue's keys on the pods it manages (sigs.k8s.io/kueue v0.17.0: apis/kueue/v1beta2,
+# pkg/controller/constants, pkg/controller/jobs/pod/constants).
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"  # until its workload is admitted
+KUEUE_TOPOLOGY_GATE = "kueue.x-k8s.io/topology"  # until topology-aware scheduling pins it
+KUEUE_GATES = (KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE)
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # its LocalQueue, in the pod's namespace
+KUEUE_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set once the workload is admitted
+KUEUE_PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"  # a pod group's Workload is named so
+MAX_GATES_SHOWN = 8
+MAX_NAME = 253  # an object's name at most; longer values are cut (annotations are free text)
+
+
+def gated(pod: Pod) -> bool:
+    """The pod has a scheduling gate: kube-scheduler does not try to place it, and the extender
+    does nothing for it (no claim, hold, plan, placeholder or wake) until every gate is gone.
+    Under Kueue, the gate means its quota is not given yet: the pod is Kueue's, not ours."""
+    return bool(pod.spec.schedulingGates)
+
+
+@dataclass(frozen=True, slots=True)
+class Gating:
+    """What holds a gated pod back: its gates, and for Kueue's, its Workload and LocalQueue."""
+
+    namespace: str  # the pod's, and so its Workload's and LocalQueue's
+    gates: tuple[str, ...]  # the first MAX_GATES_SHOWN, in the pod's order
+    more: int  # gates beyond those
+    workload: str  # Kueue's Workload, "" when no gate is Kueue's
+    queue: str  # its LocalQueue, "" when not Kueue's or the pod names none
+
+    @property
+    def text(self) -> str:
+        """`scheduling gate G: Kueue's Workload ns/w in LocalQueue q is not admitted yet`."""
+        gates = ", ".join(self.gates) + (f" and {self.more} more" if self.more else "")
+        text = f"scheduling gate{'s' if len(self.gates) + self.more > 1 else ''} {gates}"
+        if self.workload:
+            queue = f" in LocalQueue {self.queue}" if self.queue else ""
+            text += f": Kueue's Workload {self.namespace}/{self.workload}{queue}"
+            if KUEUE_ADMISSION_GATE in self.gates:
+                text += " is not admitted yet"
+            else:
+                text += " waits for its topology assignment"
+        return text
+
+
+def gating(pod: Pod) -> Gating | None:
+    """Why a gated pod waits; None for a pod without gates."""
+    names = [g.name for g in pod.spec.schedulingGates]
+    if not names:
+        return None
+    kueue = any(name in KUEUE_GATES for name in names)
+    labels = pod.metadata.labels
+    return Gating(
+        namespace=pod.metadata.namespace,
+        gates=tuple(name[: 2 * MAX_NAME] for name in names[:MAX_GATES_SHOWN]),
+        more=max(len(names) - MAX_GATES_SHOWN, 0),
+        workload=kueue_workload(pod)[:MAX_NAME] if kueue else "",
+        queue=labels.get(KUEUE_QUEUE_LABEL, "")[:MAX_NAME] if kueue else "",
+    )
+
+
+def kueue_workload(pod: Pod) -> str:
+    """The name of Kueue's Workload for the pod, as Kueue v0.17.0 names it: the annotation it
+    writes at admission; else a prebuilt workload's name; else the pod group's name; else a single
+    pod's generated name (`pod-NAME-HASH`, pkg/controller/jobframework/workload_names.go, with
+    the default feature gates)."""
+    meta = pod.metadata
+    for found in (
+        meta.annotations.get(KUEUE_WORKLOAD_ANNOTATION),
+        meta.labels.get(KUEUE_PREBUILT_LABEL),
+        meta.labels.get(KUEUE_POD_GROUP_LABEL),
+    ):
+        if found:
+            return found
+    # sha1 of kind, group (core: empty), name and uid, each line-separated; the first 5 digits.
+    digest = hashlib.sha1(f"Pod\n\n{meta.name}\n{meta.uid}".encode(), usedforsecurity=False)
+    return f"{f'pod-{meta.name}'[:247]}-{digest.hexdigest()[:5]}"
 
 
 def epoch(timestamp: str) -> float:

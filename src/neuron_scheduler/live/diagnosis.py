@@ -12,6 +12,11 @@ cheapest allowed block, whatever their priority (what blocks it), and what the p
 would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
 disruption budgets are not read here).
 
+A pod with scheduling gates is held back by whoever set them (Kueue, until it admits the pod's
+Workload): kube-scheduler does not try it, and the extender reserves, plans and asks for nothing
+for it. The diagnosis names the gates (for Kueue's, its Workload and LocalQueue) and gives each
+node's answer as it would be once they are gone.
+
 A pod that no node fits while some have its count free is stranded by fragmentation: the case
 kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
 says what consolidation does for it: the plan in flight (its pod's annotation), or what a plan
@@ -57,7 +62,10 @@ from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.kube.reading import (
+    Gating,
     assignment,
+    gated,
+    gating,
     neuron_request,
     node_topology,
     unhealthy_devices,
@@ -122,6 +130,9 @@ class Diagnosis:
     capacity: str = ""  # when stranded: the node asked for, held, or that would be asked for
     # A member of a training job: its job's claim and members bound, or why it has no claim.
     job: str = ""
+    # Its scheduling gates (Kueue's, with its Workload and LocalQueue): kube-scheduler does not
+    # try it, and the extender does nothing for it, until they are gone.
+    gating: Gating | None = None
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
@@ -223,7 +234,11 @@ def diagnose(
         nodes=tuple(nodes),
         other_nodes=other_nodes,
         job=_job(occupancy, pod, now) if occupancy is not None else "",
+        gating=gating(pod),
     )
+    if diagnosis.gating is not None:
+        # Not pending for the extender: no claim, plan or node asked for until the gates go.
+        return dataclasses.replace(diagnosis, job=_gated_job(pod))
     if request is None or plans is None or movability is None:
         return diagnosis
     active = plans.plans.get(pod.metadata.uid)
@@ -334,7 +349,7 @@ def _unit_rule(
         config = pod_node_config(pod)
     except (MembershipError, NodeConfigError):
         member = None
-    if member is not None and not occupancy.complete(member.job):
+    if member is not None and not occupancy.complete(member.job) and not gated(pod):
         size = max(occupancy.size(member, member.job), 1)  # this pod, at least
         fit = member_fit(ledger, pod, policy)
         planned = plan(occupancy, member.job, config, size, fit, closeness_of(pod))
@@ -364,6 +379,20 @@ def _job(occupancy: Occupancy, pod: Pod, now: float) -> str:
     if member is None:
         return ""
     return job_progress(occupancy, member.job, now) or occupancy.shortfalls.get(member.job, "")
+
+
+def _gated_job(pod: Pod) -> str:
+    """For a gated member of a training job: that nothing is reserved for its job yet."""
+    try:
+        member = member_of(pod)
+    except MembershipError:
+        return ""
+    if member is None:
+        return ""
+    return (
+        f"job {member.text}: nothing is reserved for it while its members are gated; once the "
+        "gates are removed, the extender reserves UltraServer units for all its members at once"
+    )
 
 
 def _closeness(node: NodeDiagnosis) -> tuple[int, int, str]:
@@ -503,6 +532,18 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "consolidation": diagnosis.consolidation or None,
         "capacity": diagnosis.capacity or None,
         "job": diagnosis.job or None,
+        "scheduling_gates": _gating_json(diagnosis.gating),
+    }
+
+
+def _gating_json(found: Gating | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {
+        "gates": list(found.gates),
+        "more_gates": found.more,
+        "kueue_workload": found.workload or None,
+        "kueue_queue": found.queue or None,
     }
 
 

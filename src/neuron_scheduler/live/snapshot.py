@@ -9,7 +9,7 @@ and checks what it reads (capacities, annotations, ids against the node's topolo
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.planrecord import (
@@ -37,6 +37,7 @@ from neuron_scheduler.kube.client import (
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
 from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
+from neuron_scheduler.live.gated import GatedPods, gated_view
 
 PAGE = 500
 # Far above Kubernetes' tested limits (5,000 nodes, 150,000 pods): a list longer than this is
@@ -59,6 +60,7 @@ class Snapshot:
     claims_unread: str | None = None  # why the job claims were not read
     dra: tuple[DraNode, ...] = ()  # nodes our DRA driver serves, and their failed devices
     dra_unread: str | None = None  # why its ResourceSlices were not read
+    gated: GatedPods = field(default_factory=GatedPods)  # pods held back by scheduling gates
 
     @property
     def other_nodes(self) -> int:
@@ -116,7 +118,16 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     names = frozenset(n.metadata.name for n in nodes)
     dra, dra_unread = await read_dra_nodes(api, dra_driver)
     return Snapshot(
-        ledger, occupancy, names, movability, plans, placeholders, unread, dra, dra_unread
+        ledger,
+        occupancy,
+        names,
+        movability,
+        plans,
+        placeholders,
+        unread,
+        dra,
+        dra_unread,
+        gated_view(pods),
     )
 
 

@@ -56,7 +56,7 @@ from neuron_scheduler.extender.state.plugins import HoldKeeper, NodeFilter
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.reading import neuron_request, unschedulable
+from neuron_scheduler.kube.reading import gated, neuron_request, unschedulable
 
 log = logging.getLogger("neuron_scheduler.extender.waking")
 
@@ -308,7 +308,12 @@ class Waker:
 
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
-        if pod.spec.nodeName or pod.finished or pod.metadata.deletionTimestamp is not None:
+        if (
+            pod.spec.nodeName
+            or pod.finished
+            or pod.metadata.deletionTimestamp is not None
+            or gated(pod)  # kube-scheduler does not try it: a wake would be for nothing
+        ):
             self.placed(uid)
             self._unschedulable.pop(uid, None)
         elif _unschedulable(pod) and pod.spec.schedulerName in self.scheduler_names:
@@ -505,4 +510,4 @@ class Waker:
 
 
 def _unschedulable(pod: Pod) -> bool:
-    return not pod.spec.nodeName and not pod.finished and unschedulable(pod)
+    return not pod.spec.nodeName and not pod.finished and unschedulable(pod) and not gated(pod)
