@@ -283,11 +283,14 @@ class World:
         return list(listed["items"])
 
     def claims(self) -> dict[str, str]:
-        """node -> the job its claim holds it for (namespace/name)."""
+        """node -> the job its claim holds it for (namespace/name), for this test's namespace:
+        another test's leftovers (a JobSet's Job recreating pods while it is deleted) are not
+        this test's to see."""
         listed = self.cp.request("GET", CLAIMS)
         return {
             i["metadata"]["name"]: f"{i['spec']['namespace']}/{i['spec']['job']}"
             for i in listed["items"]
+            if i["spec"]["namespace"] == self.namespace
         }
 
     def why(self, pod: str) -> dict[str, Any]:
@@ -298,11 +301,13 @@ class World:
         return command_json(self.cp, "status")
 
     def stop(self) -> None:
-        with contextlib.suppress(KubeError):
-            self.cp.request(
-                "DELETE",
-                f"/apis/batch/v1/namespaces/{self.namespace}/jobs?propagationPolicy=Background",
-            )
+        # JobSets first: a JobSet whose Job is deleted makes the Job again.
+        for owners in (
+            f"{JOBSET}/namespaces/{self.namespace}/jobsets",
+            f"/apis/batch/v1/namespaces/{self.namespace}/jobs",
+        ):
+            with contextlib.suppress(KubeError):
+                self.cp.request("DELETE", f"{owners}?propagationPolicy=Background")
         self.scenario.cleanup()
         for path in (
             f"{KUEUE}/namespaces/{self.namespace}/localqueues/{self.queue}",
