@@ -20,6 +20,7 @@ include tools/sshd.mk
 include tools/helm.mk
 include tools/image.mk
 include tools/autoscaler.mk
+include tools/kueue.mk
 
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
@@ -37,7 +38,7 @@ typecheck: sync
 # after another fails here; the seed is printed first and last. Replay an order with
 # PYTEST_ARGS=--random-order-seed=N; RANDOM_ORDER= runs the tests in file order.
 RANDOM_ORDER ?= --random-order-bucket=module
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) image
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) $(KUEUE_STAMP) image
 	$(UV) run pytest $(RANDOM_ORDER) $(PYTEST_ARGS)
 
 # The compatibility run on another Kubernetes minor version, e.g. `make test-kube KUBE_MINOR=1.33`:
@@ -62,7 +63,7 @@ test-kube-all:
 cluster: sync $(KUBE_BIN)
 	$(UV) run python -m tests.testbed.cluster $(CLUSTER_ARGS)
 
-e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) image
+e2e: sync $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) $(KUEUE_STAMP) image
 	$(UV) run pytest tests/e2e $(PYTEST_ARGS)
 
 unit: sync
@@ -71,7 +72,8 @@ unit: sync
 property: sync
 	$(UV) run pytest tests/property $(PYTEST_ARGS)
 
-# Not part of `make test` (figures go to BENCHMARKS.md by hand, with the machine they ran on).
+# The figures go to BENCHMARKS.md by hand, with the machine they ran on; `make test` runs every
+# benchmark at its smallest size, as a smoke test (tests/bench).
 bench: sync $(KUBE_BIN)
 	$(UV) run python bench/allocator.py
 	$(UV) run python bench/simulate.py

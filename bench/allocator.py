@@ -8,7 +8,7 @@ Target (issue 2): at least 50,000 decisions/s on one core. Two figures per topol
   (core.demand), every cache cleared before each round: what a decision costs the extender
   right after the demand changed.
 
-Run: uv run python bench/allocator.py [--seconds 3]
+Run: uv run python bench/allocator.py [--seconds 3] [--decisions 2000] [--states 50000]
 """
 
 from __future__ import annotations
@@ -63,49 +63,61 @@ def builtin_demand() -> DemandWeights:
 
 
 def measure(
-    topology: Topology, seconds: float, cold: bool, pool: int, demand: DemandWeights = ()
+    topology: Topology,
+    seconds: float,
+    cold: bool,
+    pool: int,
+    demand: DemandWeights = (),
+    decisions: int = 2_000,
 ) -> list[float]:
-    """Decisions per second in rounds of 2,000 decisions, for `seconds` in all."""
+    """Decisions per second in rounds of `decisions`, for `seconds` in all (one round at least)."""
     rng = random.Random(1)
     states = [random_state(rng, topology) for _ in range(pool)]
     requests = requests_for(topology)
-    work = [(rng.choice(states), rng.choice(requests)) for _ in range(50_000)]
+    work = [(rng.choice(states), rng.choice(requests)) for _ in range(25 * decisions)]
     decide = _decide.__wrapped__  # type: ignore[attr-defined]
-    rates = []
+    rates: list[float] = []
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+    while not rates or time.perf_counter() < deadline:
         if demand:
             for cache in (_decide, _decide_by_demand, _unusable_mask):
                 cache.cache_clear()
         start = time.perf_counter()
-        for state, request in work[:2_000]:
+        for state, request in work[:decisions]:
             if demand:
                 allocate(topology, state, request, Policy.BEST_FIT, demand)
             elif cold:
                 decide(topology, state.used_cores, 0, request.unit, request.count, Policy.BEST_FIT)
             else:
                 allocate(topology, state, request)
-        rates.append(2_000 / (time.perf_counter() - start))
-        work = work[2_000:] + work[:2_000]
+        rates.append(decisions / (time.perf_counter() - start))
+        work = work[decisions:] + work[:decisions]
     return rates
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--decisions", type=int, default=2_000, help="decisions per round")
+    parser.add_argument(
+        "--states", type=int, default=50_000, help="random node states drawn for the cold rounds"
+    )
     args = parser.parse_args()
+    if args.decisions < 1 or args.states < 1:
+        parser.error("--decisions and --states must be positive")
     catalog = Catalog.builtin()
     print(
         f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}"
-        "; rounds of 2,000 decisions: median and best round (a shared machine's noise only ever"
-        " slows a round down)"
+        f"; rounds of {args.decisions:,} decisions: median and best round (a shared machine's "
+        "noise only ever slows a round down)"
     )
     assert Unit.DEVICE  # the module's enum is what requests carry
     for instance_type in ("trn1.32xlarge", "inf2.48xlarge"):
         topology = catalog.resolve(instance_type).topology
-        cold = measure(topology, args.seconds, cold=True, pool=50_000)
-        fleet = measure(topology, args.seconds, cold=False, pool=2_000)
-        demand = measure(topology, args.seconds, True, 50_000, builtin_demand())
+        seconds, decisions, states = args.seconds, args.decisions, args.states
+        cold = measure(topology, seconds, True, states, decisions=decisions)
+        fleet = measure(topology, seconds, False, min(states, 2_000), decisions=decisions)
+        demand = measure(topology, seconds, True, states, builtin_demand(), decisions)
         print(
             f"{instance_type:14} ({topology.kind.value}, {topology.devices} devices): "
             f"cold median {statistics.median(cold):,.0f} best {max(cold):,.0f} decisions/s; "

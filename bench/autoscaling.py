@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from fleet import standard_pods
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.sim.autoscaling import AutoscalerLimits, autoscaled
 from neuron_scheduler.sim.contenders import Contender
@@ -114,7 +115,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("bench/out/autoscaling"))
+    parser.add_argument(
+        "--pods",
+        type=int,
+        help="pods a seed in each standard workload (default: as committed; a few: a smoke run)",
+    )
     args = parser.parse_args()
+    standard_pods(args.pods)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")
     limits = AutoscalerLimits()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import quality
+from fleet import standard_pods
 from neuron_scheduler.core.allocation import (
     Decision,
     NodeState,
@@ -89,7 +90,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workloads", default="inference,mixed,training")
     parser.add_argument("--variants", default="", help="only those whose label contains this")
+    parser.add_argument(
+        "--pods",
+        type=int,
+        help="pods a seed in each standard workload (default: as committed; a few: a smoke run)",
+    )
     args = parser.parse_args()
+    standard_pods(args.pods)
     catalog = Catalog.builtin()
     chosen = [v for v in VARIANTS if args.variants in v[0]]
     print(f"seeds 1-{args.seeds}; each against neuron-scheduler on the same pods\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +14,7 @@ if str(ROOT) not in sys.path:
 
 from neuron_scheduler.core.resources import NEURON  # noqa: E402
 from neuron_scheduler.core.resources import NEURONCORE as CORE  # noqa: E402
+from neuron_scheduler.sim.workloads import STANDARD  # noqa: E402
 from tests.builders import neuron_capacity  # noqa: E402
 
 # (instance type, devices, cores) as real nodes advertise them; node i has type i % len(TYPES).
@@ -26,7 +28,28 @@ TYPES = [
         "inf2.24xlarge",
     )
 ]
-__all__ = ["CORE", "NEURON", "ROOT", "TYPES", "cpu_seconds", "cpu_ticks", "rss_mb"]
+__all__ = [
+    "CORE",
+    "NEURON",
+    "ROOT",
+    "TYPES",
+    "cpu_seconds",
+    "cpu_ticks",
+    "rss_mb",
+    "standard_pods",
+]
+
+
+def standard_pods(pods: int | None) -> None:
+    """The standard workloads (sim/workloads.py STANDARD) with `pods` pods a seed instead of the
+    thousands they are committed with, for the rest of this process (None: as committed). The
+    simulator benchmarks' `--pods`: the smallest size, for a smoke run (tests/bench)."""
+    if pods is None:
+        return
+    if pods < 1:
+        raise SystemExit("--pods must be positive")
+    for name, workload in STANDARD.items():
+        STANDARD[name] = replace(workload, pods=pods)
 
 
 def rss_mb(pid: int) -> float:

@@ -1,7 +1,7 @@
 """Runs the extender (`python bench/h2serve.py -m neuron_scheduler extender ...`) with its HTTPS
 port serving HTTP/2 as well (uvicorn's zttp protocol, ALPN h2): configuration `ours-h2` of
-bench/throughput.py, next to `null-h2`. zttp is not one of our dependencies (uv run --with zttp);
-the extender itself has no such option."""
+bench/throughput.py, next to `null-h2`. zttp is a dev dependency only, for these benchmarks; the
+extender itself has no such option."""
 
 from __future__ import annotations
 

@@ -16,14 +16,19 @@ verbs, nodeCacheCapable, weights, TLS). Per verb it does the least that still an
 
 With `--bind-writes` its bind makes other API calls, with no decision behind them, to price
 them apart from the extender's own work:
-- `ours`: the calls ours makes (patch two annotations on the pod, the Binding conditioned on the
-  patched pod, one event): configuration `null-writes`;
+- `ours`: the calls ours makes (patch our hand-off annotations on the pod, the Binding
+  conditioned on the patched pod, one event, sent in the background as ours sends it):
+  configuration `null-writes`;
 - `one-write`: the Binding carrying the annotations (kube-apiserver copies a Binding's
   annotations onto the pod with its nodeName, in one write), and the event: configuration
   `null-one-write`, what ours would make with a bind of one write.
+The annotations are ours, key for key (core/handoff.py, for one core on device 0 of the node),
+as ours would write them for a one-core pod: the chart's admission policy on the extender's pod
+writes (`<extender>-pod-writes`) admits no other key for its ServiceAccount, and its evaluation
+is part of what a bind costs the API server.
 
-With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is not one of
-our dependencies: `uv run --with zttp`): kube-scheduler's transport then sends every call over
+With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is a dev
+dependency only, for these benchmarks): kube-scheduler's transport then sends every call over
 one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
 (configuration `null-h2`, what would lift the floor).
 
@@ -44,6 +49,9 @@ import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
 
+from neuron_scheduler.core import handoff
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.resources import NEURONCORE, NeuronRequest
 from neuron_scheduler.extender.http import DEFAULT_BODY_LIMIT, read_body
 from neuron_scheduler.extender.serve import ExtenderOptions, server_config, tls_settings
 from neuron_scheduler.extender.verbs.wire import (
@@ -56,6 +64,7 @@ from neuron_scheduler.extender.verbs.wire import (
 from neuron_scheduler.kube.client import KubeAPI, pod_path
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, error_text
+from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.kube.objects import ObjectRef
 
 log = logging.getLogger("nullextender")
@@ -80,13 +89,23 @@ class Victims(msgspec.Struct):
 _HEADERS = [(b"content-type", b"application/json")]
 
 
-async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> None:
-    """A bind making the API calls `writes` names (module docstring)."""
-    annotations = {"null.bench/ids": "0", "null.bench/time": str(time.time_ns())}
+# What ours writes for a one-core pod placed on core 0 (module docstring).
+ONE_CORE = NeuronRequest(NEURONCORE, 1)
+CORE_ZERO = Placement((0,), (0,), 0)
+
+
+async def bind_writing(
+    api: KubeAPI, events: EventRecorder, args: ExtenderBindingArgs, writes: str
+) -> None:
+    """A bind making the API calls `writes` names (module docstring); the event in the
+    background, as ours sends it (bind answers before it is written)."""
+    annotations: dict[str, str | None] = {
+        **handoff.encode(args.Node, ONE_CORE, CORE_ZERO, ("main",), time.time_ns())
+    }
     ref = ObjectRef("Pod", args.PodNamespace, args.PodName, args.PodUID)
     if writes == "ours":
         version = await api.patch_annotations(
-            args.PodNamespace, args.PodName, args.PodUID, dict(annotations)
+            args.PodNamespace, args.PodName, args.PodUID, annotations
         )
         await api.bind(
             args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=version
@@ -107,10 +126,13 @@ async def bind_writing(api: KubeAPI, args: ExtenderBindingArgs, writes: str) -> 
                 "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node},
             },
         )
-    await api.create_event(ref, "NullAllocated", f"on {args.Node}", False)
+    ids = annotations[handoff.IDS]
+    message = f"Bound to {args.Node} with {NEURONCORE} ids {ids} (devices {ids})"
+    events.record(ref, "NeuronAllocated", message, warning=False)
 
 
 def app_for(api: KubeAPI, writes: str) -> Any:
+    events = EventRecorder(api)
     names = msgspec.json.Decoder(Names)
     binding = msgspec.json.Decoder(ExtenderBindingArgs)
     victims = msgspec.json.Decoder(Victims)
@@ -125,7 +147,7 @@ def app_for(api: KubeAPI, writes: str) -> Any:
             args = binding.decode(body)
             try:
                 if writes != "binding":
-                    await bind_writing(api, args, writes)
+                    await bind_writing(api, events, args, writes)
                 else:
                     await api.bind(
                         args.PodNamespace, args.PodName, args.PodUID, args.Node, resource_version=""

@@ -25,7 +25,7 @@ import time
 import fleet  # noqa: F401  (the checkout on sys.path: tests/)
 from neuron_scheduler.extender.state.members import preemption_for
 from neuron_scheduler.extender.verbs.wire import ExtenderPreemptionArgs, MetaPod, MetaVictims
-from neuron_scheduler.ultraserver.jobs import member_of
+from neuron_scheduler.jobs.members import member_of
 from tests.builders import node
 from tests.unit.test_reserving import PREFIX, World
 

@@ -57,6 +57,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from fleet import standard_pods
 from neuron_scheduler.core.allocation import (
     Decision,
     NodeState,
@@ -467,7 +468,13 @@ def main() -> None:
         help="run only the contenders whose label contains one of these comma-separated words "
         "(first-fit and the no-topology bound always run: the table is relative to them)",
     )
+    parser.add_argument(
+        "--pods",
+        type=int,
+        help="pods a seed in each standard workload (default: as committed; a few: a smoke run)",
+    )
     args = parser.parse_args()
+    standard_pods(args.pods)
     CORE_WINDOWS[0] = core_window_counts(int(c) for c in args.core_windows.split(",") if c)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}")

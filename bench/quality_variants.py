@@ -30,6 +30,7 @@ import argparse
 import statistics
 from collections.abc import Callable
 
+from fleet import standard_pods
 from neuron_scheduler.core.allocation import (
     SMALL_DEVICE_COUNT,
     Decision,
@@ -231,7 +232,13 @@ def main() -> None:
         default=0,
         help="instead: the rule in force under this many streams of random tie-breaks per seed",
     )
+    parser.add_argument(
+        "--pods",
+        type=int,
+        help="pods a seed in each standard workload (default: as committed; a few: a smoke run)",
+    )
     args = parser.parse_args()
+    standard_pods(args.pods)
     if args.seeds < 2:
         parser.error("--seeds must be 2 or more (the figures come with a confidence interval)")
     if args.tie_streams and (args.tie_streams < 2 or args.adopted or args.variants):

@@ -9,9 +9,9 @@ waiting pod that the extender refused (the room is free by count, not as a block
 - deleted: a 2-device pod on an inf2.48xlarge ring whose free devices are all single; the pod
   next to a hole is deleted;
 - completed: the same, but the pod next to the hole completes (phase Succeeded);
-- batch: many deletions at once under load: 12 rings full of 1-device pods and 2-device pods
-  waiting; half the 1-device pods are deleted in one go (each waiting pod that fits right after
-  counts, until none fits);
+- batch: many deletions at once under load: 12 rings (`--rings`) full of 1-device pods and
+  2-device pods waiting; half the 1-device pods are deleted in one go (each waiting pod that fits
+  right after counts, until none fits);
 - failed-bind: the ids a bind wrote on a pod that stays pending (its Binding never came) hold a
   pair until `ANNOUNCED_SECONDS` after they were written; nothing in the cluster marks the end;
 - preemption: a pair held for a higher-priority pod nominated to the ring; that pod is deleted;
@@ -26,6 +26,7 @@ counts as the cap. `--wake-rate 0` is the extender before issue 31 (it only logs
 wake).
 
 Run: uv run python bench/requeue.py [--rounds 20] [--cap 60] [--wake-rate 20] [--kinds ...]
+     [--batch-rounds 5] [--rings 12]
 """
 
 from __future__ import annotations
@@ -326,12 +327,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch-rounds", type=int, default=5, help="rounds of the batch kind")
+    parser.add_argument("--rings", type=int, default=12, help="rings of the batch kind")
     parser.add_argument("--cap", type=float, default=60.0, help="seconds a round waits at most")
     parser.add_argument("--wake-rate", type=float, default=20.0, help="0: the extender before")
     parser.add_argument("--kinds", nargs="+", choices=kinds, default=kinds)
     args = parser.parse_args()
-    if args.rounds < 1 or args.batch_rounds < 1 or args.cap <= 0:
-        parser.error("--rounds, --batch-rounds and --cap must be positive")
+    if min(args.rounds, args.batch_rounds, args.rings) < 1 or args.cap <= 0:
+        parser.error("--rounds, --batch-rounds, --rings and --cap must be positive")
     extender_args = [
         f"--wake-rate={args.wake_rate}",
         f"--ultraserver-claim-seconds={CLAIM_SECONDS}",
@@ -353,7 +355,7 @@ def main() -> None:
         cp.request("POST", "/api/v1/nodes", node_json("excluded", RING))
         one, many, ultra = Bench(stack, args.cap), Bench(stack, args.cap), Bench(stack, args.cap)
         ring = one.node()
-        rings = [many.node() for _ in range(12)]
+        rings = [many.node() for _ in range(args.rings)]
         unit = [ultra.node("trn2u.48xlarge", ULTRASERVER) for _ in range(4)]
         stages: dict[str, tuple[Bench, int, Callable[[], list[float]]]] = {
             "deleted": (one, args.rounds, lambda: one.deleted(ring)),

@@ -12,6 +12,11 @@ timed from the first binding to the last, as a watch on bound pods sees them. Th
   scores are constant, bind is one Binding. The floor any extender pays;
 - `ours`: the extender, run as the chart runs it.
 ours / null is what we own; null / without is what the extender protocol costs kube-scheduler.
+More configurations below (CONFIGS): `null-writes`, the null extender making our bind's API calls
+with our annotation keys, is the floor ours is measured against (issue 50). Every configuration
+runs under the chart's admission policies on pod writes, as the chart installs them; one named
+with `-no-policies` (e.g. `null-writes-no-policies`) runs with them lifted, which prices them.
+A configuration that does not bind all its pods fails the run (exit status 1) after its table.
 
 Only the configuration being timed runs: our extender is started for its turn (it lists the
 nodes, then watches its pods being created) and stopped after it, so it never competes for the
@@ -24,7 +29,7 @@ time in its handlers per pod. `--profile DIR` records each extender with py-spy 
 dependency) into DIR while it is timed, for bench/profile_summary.py.
 
 Run: uv run python bench/throughput.py [--nodes 500 --pods 2000] [--configs without,null,ours]
-     [--full-node-list] [--profile DIR]
+     [--rounds N] [--full-node-list] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from tests.testbed.process import ManagedProcess, free_port
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
 # one write (null-one-write): not run unless asked for (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
-# null-h2, ours-h2: serving HTTP/2 too (need zttp: uv run --with zttp; bench/h2serve.py).
+# null-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency; bench/h2serve.py).
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
 # default 50 (its binds go through that limit; an extender's do not).
 CONFIGS = (
@@ -76,6 +81,9 @@ CONFIGS = (
     "baseline",
 )
 DEFAULT_CONFIGS = ("without", "null", "ours")
+# Any configuration but `without`, run with the chart's admission policies on pod writes lifted
+# (Stack.enforce_policies): null-writes-no-policies against null-writes prices their evaluation.
+NO_POLICIES = "-no-policies"
 SCHEDULER = "my-scheduler"
 # kube-scheduler's framework extension points inside its scheduling algorithm (schedulePod); the
 # rest of the algorithm's time is the extenders' filter and prioritize calls.
@@ -223,6 +231,8 @@ class Outcome:
     extender: dict[str, float] = field(default_factory=dict)  # ours: handler ms per pod
     rss: float = 0.0
     connections: int = 0  # TCP connections opened on the machine during the run
+    # kube-apiserver's requests (verb, resource) and watch events sent (kind), per pod bound
+    api: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -290,6 +300,30 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     figures["loop lag"] = 1000 * delta("neuron_scheduler_loop_lag_seconds_sum") / max(samples, 1)
     figures["decisions"] = delta("neuron_scheduler_decisions_total") / pods
     figures["demand snapshots"] = delta("neuron_scheduler_demand_snapshots_total")
+    return figures
+
+
+def apiserver_figures(cp: ControlPlane) -> dict[str, float]:
+    """kube-apiserver's counts so far: requests by verb and resource (subresource), watch
+    events sent by kind, and their bytes (`watch bytes`)."""
+    request = urllib.request.Request(
+        f"{cp.server_url}/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"}
+    )
+    with opener(cp.ca_path).open(request, timeout=30) as answer:
+        m = families(answer.read().decode())
+    figures: dict[str, float] = {}
+    for labels, value in m.get("apiserver_request_total", []):
+        if labels.get("verb") in ("WATCH", "LIST", "GET") and labels.get("resource") != "pods":
+            continue  # informers' and leases' steady traffic, not per pod
+        resource = labels.get("resource", "") + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        key = f"{labels.get('verb')} {resource}"
+        figures[key] = figures.get(key, 0.0) + value
+    for labels, value in m.get("apiserver_watch_events_total", []):
+        key = f"watch {labels.get('kind') or labels.get('resource', '?')}"
+        figures[key] = figures.get(key, 0.0) + value
+    figures["watch bytes"] = total(m, "apiserver_watch_events_sizes_sum")
     return figures
 
 
@@ -407,6 +441,7 @@ def run(
     profile: Path | None,
     profiler: str = "py-spy",
     poll: float = 0.0,
+    stall_seconds: float = STALL_SECONDS,
 ) -> Outcome:
     """One configuration: (extender up,) pods created, scheduler started and timed, all stopped
     and its pods deleted."""
@@ -429,13 +464,14 @@ def run(
     idle0 = _idle_ticks()
     opens0 = tcp_opens()
     metrics_before = extender.metrics() if extender is not None and extender.metrics else ""
+    api_before = apiserver_figures(cp)
     recording = None
     if profile is not None and ext_pid is not None:
         recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
     scheduler = cp.start_scheduler(config=config)
     components["kube-scheduler"] = scheduler.process.pid or 0
     cpu0["kube-scheduler"] = 0.0  # all of its CPU is this run's
-    watch.wait(pods, STALL_SECONDS, name)
+    watch.wait(pods, stall_seconds, name)
     if recording is not None:
         recording.stop()
     outcome.cpu = {c: cpu_seconds(pid) - cpu0[c] for c, pid in components.items()}
@@ -448,6 +484,13 @@ def run(
     if watch.times:
         outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
     outcome.scheduler = scheduler_figures(scheduler.metrics(cp.admin_token))
+    api_after = apiserver_figures(cp)
+    per = 1 / max(outcome.bound, 1)
+    outcome.api = {
+        key: (value - api_before.get(key, 0.0)) * per
+        for key, value in api_after.items()
+        if value - api_before.get(key, 0.0) > 0
+    }
     if extender is not None and extender.metrics is not None and ext_pid is not None:
         outcome.extender = extender_figures(metrics_before, extender.metrics(), outcome.bound or 1)
         outcome.rss = rss_mb(ext_pid)
@@ -487,25 +530,26 @@ def machine() -> str:
 
 def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     mode = "false" if args.full_node_list else "true"
+    w = max([9, *(len(o.name) for o in outcomes)])  # the names' column
     print(
         f"\n{args.nodes} nodes, {args.pods} Neuron pods per configuration, nodeCacheCapable {mode}"
     )
     print(
-        f"{'':9} {'bound':>6} {'seconds':>8} {'pods/s':>7} | CPU ms per pod: {'scheduler':>9} "
+        f"{'':{w}} {'bound':>6} {'seconds':>8} {'pods/s':>7} | CPU ms per pod: {'scheduler':>9} "
         f"{'apiserver':>9} {'etcd':>6} {'extender':>8} {'all':>6} | busy  steal  conns/pod"
     )
     for o in outcomes:
         per = 1000 / max(o.bound, 1)
         cpu = {k: v * per for k, v in o.cpu.items()}
         print(
-            f"{o.name:9} {o.bound:6d} {o.seconds:8.1f} {o.rate:7.1f} | {'':15} "
+            f"{o.name:{w}} {o.bound:6d} {o.seconds:8.1f} {o.rate:7.1f} | {'':15} "
             f"{cpu.get('kube-scheduler', 0):9.2f} {cpu.get('kube-apiserver', 0):9.2f} "
             f"{cpu.get('etcd', 0):6.2f} {cpu.get('extender', 0):8.2f} {sum(cpu.values()):6.2f} "
             f"| {100 * o.busy:3.0f}%  {100 * o.steal:4.1f}%  {o.connections / max(o.bound, 1):6.2f}"
         )
     print("\nkube-scheduler, ms per scheduling attempt (its metrics):")
     print(
-        f"{'':9} {'attempts':>8} {'attempt':>8} {'algorithm':>9} "
+        f"{'':{w}} {'attempts':>8} {'attempt':>8} {'algorithm':>9} "
         + " ".join(f"{p:>9}" for p in ALGORITHM_POINTS)
         + f" {'extenders':>9}"
     )
@@ -513,7 +557,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         s = o.scheduler
         if s:
             print(
-                f"{o.name:9} {s['attempts']:8.0f} {s['attempt']:8.2f} {s['algorithm']:9.2f} "
+                f"{o.name:{w}} {s['attempts']:8.0f} {s['attempt']:8.2f} {s['algorithm']:9.2f} "
                 + " ".join(f"{s[p]:9.2f}" for p in ALGORITHM_POINTS)
                 + f" {s['extenders']:9.2f}"
             )
@@ -532,6 +576,11 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"event loop lag {e['loop lag']:.2f} ms on average; {e['decisions']:.1f} decisions "
             f"computed per pod; {e['demand snapshots']:.0f} demand snapshots; RSS {o.rss:.0f} MB"
         )
+    print("\nkube-apiserver, per pod bound: requests by verb and resource, watch events sent:")
+    for o in outcomes:
+        shown = sorted(((v, k) for k, v in o.api.items() if k != "watch bytes"), reverse=True)
+        text = ", ".join(f"{key} {value:.2f}" for value, key in shown if value >= 0.005)
+        print(f"{o.name:{w}} {text}; watch {o.api.get('watch bytes', 0) / 1024:.1f} KiB")
     rates = {o.name: o.rate for o in outcomes}
     print()
     if rates.get("null") and rates.get("ours"):
@@ -551,9 +600,30 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             print(f"ours / {name} = {rates['ours'] / rates[name]:.2f}")
     if rates.get("ours-h2") and rates.get("null-h2"):
         print(f"ours-h2 / null-h2 = {rates['ours-h2'] / rates['null-h2']:.2f}")
+    by_name = {o.name: o for o in outcomes}
+    for lifted in by_name:
+        checked = by_name.get(lifted.removesuffix(NO_POLICIES))
+        if not lifted.endswith(NO_POLICIES) or checked is None or not rates.get(lifted):
+            continue
+        lifted_run = by_name[lifted]
+
+        def per_pod(o: Outcome, component: str) -> float:
+            return 1000 * o.cpu.get(component, 0) / max(o.bound, 1)
+
+        apiserver, ext = (
+            per_pod(checked, c) - per_pod(lifted_run, c) for c in ("kube-apiserver", "extender")
+        )
+        print(
+            f"{checked.name} / {lifted} = {rates[checked.name] / rates[lifted]:.2f}  (the "
+            f"pod-write policies: kube-apiserver {apiserver:+.2f} ms CPU per pod, "
+            f"extender {ext:+.2f})"
+        )
+    short = [f"{o.name} {o.bound} of {o.pods}" for o in outcomes if o.bound < o.pods]
+    if short:
+        print(f"NOT EVERY POD BOUND: {', '.join(short)}")
 
 
-def main() -> None:
+def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
@@ -594,16 +664,32 @@ def main() -> None:
         "before issue 36 (0: a watch)",
     )
     parser.add_argument("--workdir", type=Path, help="keep the control plane's logs here")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every configuration in turn, this many times over (interleaved: on a shared "
+        "machine each configuration then sees the same neighbours), on one control plane",
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=STALL_SECONDS,
+        help="no new binding for this long: the configuration is reported as it stands",
+    )
     args = parser.parse_args()
     configs = args.configs.split(",")
-    if unknown := set(configs) - set(CONFIGS):
+    bases = {name.removesuffix(NO_POLICIES) for name in configs}
+    if unknown := bases - set(CONFIGS):
         parser.error(f"unknown configurations {sorted(unknown)}; known: {', '.join(CONFIGS)}")
-    if "baseline" in configs and not args.baseline_src:
+    if any(n.startswith("without") and n.endswith(NO_POLICIES) for n in configs):
+        parser.error(f"{NO_POLICIES} is for configurations with an extender")
+    if "baseline" in bases and not args.baseline_src:
         parser.error("configuration baseline needs --baseline-src")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
-    outcomes = []
+    rounds: list[list[Outcome]] = []
     with ControlPlane(find_kubebin(ROOT), args.workdir) as cp:
         create_nodes(cp, args.nodes)
         stack = Stack(cp)
@@ -615,7 +701,7 @@ def main() -> None:
             "null-h2": NullExtender(cp, stack, http2=True),
         }
         ours = {"ours": stack.extender}
-        if "ours-h2" in configs:
+        if "ours-h2" in bases:
             h2 = ExtenderProcess(cp, stack.extender_kubeconfig, name="extender-h2", pki=stack.pki)
             python, *rest = h2.process.argv
             h2.process.argv = [python, str(ROOT / "bench" / "h2serve.py"), *rest]
@@ -635,15 +721,21 @@ def main() -> None:
         profile = replace(
             PROFILES[args.scoring], percentage_of_nodes_to_score=args.percentage_of_nodes_to_score
         )
-        for name in configs:
-            if name.startswith("without"):
+        for name in [name for _ in range(args.rounds) for name in configs]:
+            if name == configs[0]:
+                rounds.append([])
+                if args.rounds > 1:
+                    print(f"\n=== round {len(rounds)} of {args.rounds}")
+            lifted = name.endswith(NO_POLICIES)
+            base = name.removesuffix(NO_POLICIES)
+            if base.startswith("without"):
                 config = scheduler_config(scheduler_name=SCHEDULER, profile=profile)
                 if name == "without-qps":
                     config["clientConnection"] = {"qps": 1000, "burst": 2000}
                 extender = None
             else:
-                null = nulls.get(name)
-                url = null.url if null is not None else ours[name].url
+                null = nulls.get(base)
+                url = null.url if null is not None else ours[base].url
                 config = scheduler_config(
                     scheduler_name=SCHEDULER,
                     extender_url=url,
@@ -654,19 +746,35 @@ def main() -> None:
                 if null is not None:
                     extender = Contender(null.start, null.stop, null.pid)
                 else:
-                    process = ours[name]
+                    process = ours[base]
                     pid = lambda managed=process.process: managed.pid  # noqa: E731
                     extender = Contender(process.start, process.process.stop, pid, process.metrics)
+            if lifted:
+                stack.enforce_policies(False)
             outcome = run(
-                cp, name, args.pods, config, extender, args.profile, args.profiler, args.poll
+                cp,
+                name,
+                args.pods,
+                config,
+                extender,
+                args.profile,
+                args.profiler,
+                args.poll,
+                args.stall_seconds,
             )
-            outcomes.append(outcome)
+            if lifted:
+                stack.enforce_policies(True)
+            rounds[-1].append(outcome)
             report([outcome], args)  # at once: the run may not get to its end
             delete_pods(cp, f"bench-{name}")
-        print("\n=== all configurations")
-        report(outcomes, args)
+        for number, outcomes in enumerate(rounds, 1):
+            print(f"\n=== all configurations{f', round {number}' if args.rounds > 1 else ''}")
+            report(outcomes, args)
         stack.stop()
+    # A configuration that did not bind every pod measured something else (a refused write, a
+    # broken extender): the table is printed, and the run fails.
+    return 1 if any(o.bound < o.pods for outcomes in rounds for o in outcomes) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

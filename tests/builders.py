@@ -106,6 +106,7 @@ def pod_json(
     scheduler: str = "my-scheduler",
     node_selector: Mapping[str, str] | None = None,
     init_limits: list[Mapping[str, int]] | None = None,
+    gates: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A pod with one container per entry of `limits` (`c0`, `c1`, ...). `uid` and `status` are
     what the API server would fill in; it ignores them on create."""
@@ -130,6 +131,8 @@ def pod_json(
         spec["nodeSelector"] = dict(node_selector)
     if init_limits:
         spec["initContainers"] = containers("init", init_limits)
+    if gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in gates]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

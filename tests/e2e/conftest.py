@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT, Scenario
+from tests.e2e.harness import ROOT, Scenario, own_stacks
 from tests.testbed import ControlPlane, Stack, find_kubebin
 from tests.testbed.kubeversion import binary_version, unmet
 
@@ -99,8 +99,10 @@ def scenario(stack: Stack, mode: bool) -> Iterator[Scenario]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _stack is not None and "e2e" in str(item.path):
-        for component, path in _stack.logs().items():
+    stacks = [s for s in (_stack, *own_stacks) if s is not None]
+    if report.failed and "e2e" in str(item.path):
+        logs = {name: path for stack in stacks for name, path in stack.logs().items()}
+        for component, path in logs.items():
             try:
                 lines = path.read_text(errors="replace").splitlines()[-60:]
             except OSError:

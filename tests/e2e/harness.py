@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WARNING_7 = torus_count_warning("trn1.32xlarge", 7)
 
 T = TypeVar("T")
+
+# Stacks of modules with a control plane of their own (test_kueue): a failed test shows their
+# logs too, as it shows the session stack's (conftest).
+own_stacks: list[Stack] = []
 
 
 def wait_for(check: Callable[[], T | None], what: str, seconds: float = 60.0) -> T:
@@ -202,3 +208,24 @@ def ids(pod: dict[str, Any], key: str = "AWS_NEURON_IDS") -> list[int]:
 
 def dump(value: Any) -> str:
     return json.dumps(value, indent=1)[:4000]
+
+
+def command_json(cp: ControlPlane, *args: str) -> dict[str, Any]:
+    """`neuron-scheduler ARGS --json` as a person runs it (`status`, `why POD -n NS`), with the
+    admin kubeconfig; its JSON answer."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neuron_scheduler",
+            *args,
+            "--json",
+            "--kubeconfig",
+            str(cp.kubeconfig_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer: dict[str, Any] = json.loads(out.stdout)
+    return answer

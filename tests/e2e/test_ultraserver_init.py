@@ -251,7 +251,7 @@ class LabelledCluster:
         return seed.host(pod, self.namespace)
 
     def launcher_kubeconfig(self, nodes: bool = True) -> Path:
-        """A launcher's ServiceAccount with what docs/ultraserver.md says it needs and nothing
+        """A launcher's ServiceAccount with what docs/training-jobs.md says it needs and nothing
         more: `get` on pods in its namespace (a Role) and, unless `nodes` is False, on nodes (a
         ClusterRole)."""
         rbac = "/apis/rbac.authorization.k8s.io/v1"
@@ -362,7 +362,7 @@ def test_seed_example_from_node_labels(tmp_path: Path, labelled: LabelledCluster
 def test_kube_source_without_get_on_nodes_says_so_per_worker(
     tmp_path: Path, labelled: LabelledCluster
 ) -> None:
-    # docs/ultraserver.md: the launcher needs get on nodes; without it, each worker's line says
+    # docs/training-jobs.md: the launcher needs get on nodes; without it, each worker's line says
     # which permission is missing, and nothing is written.
     nodes = labelled.seed()
     with workers(kube_workers(labelled)) as fake:

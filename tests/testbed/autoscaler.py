@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -30,7 +29,7 @@ import yaml
 from neuron_scheduler.core.catalog import Catalog
 
 from .client import KubeError
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, find_built
 from .process import ManagedProcess, free_ports
 from .stack import install_crds
 
@@ -58,26 +57,8 @@ KWOK_OPTIONS: dict[str, Any] = {
 
 
 def find_autoscaler_bin(repo_root: str | os.PathLike[str] | None = None) -> Path:
-    """$AUTOSCALER_BIN_DIR if set (tools/autoscaler.mk exports it to make recipes), else `make
-    autoscaler-bin` in repo_root (default: cwd), which builds it on first use (minutes when
-    cold) and prints its directory."""
-    env = os.environ.get("AUTOSCALER_BIN_DIR")
-    if env:
-        return Path(env)
-    res = subprocess.run(
-        [
-            "make",
-            "-s",
-            "--no-print-directory",
-            "-C",
-            str(repo_root or Path.cwd()),
-            "autoscaler-bin",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return Path(res.stdout.strip().splitlines()[-1])
+    """The directory tools/autoscaler.mk builds."""
+    return find_built("AUTOSCALER_BIN_DIR", "autoscaler-bin", repo_root)
 
 
 def instance_types(catalog: Catalog, names: Sequence[str]) -> list[dict[str, Any]]:

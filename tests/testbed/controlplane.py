@@ -44,15 +44,19 @@ class ServiceAccountCredentials:
 
 
 def find_kubebin(repo_root: str | os.PathLike[str] | None = None) -> Path:
-    """Locate the multi-call binary: $KUBE_BIN if set (tools/kube.mk exports it to
-    make recipes), else `make kube-bin` in repo_root (default: cwd), which builds
-    it on first use (minutes when cold) and prints its path.
-    """
-    env = os.environ.get("KUBE_BIN")
+    """Locate the multi-call binary (tools/kube.mk)."""
+    return find_built("KUBE_BIN", "kube-bin", repo_root)
+
+
+def find_built(variable: str, target: str, repo_root: str | os.PathLike[str] | None = None) -> Path:
+    """What a tools/*.mk fragment builds: $variable if set (the fragment exports it to make
+    recipes), else `make target` in repo_root (default: cwd), which builds it on first use
+    (minutes when cold) and prints its path on its last line."""
+    env = os.environ.get(variable)
     if env:
         return Path(env)
     res = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", str(repo_root or Path.cwd()), "kube-bin"],
+        ["make", "-s", "--no-print-directory", "-C", str(repo_root or Path.cwd()), target],
         stdout=subprocess.PIPE,
         text=True,
         check=True,
@@ -312,6 +316,10 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             *gates_flag(self.feature_gates),
+            # Webhooks and aggregated APIs behind a Service are reached at its EndpointSlices'
+            # addresses: nothing serves ClusterIPs here (no kube-proxy). Kueue's webhooks need it
+            # (tests/testbed/kueue.py); without such Services it changes nothing.
+            "--enable-aggregator-routing=true",
             *self.extra_apiserver_args,
         )
         self._apiserver.start()

@@ -6,7 +6,7 @@ marked `compat` on another (tools/kube/compat/1.X.mod). The control plane, the k
 tests read the version from the binary itself (`kube-apiserver --version`), so nothing else has to
 be told which one it is.
 
-The gates and API versions here are the ones docs/dra.md and docs/ultraserver.md tell a user to
+The gates and API versions here are the ones docs/dra.md and docs/training-jobs.md tell a user to
 turn on for the same features on the same version: the testbed runs what a user would.
 """
 

@@ -21,7 +21,7 @@ import yaml
 
 from neuron_scheduler.sim.kubescheduler import CHART, Profile
 
-from .client import KubeError
+from .client import KubeClient, KubeError
 from .controlplane import ControlPlane, Scheduler
 from .manifests import scheduler_config
 from .pki import Pki
@@ -48,6 +48,9 @@ PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
 POD_WRITES = RULES.with_name("extender-pod-writes.yaml")
 PLAN_WRITES = RULES.with_name("extender-plans.yaml")
 ROLE = "neuron-scheduler-extender"
+EXTENDER_USER = "system:serviceaccount:kube-system:neuron-scheduler"
+POLICIES = (f"{ROLE}-pod-writes", f"{ROLE}-plans")
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
 BUDGET_LEASE = "k8s-neuron-scheduler-consolidation"
@@ -279,7 +282,7 @@ class Stack:
         )
         self._budget_role(cp)
         self._capacity_role(cp)
-        self._policies(cp, "system:serviceaccount:kube-system:neuron-scheduler")
+        self._policies(cp, EXTENDER_USER)
         self.extender_token = credentials.token
         self.extender_kubeconfig = (
             credentials.kubeconfig_path
@@ -340,19 +343,19 @@ class Stack:
         """The chart's admission policies on pod writes, for this ServiceAccount: every test
         that runs the extender runs it, and every pod write, under them."""
         user = f"request.userInfo.username == {json.dumps(username)}"
+        pod_writes, plans = POLICIES
         for name, condition, path in (
-            (f"{ROLE}-pod-writes", user, POD_WRITES),
-            (f"{ROLE}-plans", f"!({user})", PLAN_WRITES),
+            (pod_writes, user, POD_WRITES),
+            (plans, f"!({user})", PLAN_WRITES),
         ):
             spec = {
                 "failurePolicy": "Fail",
                 "matchConditions": [{"name": "who", "expression": condition}],
                 **yaml.safe_load(path.read_text()),
             }
-            admission = "/apis/admissionregistration.k8s.io/v1"
             cp.request(
                 "POST",
-                f"{admission}/validatingadmissionpolicies",
+                f"{ADMISSION}/validatingadmissionpolicies",
                 {
                     "apiVersion": "admissionregistration.k8s.io/v1",
                     "kind": "ValidatingAdmissionPolicy",
@@ -362,7 +365,7 @@ class Stack:
             )
             cp.request(
                 "POST",
-                f"{admission}/validatingadmissionpolicybindings",
+                f"{ADMISSION}/validatingadmissionpolicybindings",
                 {
                     "apiVersion": "admissionregistration.k8s.io/v1",
                     "kind": "ValidatingAdmissionPolicyBinding",
@@ -370,6 +373,51 @@ class Stack:
                     "spec": {"policyName": name, "validationActions": ["Deny"]},
                 },
             )
+
+    def enforce_policies(self, on: bool, timeout: float = 60.0) -> None:
+        """Puts the chart's admission policies on pod writes in force, or lifts them
+        (bench/throughput.py prices them), and returns once the API server acts so: a dry-run
+        patch of a foreign annotation by the extender's ServiceAccount is refused, or admitted."""
+        if on:
+            self._policies(self.cp, EXTENDER_USER)
+        else:
+            for name in POLICIES:
+                self.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{name}")
+                self.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{name}")
+        probe = "policy-probe"
+        path = f"/api/v1/namespaces/kube-system/pods/{probe}"
+        with contextlib.suppress(KubeError):  # (there already)
+            self.cp.request(
+                "POST",
+                "/api/v1/namespaces/kube-system/pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": probe},
+                    "spec": {
+                        "schedulerName": "nobody",
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            )
+        as_extender = KubeClient(self.cp.server_url, self.extender_token, cafile=self.cp.ca_path)
+        foreign = {"metadata": {"annotations": {"policy-probe": str(time.time_ns())}}}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                as_extender.request(
+                    "PATCH", path + "?dryRun=All", foreign, "application/merge-patch+json"
+                )
+                refused = False
+            except KubeError as error:
+                if error.status != 403:
+                    raise
+                refused = True
+            if refused == on:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"admission policies not {'in force' if on else 'lifted'}")
+            time.sleep(0.2)
 
     @staticmethod
     def _capacity_role(cp: ControlPlane) -> None:

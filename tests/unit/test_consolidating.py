@@ -31,10 +31,11 @@ from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import NodeFilter
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim
+from neuron_scheduler.jobs.placement import Occupancy, UnitPlacement
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Lease, ObjectRef, Pod, PodDisruptionBudget
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
 
 CATALOG = Catalog.builtin()
@@ -132,8 +133,10 @@ def on_device(body: dict[str, Any], node_name: str, device: int) -> Pod:
     return msgspec.convert(body, Pod)
 
 
-def stuck(name: str = "big", devices: int = 4, priority: int = 0) -> Pod:
-    body = pod_json(name, {NEURON: devices}, uid=name)
+def stuck(
+    name: str = "big", devices: int = 4, priority: int = 0, gates: tuple[str, ...] = ()
+) -> Pod:
+    body = pod_json(name, {NEURON: devices}, uid=name, gates=gates)
     body["metadata"]["creationTimestamp"] = CREATED
     body["spec"]["priority"] = priority
     body["status"]["conditions"] = [
@@ -582,6 +585,26 @@ def test_a_pod_short_of_devices_is_not_counted_as_blocked_by_plans_in_flight() -
     assert blocked._value.get() == 1
     assert world.consolidator.concluded("big") is Concluded.PLANS_IN_FLIGHT
     assert world.api.calls == []
+
+
+def test_a_gated_pod_gets_no_plan_and_is_not_counted_as_stranded() -> None:
+    """Issue 48: a pod with a scheduling gate (Kueue's, until it admits the workload) is not
+    pending: no plan, no event, not among the stranded pods consolidation did not act for. Its
+    PodScheduled condition says Unschedulable here: the gates decide, whoever wrote that."""
+    world = World(max_plans=0)  # every stranded pod is counted as held back by the bound
+    world.apply(stuck(gates=(KUEUE_ADMISSION_GATE,)))
+    blocked = world.consolidator.metrics.blocked.labels("plans_in_flight")
+    world.step()
+    assert blocked._value.get() == 0
+    assert world.consolidator.concluded("big") is None
+    assert world.api.calls == [] and world.events == []
+    world = World(Mode.DRY_RUN)
+    world.apply(stuck(gates=(KUEUE_ADMISSION_GATE,)))
+    world.step()
+    assert world.events == []
+    world.apply(stuck())  # Kueue admitted it: the gate is gone
+    world.step()
+    assert [e[1] for e in world.events] == ["NeuronConsolidation"]
 
 
 def forged_plan(victims: list[str], node_name: str = "b", owner: str = "rs-any") -> str:

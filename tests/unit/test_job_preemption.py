@@ -16,10 +16,10 @@ from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.state.members import preemption_for
 from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
-from neuron_scheduler.kube.objects import Pod, UltraServerClaim
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim, to_object
-from neuron_scheduler.ultraserver.jobs import member_of
-from neuron_scheduler.ultraserver.preemption import Preemption
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim, to_object
+from neuron_scheduler.jobs.members import member_of
+from neuron_scheduler.jobs.preemption import Preemption
+from neuron_scheduler.kube.objects import JobClaim, Pod
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
 from tests.unit.test_reserving import PREFIX, World, three_low_jobs, uids
@@ -72,7 +72,7 @@ def crash_at(world: World, write: int) -> None:
     replace = world.api.replace_claim
     writes: list[str] = []
 
-    async def crashing(claim: UltraServerClaim) -> UltraServerClaim:
+    async def crashing(claim: JobClaim) -> JobClaim:
         writes.append(claim.metadata.name)
         if len(writes) == write:
             world.api.replace_claim = replace  # type: ignore[method-assign]
@@ -154,7 +154,7 @@ async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_
     replace = world.api.replace_claim
     admitted: dict[str, bool] = {}
 
-    async def racing(claim: UltraServerClaim) -> UltraServerClaim:
+    async def racing(claim: JobClaim) -> JobClaim:
         if claim.metadata.name == "c1":  # b0..b3 and c0 are written: c0 is big's already
             admitted["c0"] = world.filter.admits(low2[2], "c0", world.now)
             admitted["c2"] = world.filter.admits(low2[2], "c2", world.now)
@@ -186,7 +186,7 @@ async def test_a_new_leader_evicts_a_victim_jobs_member_the_claim_does_not_list(
     await world.preempt(big[0], {"a0": ["low0-0"]})
     replace = world.api.replace_claim
 
-    async def racing(claim: UltraServerClaim) -> UltraServerClaim:
+    async def racing(claim: JobClaim) -> JobClaim:
         if claim.metadata.name == "c1":
             world.bind(low2[1], "c1")
         return await replace(claim)

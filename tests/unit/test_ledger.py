@@ -324,3 +324,43 @@ def test_decisions_computed_are_counted_and_exported() -> None:
     assert ledger.decisions == 3
     text = generate_latest(metrics.registry).decode()
     assert "neuron_scheduler_decisions_total 3.0" in text
+
+
+def test_decisions_stand_while_a_bind_shows_the_same_cores_again() -> None:
+    """A bind holds its cores (the reservation); the watch then shows them twice more (the
+    pod's announced ids, then the pod bound with them). The node's state does not change again,
+    so its kept decisions are not computed again; a change of cores, or of the node, drops them
+    (issue 50)."""
+    ledger = ledger_with()
+    ledger.demand.record(NeuronRequest(CORE, 4).unit, 4)  # decided by demand, as in a cluster
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="u1"))  # seen pending first: its ask is counted
+    ledger.apply_pod(pod("b", {CORE: 1}, uid="u2"))
+    four_cores = NeuronRequest(CORE, 4)
+
+    def decide() -> int:
+        before = ledger.decisions
+        verdicts = ledger.fill_verdicts(["n1"], four_cores, Policy.BEST_FIT)
+        topology = ledger.nodes["n1"].topology
+        fresh = allocate(
+            topology, ledger.state("n1"), four_cores, Policy.BEST_FIT, ledger.demand.weights
+        )
+        assert verdicts.decisions["n1"] == fresh  # kept or not, never stale
+        return ledger.decisions - before
+
+    assert decide() == 1
+    reserve(ledger, "u1", "n1", mask(0, 1))
+    assert decide() == 1  # the cores in use changed
+    written = ours("n1", "0,1", "0", "0,1") | {"NEURON_ALLOC_TIME": str(time.time_ns())}
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="u1", annotations=written))  # announced
+    assert decide() == 0
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="u1", node="n1", annotations=written))  # bound
+    assert ledger.reservation("u1") is None
+    assert decide() == 0
+    ledger.apply_pod(
+        pod("b", {CORE: 1}, uid="u2", node="n1", annotations=ours("n1", "8", "2", "8"))
+    )
+    assert decide() == 1
+    ledger.replace_nodes([node("n1", "inf1.24xlarge"), node("t1", "trn1.32xlarge")])
+    assert decide() == 1  # another node under the same name: decided afresh
+    ledger.remove_pod("u1")
+    assert decide() == 1

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -22,10 +23,13 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.kube.objects import Pod
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE
 from neuron_scheduler.live import commands, snapshot
 from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json
 from neuron_scheduler.live.dranodes import DraNode, dra_json
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
+from neuron_scheduler.live.gated import gated_json, gated_view
 from tests.builders import node, node_json, pod, pod_json
 from tests.testbed.process import free_port
 
@@ -232,6 +236,76 @@ def test_status_and_why_through_the_plugin_entry_point(tmp_path: Path) -> None:
     assert one_error_line(no_node, 1) == "error: node cpu: advertises no Neuron resources"
 
 
+def kueue_group(count: int = 4) -> list[dict[str, Any]]:
+    """A Kueue pod group of UltraServer members, as Kueue's webhook leaves them until it admits
+    their Workload: its two gates (TopologyAwareScheduling is on by default)."""
+    return [
+        pod_json(
+            f"member-{i}",
+            {NEURON: 16},
+            namespace="ml",
+            labels={
+                "kueue.x-k8s.io/queue-name": "team-a",
+                "kueue.x-k8s.io/pod-group-name": "train",
+            },
+            annotations={
+                "kueue.x-k8s.io/pod-group-total-count": str(count),
+                "neuron-scheduler.io/gang": "train",
+                "neuron-scheduler.io/gang-size": str(count),
+            },
+            gates=[KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE],
+        )
+        for i in range(count)
+    ]
+
+
+def test_why_and_status_name_the_gates_kueues_workload_and_its_queue(tmp_path: Path) -> None:
+    """Issue 48: `why` on a gated pod said its request fitted and it waited for "something else";
+    it names the gates, and for Kueue's, the Workload and its LocalQueue. `status` lists the
+    gated pods apart from the jobs waiting for room."""
+    labels = {
+        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
+    }
+    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    other = pod_json("lab", {NEURON: 1}, namespace="ml", gates=["example.com/wait"])
+    with api_server(cluster_answer(nodes, [*kueue_group(), other])) as url:
+        config = str(kubeconfig(tmp_path, url))
+        why = run("why", "member-0", "-n", "ml", "--json", "--kubeconfig", config)
+        text = run("why", "member-0", "-n", "ml", "--kubeconfig", config)
+        status = run("status", "--json", "--kubeconfig", config)
+        status_text = run("status", "--kubeconfig", config)
+    assert why.exit_code == 0, why.stderr
+    answer = json.loads(why.stdout)
+    assert answer["scheduling_gates"] == {
+        "gates": [KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE],
+        "more_gates": 0,
+        "kueue_workload": "train",
+        "kueue_queue": "team-a",
+    }
+    assert "nothing is reserved for it while its members are gated" in answer["job"]
+    assert answer["consolidation"] is None and answer["capacity"] is None
+    flat = " ".join(text.stdout.split())
+    assert (
+        "Held back by scheduling gates kueue.x-k8s.io/admission, kueue.x-k8s.io/topology: "
+        "Kueue's Workload ml/train in LocalQueue team-a is not admitted yet" in flat
+    ), flat
+    assert "Its devices are free now: it waits for its scheduling gates." in flat
+    assert "pending for something else" not in flat
+    assert status.exit_code == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert document["ultraservers"]["waiting"] == []  # not the extender's to reserve for
+    groups = document["gated"]["groups"]
+    assert document["gated"]["pods"] == 5
+    assert [(g["kueue_workload"], g["pods"], g["requests"]) for g in groups] == [
+        (None, 1, [{"resource": NEURON, "count": 1}]),
+        ("train", 4, [{"resource": NEURON, "count": 64}]),
+    ]
+    flat = " ".join(status_text.stdout.split())
+    assert "5 pending Neuron pods held back by scheduling gates" in flat
+    assert "scheduling gate example.com/wait (namespace ml): 1 pod, 1 aws.amazon.com/neuron" in flat
+
+
 def test_report_writes_the_simulators_pictures_and_the_json(tmp_path: Path) -> None:
     nodes = [node_json("trn-a", "trn1.32xlarge"), node_json("a/../../x", "inf2.48xlarge")]
     with api_server(cluster_answer(nodes, [])) as url:
@@ -277,6 +351,9 @@ def test_every_json_field_is_documented() -> None:
     diagnosis = diagnosis_json(diagnose(ledger, waiting))
     assert {n["verdict"] for n in diagnosis["nodes"]} == {"fits", "blocked"}
     fields = keys(fleet_json(fleet_view(ledger))) | keys(diagnosis)
+    gated = [msgspec.convert(p, Pod) for p in kueue_group()]
+    fields |= keys(diagnosis_json(diagnose(ledger, gated[0])))
+    fields |= keys({"gated": gated_json(gated_view(gated))})
     dra = dra_json((DraNode("n", 40, (5,)),), None, "neuron.neuron-scheduler.io")
     fields |= keys({"dra": dra})
     fields.add("pictures_capped_at")
@@ -287,3 +364,23 @@ def test_every_json_field_is_documented() -> None:
     }
     assert fields - documented == set()
     assert {"nodes_now", "holding_the_block", "where", "version", "placement"} <= fields
+
+
+def test_why_without_the_claim_crd_says_what_the_extender_does_on_plain_nodes(
+    tmp_path: Path,
+) -> None:
+    """No UltraServerClaim CRD in the cluster (the API answers 404): the extender places a
+    training job's members pod by pod on nodes without UltraServer labels, and `why` says so
+    (not that the job waits for a claim nobody can write)."""
+    nodes = [node_json(n, "trn1.32xlarge") for n in ("trn-a", "trn-b")]
+    gang = {"neuron-scheduler.io/gang": "pair", "neuron-scheduler.io/gang-size": "2"}
+    member = pod_json("pair-0", {NEURON: 16}, namespace="ml", annotations=gang)
+    with api_server(cluster_answer(nodes, [member])) as url:
+        config = str(kubeconfig(tmp_path, url))
+        why = run("why", "pair-0", "-n", "ml", "--json", "--kubeconfig", config)
+    assert why.exit_code == 0, why.stderr
+    found = json.loads(why.stdout)
+    assert {(n["node"], n["verdict"]) for n in found["nodes"]} == {
+        ("trn-a", "fits"),
+        ("trn-b", "fits"),
+    }, found["nodes"]

@@ -15,6 +15,9 @@ from neuron_scheduler.core.health import unhealthy_taint_key
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import TopologyKind
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim
+from neuron_scheduler.jobs.placement import Occupancy
+from neuron_scheduler.jobs.units import MODE_LABEL, server_id_label
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.live.devicemap import FREE, USED, draw, layout, pod_colours
 from neuron_scheduler.live.diagnosis import (
@@ -30,9 +33,6 @@ from neuron_scheduler.live.dranodes import HealthSlice, dra_nodes, dra_text
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.terminal import shown, status_view, why_view
 from neuron_scheduler.live.ultraservers import ultraserver_view
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
-from neuron_scheduler.ultraserver.labels import MODE_LABEL, server_id_label
-from neuron_scheduler.ultraserver.placement import Occupancy
 from tests.builders import node, node_json, pod, pod_json
 
 TRN1 = Catalog.builtin().resolve("trn1.32xlarge", 16).topology  # 4x4 torus, 2 cores a device
@@ -257,7 +257,7 @@ def test_why_applies_the_extenders_ultraserver_rule_where_devices_fit() -> None:
     answers = {n.node: n for n in diagnose(ledger, worker, occupancy=occupancy).nodes}
     # No claim yet: the extender reserves whole units for the job first; why says whether it can.
     assert answers["u2"].verdict is Verdict.UNIT_RULE
-    assert "job default/mine fits now (on 1 nodes)" in answers["u2"].reason
+    assert "job default/mine fits now (on 1 node)" in answers["u2"].reason
     assert answers["u1"].verdict is Verdict.UNIT_RULE
     assert answers["u1"].reason == answers["u2"].reason  # one reason for the job
     assert answers["u1"].placement is None

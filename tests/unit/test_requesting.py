@@ -30,6 +30,7 @@ from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter, is_placeholder
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.kube.objects import ObjectRef, Pod
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
 from tests.unit import test_consolidating as consolidating
 from tests.unit.test_consolidating import FakeAPI as ConsolidationAPI
@@ -251,6 +252,23 @@ def test_a_stranded_pod_nothing_may_move_for_gets_one_placeholder_for_a_whole_no
     assert is_placeholder(msgspec.convert(body, Pod))
     assert world.pending.get("ph-0") is None and "ph-0" not in world.movability.pods
     assert world.ledger.demand.version == World().ledger.demand.version
+
+
+def test_a_gated_pod_gets_no_placeholder_until_its_gates_are_gone() -> None:
+    """Issue 48: Kueue's gate holds the pod back until its workload is admitted; no node is asked
+    for it meanwhile (nor is it counted among the stranded pods no node was asked for)."""
+    world = World(max_in_flight=0)
+    world.apply(stuck(schedulingGates=[{"name": KUEUE_ADMISSION_GATE}]))
+    world.step()
+    assert world.created() == []
+    assert world.requester.metrics.blocked.labels("max_in_flight")._value.get() == 0
+    world = World()
+    world.apply(stuck(schedulingGates=[{"name": KUEUE_ADMISSION_GATE}]))
+    world.step()
+    assert world.created() == [] and world.events == []
+    world.apply(stuck())  # admitted: the gate is gone
+    world.step()
+    assert world.created() == ["capacity-request-0"]
 
 
 def test_a_young_pod_or_one_consolidation_may_still_help_is_not_asked_for() -> None:

@@ -29,11 +29,9 @@ from neuron_scheduler.extender.verbs.wire import (
     MetaPod,
     MetaVictims,
 )
-from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import ObjectRef, Pod, UltraServerClaim
-from neuron_scheduler.ultraserver.claims import BOUND, PENDING, NodeClaim, to_object
-from neuron_scheduler.ultraserver.jobs import member_of
-from neuron_scheduler.ultraserver.placement import (
+from neuron_scheduler.jobs.claims import BOUND, PENDING, NodeClaim, to_object
+from neuron_scheduler.jobs.members import member_of
+from neuron_scheduler.jobs.placement import (
     CLAIM_ENDED,
     CLAIM_MADE,
     Occupancy,
@@ -41,6 +39,9 @@ from neuron_scheduler.ultraserver.placement import (
     UnitPlacement,
     job_progress,
 )
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import JobClaim, ObjectRef, Pod
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
 
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -48,7 +49,7 @@ PREFIX = "neuron.amazonaws.com/ultraserver-"
 
 class FakeClaims:
     def __init__(self) -> None:
-        self.claims: dict[str, UltraServerClaim] = {}
+        self.claims: dict[str, JobClaim] = {}
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
         self.writes = 0
@@ -57,8 +58,8 @@ class FakeClaims:
         self.fail_deletes: set[str] = set()  # pod uids whose delete fails with a 500
         self.on_delete: Any = None  # told the uid of a pod deleted (it is terminating)
 
-    def _stamp(self, claim: UltraServerClaim, uid: str) -> UltraServerClaim:
-        stored = msgspec.convert(msgspec.to_builtins(claim), UltraServerClaim)
+    def _stamp(self, claim: JobClaim, uid: str) -> JobClaim:
+        stored = msgspec.convert(msgspec.to_builtins(claim), JobClaim)
         stored.metadata.resourceVersion = str(next(self.version))
         stored.metadata.uid = uid
         known = self.claims.get(stored.metadata.name)
@@ -68,7 +69,7 @@ class FakeClaims:
         self.claims[stored.metadata.name] = stored
         self.writes += 1
         self.log.append(f"claim {stored.metadata.name} {stored.spec.job}")
-        return msgspec.convert(msgspec.to_builtins(stored), UltraServerClaim)
+        return msgspec.convert(msgspec.to_builtins(stored), JobClaim)
 
     async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None:
         self.log.append(f"mark {uid}")
@@ -80,7 +81,7 @@ class FakeClaims:
         if self.on_delete is not None:
             self.on_delete(uid)
 
-    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+    async def create_claim(self, claim: JobClaim) -> JobClaim:
         name = claim.metadata.name
         if name in self.fail_on:
             raise api_error("POST", name, 500, b'{"message": "injected"}')
@@ -88,7 +89,7 @@ class FakeClaims:
             raise api_error("POST", name, 409, b'{"reason": "AlreadyExists"}')
         return self._stamp(claim, f"uid-{next(self.uids)}")
 
-    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+    async def replace_claim(self, claim: JobClaim) -> JobClaim:
         known = self.claims.get(claim.metadata.name)
         if known is None:
             raise api_error("PUT", claim.metadata.name, 404, b"{}")
@@ -270,6 +271,26 @@ async def test_two_jobs_racing_for_one_unit_one_gets_it_all_the_other_nothing() 
         "job ns/second needs 1 free UltraServer of 4 nodes for its 4 members, 0 free; "
         "nothing is reserved until all of them fit"
     )
+
+
+async def test_a_gated_job_gets_no_claim_and_a_job_outside_kueue_takes_the_free_unit() -> None:
+    """Issue 48: Kueue holds a pod group's members back with its scheduling gate until it admits
+    the workload. They are not pending: no claim for them (the unit stays free for a job outside
+    Kueue), until Kueue lifts the gate; then they wait for a unit like any job."""
+    world = World(units=1)
+    queued = world.job("queued", 4, gates=[KUEUE_ADMISSION_GATE])  # the oldest
+    await world.loop.step()
+    assert world.claimed("queued") == [] and world.stored("queued") == []
+    assert world.occupancy.jobs() == {}
+    world.job("outside", 4)
+    await world.loop.step()
+    assert world.claimed("outside") == ["a0", "a1", "a2", "a3"]
+    assert ("ns", "queued") not in world.occupancy.shortfalls
+    for pod in queued:  # admitted: Kueue removes the gate
+        world.member("queued", int(pod.metadata.name.rsplit("-", 1)[1]), 4)
+    await world.loop.step()
+    assert world.claimed("queued") == []
+    assert "needs 1 free UltraServer" in world.occupancy.shortfalls[("ns", "queued")]
 
 
 async def test_a_job_larger_than_what_is_free_waits_then_gets_it_all() -> None:

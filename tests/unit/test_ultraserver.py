@@ -9,14 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from neuron_scheduler.cli import app
+from neuron_scheduler.jobs.units import NodeConfigError, parse_node_config
 from neuron_scheduler.kube.objects import Node, ObjectMeta
 from neuron_scheduler.ultraserver import affinity
-from neuron_scheduler.ultraserver.labels import (
-    NodeConfigError,
-    parse_modes,
-    parse_node_config,
-    runtime_mode,
-)
+from neuron_scheduler.ultraserver.labels import parse_modes, runtime_mode
 from neuron_scheduler.ultraserver.launcher import environment, hostfile
 from neuron_scheduler.ultraserver.launcher.nodes import from_labels, pod_of
 from neuron_scheduler.ultraserver.launcher.ranking import UnitError, WorkerInfo, order, summary

@@ -20,18 +20,7 @@ from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
-from neuron_scheduler.kube.errors import api_error
-from neuron_scheduler.kube.objects import (
-    ClaimSpec,
-    Node,
-    ObjectMeta,
-    Pod,
-    PodGroup,
-    UltraServerClaim,
-)
-from neuron_scheduler.live.terminal import ultraserver_tables
-from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
-from neuron_scheduler.ultraserver.claims import (
+from neuron_scheduler.jobs.claims import (
     BOUND,
     PENDING,
     ClaimError,
@@ -39,8 +28,27 @@ from neuron_scheduler.ultraserver.claims import (
     from_object,
     to_object,
 )
-from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
-from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall, UnitPlacement, decide, plan
+from neuron_scheduler.jobs.members import MembershipError, member_of
+from neuron_scheduler.jobs.placement import (
+    Fit,
+    Occupancy,
+    Planned,
+    Shortfall,
+    UnitPlacement,
+    decide,
+    plan,
+)
+from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.objects import (
+    ClaimSpec,
+    JobClaim,
+    Node,
+    ObjectMeta,
+    Pod,
+    PodGroup,
+)
+from neuron_scheduler.live.terminal import ultraserver_tables
+from neuron_scheduler.live.ultraservers import ultraserver_json, ultraserver_view
 from tests.builders import node as node_object
 from tests.builders import node_json, pod_json
 
@@ -92,8 +100,12 @@ def claim(occupancy: Occupancy, job: str, nodes: list[str], config: int = 4, siz
         occupancy.hold(NodeClaim(name, ("ns", job), config, size, PENDING, time.time(), 120))
 
 
-def everyone_fits(_: str) -> str | None:
-    return None
+everyone_fits = Fit(lambda _: None)
+
+
+def nodes(planned: Planned | Shortfall) -> list[str] | Shortfall:
+    """The nodes a plan claims, in network order (a Shortfall as it is)."""
+    return planned.nodes if isinstance(planned, Planned) else planned
 
 
 # --- which job a pod belongs to ------------------------------------------------------------------
@@ -181,7 +193,7 @@ def test_a_claim_goes_to_its_object_and_back() -> None:
     assert found.metadata.name == "a0"
     assert (found.spec.namespace, found.spec.job, found.spec.phase) == ("ns", "j", "Pending")
     found.metadata.resourceVersion, found.metadata.uid = "7", "u1"
-    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=UltraServerClaim))
+    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=JobClaim))
     assert read == NodeClaim(
         "a0", ("ns", "j"), 4, 8, PENDING, 1_700_000_000.25, 120, "my-scheduler", "7", "u1"
     )
@@ -190,7 +202,7 @@ def test_a_claim_goes_to_its_object_and_back() -> None:
     )
     found = to_object(preempting)
     assert found.spec.victimJobs == ["ns/low", "other/x.y"]
-    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=UltraServerClaim))
+    read = from_object(msgspec.json.decode(msgspec.json.encode(found), type=JobClaim))
     assert read == preempting
 
 
@@ -211,7 +223,7 @@ def test_the_crd_keeps_every_field_a_claim_is_written_with() -> None:
 def test_claims_we_could_not_have_written_are_refused() -> None:
     good = to_object(NodeClaim("a0", ("ns", "j"), 4, 8, BOUND, 1.0, 120))
 
-    def changed(**spec: object) -> UltraServerClaim:
+    def changed(**spec: object) -> JobClaim:
         return msgspec.structs.replace(good, spec=msgspec.structs.replace(good.spec, **spec))
 
     for bad in (
@@ -243,8 +255,8 @@ def test_claims_we_could_not_have_written_are_refused() -> None:
 
 def test_a_job_gets_whole_units_for_all_its_members_or_nothing() -> None:
     occupancy, _ = fleet()
-    assert plan(occupancy, ("ns", "one"), 4, 4, everyone_fits) == ["a0", "a1", "a2", "a3"]
-    assert plan(occupancy, ("ns", "two"), 4, 8, everyone_fits) == [
+    assert nodes(plan(occupancy, ("ns", "one"), 4, 4, everyone_fits)) == ["a0", "a1", "a2", "a3"]
+    assert nodes(plan(occupancy, ("ns", "two"), 4, 8, everyone_fits)) == [
         "a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3",
     ]  # fmt: skip
     occupancy.apply_pod(member("other", 0, node="b1"))
@@ -252,7 +264,7 @@ def test_a_job_gets_whole_units_for_all_its_members_or_nothing() -> None:
     assert isinstance(short, Shortfall)
     assert "needs 2 free UltraServers of 4 nodes for its 8 members, 1 free" in short.reason
     assert "nothing is reserved until all of them fit" in short.reason
-    busy = plan(occupancy, ("ns", "one"), 4, 4, lambda n: "full" if n == "a2" else None)
+    busy = plan(occupancy, ("ns", "one"), 4, 4, Fit(lambda n: "full" if n == "a2" else None))
     assert isinstance(busy, Shortfall) and "0 free" in busy.reason
 
 
@@ -260,11 +272,11 @@ def test_configs_share_no_unit_and_pairs_fit_beside_pairs() -> None:
     occupancy, _ = fleet()
     occupancy.apply_pod(member("pair", 0, node="a0", config=2))
     # A 4-node job may not take unit a: a 2-node job holds half of it.
-    assert plan(occupancy, ("ns", "big"), 4, 4, everyone_fits) == ["b0", "b1", "b2", "b3"]
+    assert nodes(plan(occupancy, ("ns", "big"), 4, 4, everyone_fits)) == ["b0", "b1", "b2", "b3"]
     # Another 2-node job may take a's other pair, first by server id.
-    assert plan(occupancy, ("ns", "pair2"), 2, 2, everyone_fits) == ["a2", "a3"]
+    assert nodes(plan(occupancy, ("ns", "pair2"), 2, 2, everyone_fits)) == ["a2", "a3"]
     claim(occupancy, "big", ["b0", "b1", "b2", "b3"])
-    assert plan(occupancy, ("ns", "pair3"), 2, 4, everyone_fits) == Shortfall(
+    assert nodes(plan(occupancy, ("ns", "pair3"), 2, 4, everyone_fits)) == Shortfall(
         "job ns/pair3 needs 2 free UltraServer pairs (2 nodes) for its 4 members, 1 free; "
         "nothing is reserved until all of them fit"
     )
@@ -273,11 +285,11 @@ def test_configs_share_no_unit_and_pairs_fit_beside_pairs() -> None:
 def test_a_job_adds_to_what_it_holds_and_prefers_units_with_its_own_members() -> None:
     occupancy, _ = fleet()
     occupancy.apply_pod(member("j", 0, node="b2"))  # bound before it had a claim
-    assert plan(occupancy, ("ns", "j"), 4, 4, everyone_fits) == ["b0", "b1", "b2", "b3"]
+    assert nodes(plan(occupancy, ("ns", "j"), 4, 4, everyone_fits)) == ["b0", "b1", "b2", "b3"]
     claim(occupancy, "j", ["b0", "b1", "b2", "b3"], size=8)
-    assert plan(occupancy, ("ns", "j"), 4, 8, everyone_fits) == ["a0", "a1", "a2", "a3"]
+    assert nodes(plan(occupancy, ("ns", "j"), 4, 8, everyone_fits)) == ["a0", "a1", "a2", "a3"]
     claim(occupancy, "j", ["a0", "a1", "a2", "a3"], size=8)
-    assert plan(occupancy, ("ns", "j"), 4, 8, everyone_fits) == []
+    assert nodes(plan(occupancy, ("ns", "j"), 4, 8, everyone_fits)) == []
 
 
 # --- what filter admits ---------------------------------------------------------------------------
@@ -290,7 +302,7 @@ def test_members_go_only_to_the_nodes_of_their_jobs_complete_claim() -> None:
     assert found is not None
     refused = decide(occupancy, found, 4, names)
     assert refused.passed == ["plain"]  # plain: not an UltraServer node, not ours to judge
-    assert "has no UltraServer nodes reserved yet" in refused.failed["a0"]
+    assert "has no nodes reserved yet" in refused.failed["a0"]
     occupancy.shortfalls[("ns", "j")] = "job ns/j needs 1 free UltraServer of 4 nodes, 0 free"
     assert decide(occupancy, found, 4, names).failed["b3"].endswith("0 free")
     claim(occupancy, "j", ["a0", "a1"])  # half written: nobody goes yet
@@ -300,12 +312,11 @@ def test_members_go_only_to_the_nodes_of_their_jobs_complete_claim() -> None:
     occupancy.apply_pod(member("j", 1, node="a2"))
     choice = decide(occupancy, found, 4, names)
     assert choice.failed["a2"] == "already runs a member of job ns/j"
-    assert "go to the UltraServer nodes reserved for it (a0, a1, a2, a3)" in choice.failed["b0"]
+    assert "go to the nodes reserved for it (a0, a1, a2, a3)" in choice.failed["b0"]
     other = member_of(member("k", 0))
     assert other is not None
     assert (
-        "job ns/k has no UltraServer nodes reserved yet"
-        in (decide(occupancy, other, 4, names).failed["a1"])
+        "job ns/k has no nodes reserved yet" in (decide(occupancy, other, 4, names).failed["a1"])
     )  # one reason for a job without a claim, on every node: what kube-scheduler's event says
     claim(occupancy, "k", ["b0", "b1", "b2", "b3"])
     assert decide(occupancy, other, 4, names).failed["a1"] == (
@@ -485,11 +496,11 @@ def test_the_first_refusal_of_a_job_without_a_claim_already_says_what_it_needs()
     reason, not a placeholder the reservation loop replaces later."""
     occupancy, names = fleet()
     occupancy.apply_pod(member("busy", 0, node="a1"))
-    rule = UnitPlacement(occupancy, lambda pod, node: None)
+    rule = UnitPlacement(occupancy, lambda pod: Fit(lambda n: None))
     _, failed = rule.filter(member("big", 0, size=8), names, now=0.0)
     assert (
         "job ns/big needs 2 free UltraServers of 4 nodes for its 8 members, 1 free"
         in (failed["b2"])
     )
     _, failed = rule.filter(member("small", 0, size=4), names, now=0.0)
-    assert "job ns/small fits on 4 UltraServer nodes now" in failed["b0"]
+    assert "job ns/small fits now (on 4 nodes)" in failed["b0"]

@@ -11,7 +11,10 @@ from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_qu
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.kube.objects import ObjectRef
+from neuron_scheduler.jobs.members import MembershipError, member_of
+from neuron_scheduler.jobs.placement import Occupancy
+from neuron_scheduler.kube.objects import EnvVar, ObjectRef
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_WORKLOAD_ANNOTATION, gating
 from tests.builders import node, pod
 
 CATALOG = Catalog.builtin()
@@ -169,3 +172,50 @@ def test_unusable_nodes_keep_their_reason(capacity: dict[str, str], code: str, r
     assert "bad" in ledger.nodes and "bad" not in ledger.unusable
     ledger.replace_nodes([])
     assert not ledger.nodes and not ledger.unusable
+
+
+@pytest.mark.parametrize("text", ["²", "9" * 5000, "٣"])
+def test_a_job_size_in_digits_int_refuses_or_misreads_is_no_size(text: str) -> None:
+    """isdigit() says yes to '²' (int() raises ValueError) and to 5000 nines (int() refuses more
+    than 4300 digits): the pod watch feeds every pod to the training-job view, and an exception
+    there would end the watch."""
+    sized = pod(
+        "m",
+        {NEURON: 1},
+        annotations={"neuron-scheduler.io/gang": "g", "neuron-scheduler.io/gang-size": text},
+    )
+    with pytest.raises(MembershipError):
+        member_of(sized)
+    torch = pod(
+        "t",
+        {NEURON: 1},
+        labels={
+            "training.kubeflow.org/job-name": "t",
+            "training.kubeflow.org/replica-type": "worker",
+        },
+    )
+    torch.spec.containers[0].env.append(EnvVar(name="PET_NNODES", value=text))
+    found = member_of(torch)
+    assert found is not None and found.size is None  # no size: as many as seen
+    occupancy = Occupancy()
+    for each in (sized, torch):
+        occupancy.apply_pod(each)  # no exception
+    assert [p.member.job for p in occupancy.pending.values()] == [("default", "t")]
+
+
+def test_what_a_gated_pod_says_of_its_gates_and_workload_is_bounded() -> None:
+    """Anyone who may create a pod writes its gates and annotations: `why` shows a bounded part."""
+    many = [f"example.com/gate-{i}" for i in range(40)]
+    huge = "w" * 100_000
+    gated = pod(
+        "p",
+        {NEURON: 1},
+        gates=[KUEUE_ADMISSION_GATE, *many],
+        annotations={KUEUE_WORKLOAD_ANNOTATION: huge},
+    )
+    found = gating(gated)
+    assert found is not None
+    assert len(found.gates) == 8 and found.more == 33
+    assert found.workload == "w" * 253
+    assert "and 33 more" in found.text
+    assert gating(pod("free", {NEURON: 1})) is None

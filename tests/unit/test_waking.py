@@ -18,10 +18,11 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from neuron_scheduler.jobs.claims import PENDING, NodeClaim
+from neuron_scheduler.jobs.placement import Occupancy, UnitPlacement
 from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.ultraserver.claims import PENDING, NodeClaim
-from neuron_scheduler.ultraserver.placement import Occupancy, UnitPlacement
+from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
 
@@ -351,6 +352,31 @@ async def test_the_first_list_seeds_pods_kube_scheduler_left_unschedulable() -> 
     waker = Waker(fresh, world.api, ["my-scheduler"], clock=world.clock)  # type: ignore[arg-type]
     waker.replace_pods([msgspec.convert(body, Pod)])
     assert list(waker.waiting) == ["uid-left"]
+
+
+async def test_a_gated_pod_is_never_seeded_nor_woken() -> None:
+    """Issue 48: kube-scheduler does not try a pod with a scheduling gate, so a wake would be
+    for nothing; its condition (Unschedulable here, whoever wrote it) does not make it pending."""
+    leading = [False]
+    world = World(is_leader=lambda: leading[0])
+    holders = world.fill(RING, list(range(0, 12, 2)))
+    body = pod_json("queued", {NEURON: 2}, uid="uid-queued", gates=[KUEUE_ADMISSION_GATE])
+    body["metadata"]["resourceVersion"] = "1"
+    body["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]
+    world.api.pods["queued"] = body
+    fresh = Waker(world.ledger, world.api, ["my-scheduler"], clock=world.clock)  # type: ignore[arg-type]
+    fresh.replace_pods([msgspec.convert(body, Pod)])  # the first list
+    assert fresh.waiting == {}
+    for view in world.views:
+        view.apply_pod(msgspec.convert(body, Pod))
+    await world.run(1.0)
+    leading[0] = True  # a new leader seeds what its predecessor refused: not this one
+    await world.run(1.0)
+    world.delete(holders[0])
+    await world.run(1.0)
+    assert world.woken() == [] and world.waker.waiting == {}
 
 
 async def test_a_claim_seen_node_by_node_wakes_every_member_once_complete() -> None:

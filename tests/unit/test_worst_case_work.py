@@ -18,6 +18,8 @@ from neuron_scheduler.core.allocation import NodeState, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog, InstanceTypeSpec
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest
 from neuron_scheduler.core.topology import MAX_CORES_PER_DEVICE, MAX_DEVICES, Topology, TopologyKind
+from neuron_scheduler.jobs.members import MAX_GANG
+from neuron_scheduler.jobs.network import EKS_LEVELS, Atom, choose
 
 
 def _empty_caches() -> None:
@@ -113,3 +115,24 @@ def test_capacity_beyond_the_ceilings_is_refused_without_being_modelled() -> Non
             raise AssertionError(f"{devices} devices, {cores} cores was modelled")
 
     assert _slowest(hostile) < budget / 100
+
+
+def test_a_huge_job_over_many_small_network_domains_is_chosen_within_a_few_budgets() -> None:
+    """The network choice for a training job (jobs/network.py) of up to MAX_GANG members over
+    as many layer-3 domains as there are nodes (node labels and job sizes are anyone's): it ran
+    in the reservation loop's step and in filter, cubic in the domains a job spans (390 of
+    them: 23 s), and its subset-sum table grew as domains x members (3,000 domains, 1,024
+    members: 3.3 s, 280 MB)."""
+    budget = _budget()
+    shapes = [(400, 390), (3000, MAX_GANG), (2000, 1000)]
+    worst = (0.0, "")
+    for nodes, need in shapes:
+        atoms = [
+            Atom(f"n{i}", 1, ("l1", f"l2-{i // 50}", f"l3-{i}", ""), 1, f"n{i}")
+            for i in range(nodes)
+        ]
+        took = _slowest(lambda a=atoms, n=need: choose(a, n, EKS_LEVELS))
+        worst = max(worst, (took, f"{need} members over {nodes} single-node domains"))
+    assert worst[0] < 8 * budget, (
+        f"{worst[1]} took {worst[0] * 1000:.0f} ms; budget {budget * 1000:.1f} ms"
+    )

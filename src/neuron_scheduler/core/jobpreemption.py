@@ -1,6 +1,6 @@
 """Which whole jobs to evict so a training job gets the units it needs. Pure.
 
-Shared by the extender's UltraServer preemption (ultraserver/preemption.py) and the gang
+Shared by the extender's training-job preemption (jobs/preemption.py) and the gang
 simulator (sim/gangs.py). The caller lists the units the preemptor could have (`Opening`): each
 with the lower-priority jobs to evict whole for it (none for a free unit) and the pods of no job
 on it. Evicting a job frees every unit it holds, so a job spread over three units frees three;

@@ -13,6 +13,7 @@ import typer
 
 from neuron_scheduler.commandline import UsageError, check_log_level, user_errors
 from neuron_scheduler.core.catalog import Catalog, CatalogError
+from neuron_scheduler.jobs.network import EKS_LEVELS, LevelsError, parse_levels
 
 _CLASS_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")
 
@@ -93,10 +94,20 @@ def extender(
     ultraserver_claim_seconds: Annotated[
         float,
         typer.Option(
-            help="how long a training job's Pending UltraServer claim lasts after the job last "
-            "did anything (kube-scheduler asked about one of its members)"
+            "--job-claim-seconds",
+            "--ultraserver-claim-seconds",
+            help="how long a training job's Pending claim lasts after the job last did anything "
+            "(kube-scheduler asked about one of its members); --ultraserver-claim-seconds is its "
+            "first name",
         ),
     ] = 120.0,
+    topology_levels: Annotated[
+        str,
+        typer.Option(
+            help="the network's topology levels, broadest first: node-label keys, comma "
+            "separated, training jobs are placed close in ('' for none; docs/training-jobs.md)"
+        ),
+    ] = ",".join(EKS_LEVELS),
     consolidation: Annotated[
         str,
         typer.Option(
@@ -247,9 +258,12 @@ def extender(
             raise UsageError(f"--wake-grace {wake_grace} is not between 0 and 60 seconds")
         if not 1 <= ultraserver_claim_seconds <= 3600:
             raise UsageError(
-                f"--ultraserver-claim-seconds {ultraserver_claim_seconds} is not between 1 and "
-                "3600 seconds"
+                f"--job-claim-seconds {ultraserver_claim_seconds} is not between 1 and 3600 seconds"
             )
+        try:
+            levels = parse_levels(topology_levels)
+        except LevelsError as error:
+            raise UsageError(f"--topology-levels: {error}") from error
         modes = [m.value for m in Mode]
         if consolidation not in modes:
             raise UsageError(f"--consolidation {consolidation!r} is not one of {', '.join(modes)}")
@@ -364,6 +378,7 @@ def extender(
                 wake_rate=wake_rate,
                 wake_grace=wake_grace,
                 claim_seconds=ultraserver_claim_seconds,
+                topology_levels=levels,
                 consolidation=limits,
                 budget_lease=(lease_namespace or own_namespace("kube-system"), consolidation_lease),
                 capacity=capacity,

@@ -90,7 +90,7 @@ class Metrics:
         )
         self.job_preemptions = Counter(
             "neuron_scheduler_job_preemptions",
-            "Preemptions for training jobs on UltraServers (whole jobs or nothing), by outcome: "
+            "Preemptions for training jobs (whole jobs or nothing), by outcome: "
             "asked (the preempt verb recorded an ask for the job), impossible (the reservation "
             "loop found no units for it, even with every lower-priority job evicted), "
             "carried_out (its claim written, its victims evicted), "

@@ -31,6 +31,8 @@ from neuron_scheduler.extender.state.placeholders import PodRouter
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES
 from neuron_scheduler.extender.wiring import Extender, wire
+from neuron_scheduler.jobs.network import EKS_LEVELS
+from neuron_scheduler.jobs.placement import CLAIM_SECONDS, claims_absent
 from neuron_scheduler.kube.client import (
     CLAIMS,
     DISRUPTION_BUDGETS,
@@ -46,14 +48,13 @@ from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound
 from neuron_scheduler.kube.objects import (
+    JobClaim,
     Node,
     Pod,
     PodDisruptionBudget,
     PodGroup,
-    UltraServerClaim,
 )
 from neuron_scheduler.kube.watching import Watch
-from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS
 
 log = logging.getLogger("neuron_scheduler.server")
 CRD_RETRY_SECONDS = 60.0
@@ -83,8 +84,10 @@ class ExtenderOptions:
     # kube-scheduler gets to retry on a cluster event itself before the extender wakes a pod.
     wake_rate: float = DEFAULT_RATE
     wake_grace: float = DEFAULT_GRACE
-    # How long a Pending UltraServer claim outlives its job's last activity.
+    # How long a training job's Pending claim outlives its job's last activity.
     claim_seconds: float = CLAIM_SECONDS
+    # The network's topology levels (node-label keys, broadest first) jobs are placed close in.
+    topology_levels: tuple[str, ...] = EKS_LEVELS
     # Consolidation's mode and bounds, and the Lease (namespace, name) of its eviction budget.
     consolidation: Limits = field(default_factory=Limits)
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation")
@@ -136,10 +139,10 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         timer=extender.metrics.watch_seconds.labels("pods").observe,
     )
 
-    claims: Watch[UltraServerClaim] = Watch(
+    claims: Watch[JobClaim] = Watch(
         api,
         CLAIMS,
-        UltraServerClaim,
+        JobClaim,
         on_list=occupancy.replace_claims,
         on_change=occupancy.apply_claim,
         on_delete=occupancy.remove_claim,
@@ -167,11 +170,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
 
     async def watch_claims() -> None:
         def absent(why: str) -> None:
-            occupancy.unavailable = (
-                f"UltraServer claims are not available ({why}): no training job is placed on "
-                "UltraServer nodes; install the chart's UltraServerClaim CRD "
-                "(scheduler.ultraserver.installCRD)"
-            )
+            occupancy.unavailable = claims_absent(why)
             claims_known.set()
 
         async def listed() -> None:
@@ -180,7 +179,7 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
 
         def served() -> None:
             if occupancy.unavailable is not None:
-                log.info("UltraServerClaims are served now: UltraServer placement is on")
+                log.info("UltraServerClaims are served now: training jobs go all or nothing")
                 occupancy.unavailable = None
 
         waiting = asyncio.get_running_loop().create_task(listed())
@@ -429,6 +428,7 @@ async def serve(options: ExtenderOptions) -> None:
             wake_rate=options.wake_rate,
             wake_grace=options.wake_grace,
             claim_seconds=options.claim_seconds,
+            topology_levels=options.topology_levels,
             consolidation=options.consolidation,
             budget_lease=options.budget_lease,
             capacity=options.capacity,

@@ -1,5 +1,5 @@
 """The extender's parts wired together: the one place that decides which views, node filters and
-reservers the judge and binder get (today the ledger and the UltraServer unit rule), what the
+reservers the judge and binder get (today the ledger and the training-job unit rule), what the
 waker hears from, and what consolidation reads."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.extender.state.members import member_excluded, member_unusable
+from neuron_scheduler.extender.state.members import member_fit
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.pending import PendingPods
 from neuron_scheduler.extender.state.placeholders import Placeholders
@@ -36,15 +36,16 @@ from neuron_scheduler.extender.state.protection import Bound
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
+from neuron_scheduler.jobs.network import EKS_LEVELS
+from neuron_scheduler.jobs.placement import CLAIM_SECONDS, Occupancy, UnitPlacement
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.events import EventRecorder
-from neuron_scheduler.ultraserver.placement import CLAIM_SECONDS, Occupancy, UnitPlacement
 
 
 @dataclass(frozen=True)
 class Extender:
     """The extender's parts, wired: the views the watches feed, the judge (filter, prioritize)
-    and the binder, sharing one ledger. The UltraServer unit rule is given to them as a view, a
+    and the binder, sharing one ledger. The training-job unit rule is given to them as a view, a
     node filter and a reserver."""
 
     ledger: Ledger
@@ -57,7 +58,7 @@ class Extender:
     binder: Binder
     preemptor: Preemptor
     waker: Waker  # its loop runs in `serve`; it writes only while `is_leader()`
-    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    occupancy: Occupancy  # training jobs' units, members and claims
     reservations: Reservations  # writes the claims (its loop runs in `serve`, leader only)
     consolidator: Consolidator  # its loop runs in `serve` once synced, leader only
     failures: DeviceFailures  # pods on failed devices: its loop runs like consolidation's
@@ -77,6 +78,7 @@ def wire(
     wake_rate: float = DEFAULT_RATE,
     wake_grace: float = DEFAULT_GRACE,
     claim_seconds: float = CLAIM_SECONDS,
+    topology_levels: tuple[str, ...] = EKS_LEVELS,
     consolidation: Limits = DEFAULT_LIMITS,
     budget_lease: tuple[str, str] = ("kube-system", "k8s-neuron-scheduler-consolidation"),
     capacity: CapacityLimits = DEFAULT_CAPACITY,
@@ -90,12 +92,9 @@ def wire(
     prioritize-claims scores (None: none)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
-    occupancy = Occupancy()  # UltraServer units, training jobs' members and their claims
-    units = UnitPlacement(
-        occupancy,
-        lambda pod, node: member_unusable(ledger, pod, policy, node),
-        lambda pod, node: member_excluded(ledger, pod, node),
-    )
+    # Training jobs' units (UltraServers, nodes), members and claims, and where nodes sit.
+    occupancy = Occupancy(levels=topology_levels)
+    units = UnitPlacement(occupancy, lambda pod: member_fit(ledger, pod, policy))
     metrics = Metrics(ledger)
     synced = asyncio.Event()
     budgets = DisruptionBudgets()

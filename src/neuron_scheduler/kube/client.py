@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
-from neuron_scheduler.kube.objects import Lease, Node, ObjectRef, Pod, PodList, UltraServerClaim
+from neuron_scheduler.kube.objects import JobClaim, Lease, Node, ObjectRef, Pod, PodList
 
 
 def pod_path(namespace: str, name: str) -> str:
@@ -412,15 +412,15 @@ class KubeAPI:
 
     # --- neuron-scheduler.io/v1alpha1 UltraServerClaims (cluster-scoped, one per node) --------
 
-    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+    async def create_claim(self, claim: JobClaim) -> JobClaim:
         answer = await self.request("POST", CLAIMS, body=msgspec.to_builtins(claim))
-        return msgspec.json.decode(answer, type=UltraServerClaim)
+        return msgspec.json.decode(answer, type=JobClaim)
 
-    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim:
+    async def replace_claim(self, claim: JobClaim) -> JobClaim:
         """PUT with the resourceVersion the claim carries: a Conflict if it changed since."""
         path = f"{CLAIMS}/{claim.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(claim))
-        return msgspec.json.decode(answer, type=UltraServerClaim)
+        return msgspec.json.decode(answer, type=JobClaim)
 
     async def delete_claim(self, name: str, uid: str, resource_version: str) -> None:
         """Only the claim of this uid, as it was at this resourceVersion (a Conflict if it

@@ -106,6 +106,10 @@ class PodResourceClaimStatus(msgspec.Struct):
     resourceClaimName: str | None = None  # the claim made from the template
 
 
+class PodSchedulingGate(msgspec.Struct):
+    name: str = ""
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""
     schedulerName: str = ""
@@ -121,6 +125,9 @@ class PodSpec(msgspec.Struct):
     preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
     resourceClaims: list[PodResourceClaim] = []
+    # While any is there, kube-scheduler does not try the pod and the extender's loops leave it
+    # alone (kube.reading.gated): Kueue holds its pods so until it admits their workload.
+    schedulingGates: list[PodSchedulingGate] = []
 
 
 class PodCondition(msgspec.Struct):
@@ -293,6 +300,7 @@ class ClaimSpec(msgspec.Struct, omit_defaults=True):
     job: str = ""
     config: int = 0
     size: int = 0
+    slots: int = 1  # members the node takes (omitted, as written before it existed: 1)
     phase: str = ""
     scheduler: str = ""
     renewTime: str = ""  # RFC 3339
@@ -311,9 +319,10 @@ class ClaimMeta(msgspec.Struct, omit_defaults=True):
     creationTimestamp: str = ""  # the API server's (never written by us)
 
 
-class UltraServerClaim(msgspec.Struct):
-    """neuron-scheduler.io/v1alpha1, cluster-scoped, one per node (the chart installs the CRD):
-    written whole, so its apiVersion and kind too."""
+class JobClaim(msgspec.Struct):
+    """A training job's claim on one node: neuron-scheduler.io/v1alpha1, cluster-scoped, one per
+    node (the chart installs the CRD), written whole, so its apiVersion and kind too. The kind
+    keeps its first name, UltraServerClaim, for existing users: it holds any job's nodes."""
 
     apiVersion: str = "neuron-scheduler.io/v1alpha1"
     kind: str = "UltraServerClaim"

@@ -3,6 +3,8 @@ capacity, and our annotations on a bound pod. Pure."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from datetime import datetime
 
 from neuron_scheduler.core import health
@@ -33,12 +35,50 @@ def _neuron_counts(container: Container) -> dict[str, int]:
     }
 
 
+# neuron_request's answers by what it reads (each container's name, requests and limits): one
+# pod is read half a dozen times while it is scheduled (filter, prioritize, bind, each watch
+# event), and a workload's pods ask alike, so reading the quantities again was a visible share of
+# the extender's CPU per pod (issue 50). Only small shapes are kept, and at most `_KEPT` of them.
+_known_requests: dict[object, NeuronRequest | None] = {}
+_KEPT = 512
+_KEPT_CONTAINERS = 8
+_KEPT_ENTRIES = 8  # requests and limits of one container
+
+
+def _shape(containers: list[Container]) -> tuple[object, ...] | None:
+    """What neuron_request reads of these containers, as a key; None when too large to keep."""
+    if len(containers) > _KEPT_CONTAINERS:
+        return None
+    shape = []
+    for container in containers:
+        resources = container.resources
+        if len(resources.requests) + len(resources.limits) > _KEPT_ENTRIES:
+            return None
+        shape.append(
+            (container.name, tuple(resources.requests.items()), tuple(resources.limits.items()))
+        )
+    return tuple(shape)
+
+
 def neuron_request(pod: Pod) -> NeuronRequest | None:
     """The pod's Neuron request, None without one; RequestError when it cannot be served."""
-    return pod_request(
-        [_neuron_counts(c) for c in pod.spec.containers],
-        [_neuron_counts(c) for c in pod.spec.initContainers],
+    spec = pod.spec
+    apps, inits = _shape(spec.containers), _shape(spec.initContainers)
+    key = (apps, inits) if apps is not None and inits is not None else None
+    if key is not None:
+        try:
+            return _known_requests[key]
+        except KeyError:
+            pass
+    request = pod_request(
+        [_neuron_counts(c) for c in spec.containers],
+        [_neuron_counts(c) for c in spec.initContainers],
     )
+    if key is not None:
+        if len(_known_requests) >= _KEPT:
+            _known_requests.clear()
+        _known_requests[key] = request
+    return request
 
 
 def servable_request(pod: Pod) -> NeuronRequest | None:
@@ -121,6 +161,85 @@ def unschedulable(pod: Pod) -> bool:
         c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
         for c in pod.status.conditions
     )
+
+
+# Kueue's keys on the pods it manages (sigs.k8s.io/kueue v0.17.0: apis/kueue/v1beta2,
+# pkg/controller/constants, pkg/controller/jobs/pod/constants).
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"  # until its workload is admitted
+KUEUE_TOPOLOGY_GATE = "kueue.x-k8s.io/topology"  # until topology-aware scheduling pins it
+KUEUE_GATES = (KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE)
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # its LocalQueue, in the pod's namespace
+KUEUE_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"  # set once the workload is admitted
+KUEUE_PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"  # a pod group's Workload is named so
+MAX_GATES_SHOWN = 8
+MAX_NAME = 253  # an object's name at most; longer values are cut (annotations are free text)
+
+
+def gated(pod: Pod) -> bool:
+    """The pod has a scheduling gate: kube-scheduler does not try to place it, and the extender
+    does nothing for it (no claim, hold, plan, placeholder or wake) until every gate is gone.
+    Under Kueue, the gate means its quota is not given yet: the pod is Kueue's, not ours."""
+    return bool(pod.spec.schedulingGates)
+
+
+@dataclass(frozen=True, slots=True)
+class Gating:
+    """What holds a gated pod back: its gates, and for Kueue's, its Workload and LocalQueue."""
+
+    namespace: str  # the pod's, and so its Workload's and LocalQueue's
+    gates: tuple[str, ...]  # the first MAX_GATES_SHOWN, in the pod's order
+    more: int  # gates beyond those
+    workload: str  # Kueue's Workload, "" when no gate is Kueue's
+    queue: str  # its LocalQueue, "" when not Kueue's or the pod names none
+
+    @property
+    def text(self) -> str:
+        """`scheduling gate G: Kueue's Workload ns/w in LocalQueue q is not admitted yet`."""
+        gates = ", ".join(self.gates) + (f" and {self.more} more" if self.more else "")
+        text = f"scheduling gate{'s' if len(self.gates) + self.more > 1 else ''} {gates}"
+        if self.workload:
+            queue = f" in LocalQueue {self.queue}" if self.queue else ""
+            text += f": Kueue's Workload {self.namespace}/{self.workload}{queue}"
+            if KUEUE_ADMISSION_GATE in self.gates:
+                text += " is not admitted yet"
+            else:
+                text += " waits for its topology assignment"
+        return text
+
+
+def gating(pod: Pod) -> Gating | None:
+    """Why a gated pod waits; None for a pod without gates."""
+    names = [g.name for g in pod.spec.schedulingGates]
+    if not names:
+        return None
+    kueue = any(name in KUEUE_GATES for name in names)
+    labels = pod.metadata.labels
+    return Gating(
+        namespace=pod.metadata.namespace,
+        gates=tuple(name[: 2 * MAX_NAME] for name in names[:MAX_GATES_SHOWN]),
+        more=max(len(names) - MAX_GATES_SHOWN, 0),
+        workload=kueue_workload(pod)[:MAX_NAME] if kueue else "",
+        queue=labels.get(KUEUE_QUEUE_LABEL, "")[:MAX_NAME] if kueue else "",
+    )
+
+
+def kueue_workload(pod: Pod) -> str:
+    """The name of Kueue's Workload for the pod, as Kueue v0.17.0 names it: the annotation it
+    writes at admission; else a prebuilt workload's name; else the pod group's name; else a single
+    pod's generated name (`pod-NAME-HASH`, pkg/controller/jobframework/workload_names.go, with
+    the default feature gates)."""
+    meta = pod.metadata
+    for found in (
+        meta.annotations.get(KUEUE_WORKLOAD_ANNOTATION),
+        meta.labels.get(KUEUE_PREBUILT_LABEL),
+        meta.labels.get(KUEUE_POD_GROUP_LABEL),
+    ):
+        if found:
+            return found
+    # sha1 of kind, group (core: empty), name and uid, each line-separated; the first 5 digits.
+    digest = hashlib.sha1(f"Pod\n\n{meta.name}\n{meta.uid}".encode(), usedforsecurity=False)
+    return f"{f'pod-{meta.name}'[:247]}-{digest.hexdigest()[:5]}"
 
 
 def epoch(timestamp: str) -> float:

@@ -121,9 +121,11 @@ def status(
     )
     from neuron_scheduler.live.dranodes import dra_json, dra_text
     from neuron_scheduler.live.fleet import fleet_json, fleet_view
+    from neuron_scheduler.live.gated import gated_json
     from neuron_scheduler.live.snapshot import Budget, read_budget, read_cluster
     from neuron_scheduler.live.terminal import (
         consolidation_block,
+        gated_lines,
         shown,
         status_view,
         ultraserver_tables,
@@ -159,6 +161,7 @@ def status(
         if node is None:
             document["ultraservers"] = ultraserver_json(ultraservers)
             document["dra"] = dra_json(snapshot.dra, snapshot.dra_unread, DRA_DRIVER)
+            document["gated"] = gated_json(snapshot.gated)
         print(json.dumps(document, indent=2))
     else:
         for part in status_view(fleet):
@@ -166,6 +169,9 @@ def status(
         if node is None and not ultraservers.empty:
             for part in ultraserver_tables(ultraservers):
                 out.print(part)
+        if node is None:
+            for line in gated_lines(snapshot.gated):
+                out.print(line)
         if node is None and (snapshot.dra or snapshot.dra_unread):
             dra = dra_text(snapshot.dra) if snapshot.dra else ""
             out.print(Text(f"DRA: {shown(snapshot.dra_unread or dra, 2000)}"))

@@ -6,11 +6,16 @@ cannot be right is unusable; the pod's own nodeSelector, required node affinity 
 keep it off others (kube-scheduler filters those before asking the extender); then the allocator
 decides on the node as the pod sees it (blocks held for pods nominated by preemption count
 against it unless their priority is lower); on the nodes it fits, the extender's node filter
-(the UltraServer rule: a training job's members go where its claim is) has the last word.
+(the training-job rule: a training job's members go where its claim is) has the last word.
 Where the refusal can be resolved, it says what would have to be freed: the pods holding the
 cheapest allowed block, whatever their priority (what blocks it), and what the preempt verb
 would evict for this pod's priority (core/eviction, with the same view of the node as the verb;
 disruption budgets are not read here).
+
+A pod with scheduling gates is held back by whoever set them (Kueue, until it admits the pod's
+Workload): kube-scheduler does not try it, and the extender reserves, plans and asks for nothing
+for it. The diagnosis names the gates (for Kueue's, its Workload and LocalQueue) and gives each
+node's answer as it would be once they are gone.
 
 A pod that no node fits while some have its count free is stranded by fragmentation: the case
 kube-scheduler's preemption cannot help on 1.36 and consolidation is for. Then the diagnosis
@@ -23,7 +28,6 @@ autoscaler for a node, the block held on a node that came, or what would be aske
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -47,29 +51,26 @@ from neuron_scheduler.extender.loops.movers import Admits, anywhere, plan_for
 from neuron_scheduler.extender.loops.requesting import asked_type
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
-from neuron_scheduler.extender.state.members import member_excluded, member_unusable
+from neuron_scheduler.extender.state.members import member_fit
 from neuron_scheduler.extender.state.movability import Movability, gang_of
 from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.jobs.members import MembershipError, member_of
+from neuron_scheduler.jobs.network import closeness_of
+from neuron_scheduler.jobs.placement import Occupancy, Shortfall, UnitPlacement, job_progress, plan
+from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.kube.reading import (
+    Gating,
     assignment,
+    gated,
+    gating,
     neuron_request,
     node_topology,
     unhealthy_devices,
 )
 from neuron_scheduler.live.fleet import JSON_VERSION
-from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
-from neuron_scheduler.ultraserver.labels import NodeConfigError
-from neuron_scheduler.ultraserver.placement import (
-    Occupancy,
-    Shortfall,
-    UnitPlacement,
-    job_progress,
-    plan,
-    pod_node_config,
-)
 
 # Above every PriorityClass value (int32): every pod on the node counts as evictable.
 ANY_PRIORITY = 2**31
@@ -81,7 +82,7 @@ class NotPending(ValueError):
 
 class Verdict(StrEnum):
     FITS = "fits"  # its devices fit now: it waits for something else
-    UNIT_RULE = "unit_rule"  # its devices fit, but the UltraServer unit rule keeps it off
+    UNIT_RULE = "unit_rule"  # its devices fit, but the training-job unit rule keeps it off
     BLOCKED = "blocked"  # pods (or held blocks) are in the way
     NEVER = "never"  # no amount of freeing helps: a size the node does not allow, too big
     EXCLUDED = "excluded"  # its own nodeSelector, affinity or tolerations keep it off
@@ -129,6 +130,9 @@ class Diagnosis:
     capacity: str = ""  # when stranded: the node asked for, held, or that would be asked for
     # A member of a training job: its job's claim and members bound, or why it has no claim.
     job: str = ""
+    # Its scheduling gates (Kueue's, with its Workload and LocalQueue): kube-scheduler does not
+    # try it, and the extender does nothing for it, until they are gone.
+    gating: Gating | None = None
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
@@ -230,7 +234,11 @@ def diagnose(
         nodes=tuple(nodes),
         other_nodes=other_nodes,
         job=_job(occupancy, pod, now) if occupancy is not None else "",
+        gating=gating(pod),
     )
+    if diagnosis.gating is not None:
+        # Not pending for the extender: no claim, plan or node asked for until the gates go.
+        return dataclasses.replace(diagnosis, job=_gated_job(pod))
     if request is None or plans is None or movability is None:
         return diagnosis
     active = plans.plans.get(pod.metadata.uid)
@@ -325,7 +333,7 @@ def _consolidation(
 
 
 def _unit_admits(units: UnitPlacement) -> Admits:
-    """The UltraServer rule as consolidation's planner asks it (its claims are the snapshot's)."""
+    """The training-job rule as consolidation's planner asks it (its claims are the snapshot's)."""
     return lambda pod, node: units.admits(pod, node, 0.0)
 
 
@@ -341,16 +349,15 @@ def _unit_rule(
         config = pod_node_config(pod)
     except (MembershipError, NodeConfigError):
         member = None
-    if member is not None and not occupancy.complete(member.job):
+    if member is not None and not occupancy.complete(member.job) and not gated(pod):
         size = max(occupancy.size(member, member.job), 1)  # this pod, at least
-        usable = functools.partial(member_unusable, ledger, pod, policy)
-        excluded = functools.partial(member_excluded, ledger, pod)
-        planned = plan(occupancy, member.job, config, size, usable, excluded)
+        fit = member_fit(ledger, pod, policy)
+        planned = plan(occupancy, member.job, config, size, fit, closeness_of(pod))
         occupancy.shortfalls[member.job] = (
             planned.reason
             if isinstance(planned, Shortfall)
-            else f"job {member.text} fits now (on {len(planned)} nodes): the extender reserves "
-            "them for all its members at once, then they are retried"
+            else f"job {member.text} fits now ({planned.where}): the extender reserves them "
+            "for all its members at once, then they are retried"
         )
     _, refused = UnitPlacement(occupancy).filter(pod, fits, now=0.0)
     return [
@@ -372,6 +379,20 @@ def _job(occupancy: Occupancy, pod: Pod, now: float) -> str:
     if member is None:
         return ""
     return job_progress(occupancy, member.job, now) or occupancy.shortfalls.get(member.job, "")
+
+
+def _gated_job(pod: Pod) -> str:
+    """For a gated member of a training job: that nothing is reserved for its job yet."""
+    try:
+        member = member_of(pod)
+    except MembershipError:
+        return ""
+    if member is None:
+        return ""
+    return (
+        f"job {member.text}: nothing is reserved for it while its members are gated; once the "
+        "gates are removed, the extender reserves UltraServer units for all its members at once"
+    )
 
 
 def _closeness(node: NodeDiagnosis) -> tuple[int, int, str]:
@@ -511,6 +532,18 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "consolidation": diagnosis.consolidation or None,
         "capacity": diagnosis.capacity or None,
         "job": diagnosis.job or None,
+        "scheduling_gates": _gating_json(diagnosis.gating),
+    }
+
+
+def _gating_json(found: Gating | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {
+        "gates": list(found.gates),
+        "more_gates": found.more,
+        "kueue_workload": found.workload or None,
+        "kueue_queue": found.queue or None,
     }
 
 

@@ -9,7 +9,7 @@ and checks what it reads (capacities, annotations, ids against the node's topolo
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.planrecord import (
@@ -25,6 +25,7 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.extender.state.placeholders import Placeholders, PodRouter
 from neuron_scheduler.extender.state.plans import Plans
+from neuron_scheduler.jobs.placement import Occupancy, claims_absent
 from neuron_scheduler.kube.client import (
     CLAIMS,
     NODES,
@@ -34,9 +35,9 @@ from neuron_scheduler.kube.client import (
     KubeAPI,
 )
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
-from neuron_scheduler.kube.objects import Node, Pod, PodGroup, UltraServerClaim
+from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
 from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
-from neuron_scheduler.ultraserver.placement import Occupancy
+from neuron_scheduler.live.gated import GatedPods, gated_view
 
 PAGE = 500
 # Far above Kubernetes' tested limits (5,000 nodes, 150,000 pods): a list longer than this is
@@ -51,14 +52,15 @@ UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     ledger: Ledger
-    occupancy: Occupancy  # UltraServer units, training jobs' members and their claims
+    occupancy: Occupancy  # training jobs' units, members and claims
     node_names: frozenset[str]  # every node listed, with Neuron resources or not
     movability: Movability  # what consolidation knows of each Neuron pod
     plans: Plans  # consolidation plans in flight, holding in `ledger` as in the extender's
     placeholders: Placeholders  # capacity requests' placeholder pods (counted in no other view)
-    claims_unread: str | None = None  # why the UltraServer claims were not read
+    claims_unread: str | None = None  # why the job claims were not read
     dra: tuple[DraNode, ...] = ()  # nodes our DRA driver serves, and their failed devices
     dra_unread: str | None = None  # why its ResourceSlices were not read
+    gated: GatedPods = field(default_factory=GatedPods)  # pods held back by scheduling gates
 
     @property
     def other_nodes(self) -> int:
@@ -85,7 +87,7 @@ class Budget:
 
 async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRIVER) -> Snapshot:
     """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
-    UltraServer claims and PodGroups, and our DRA driver's slices, where they can be read."""
+    job claims and PodGroups, and our DRA driver's slices, where they can be read."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -104,10 +106,12 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     PodRouter(views, placeholders).replace_pods(pods)
     unread = None
     try:
-        claims = await api.list_all(CLAIMS, UltraServerClaim, page=PAGE, most=MOST_NODES)
+        claims = await api.list_all(CLAIMS, JobClaim, page=PAGE, most=MOST_NODES)
         occupancy.replace_claims(claims)
     except (Forbidden, NotFound) as error:
         unread = f"cannot list UltraServerClaims: {error_text(error)}"
+        if isinstance(error, NotFound):  # no CRD: the extender has none either, and says so
+            occupancy.unavailable = claims_absent("not served")
     groups_path = await api.first_served(POD_GROUP_PATHS)  # the Workload API: often absent
     if groups_path is not None:
         with contextlib.suppress(Forbidden, NotFound):
@@ -116,7 +120,16 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     names = frozenset(n.metadata.name for n in nodes)
     dra, dra_unread = await read_dra_nodes(api, dra_driver)
     return Snapshot(
-        ledger, occupancy, names, movability, plans, placeholders, unread, dra, dra_unread
+        ledger,
+        occupancy,
+        names,
+        movability,
+        plans,
+        placeholders,
+        unread,
+        dra,
+        dra_unread,
+        gated_view(pods),
     )
 
 

@@ -37,6 +37,7 @@ from neuron_scheduler.live.diagnosis import (
     freeing_text,
 )
 from neuron_scheduler.live.fleet import Fleet, NodeView
+from neuron_scheduler.live.gated import GatedPods
 from neuron_scheduler.live.ultraservers import UltraServers
 
 NAME_LIMIT = 120
@@ -263,7 +264,7 @@ def status_view(fleet: Fleet) -> Iterator[RenderableType]:
 def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
     """UltraServers, node by node (who claims it, whose members run there), and the claims."""
     if view.unread:
-        yield Text(f"UltraServer claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
+        yield Text(f"job claims not read: {shown(view.unread, REASON_LIMIT)}", "yellow")
     if view.units:
         units = Table(title="UltraServers")
         for column in ("UltraServer", "node", "claimed for", "members of"):
@@ -278,7 +279,7 @@ def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
                 )
         yield units
     if view.claims:
-        claims = Table(title="Claims (kubectl get ultraserverclaims)")
+        claims = Table(title="Training jobs' claims (kubectl get ultraserverclaims)")
         for column in ("job", "phase", "members bound", "units of", "nodes", "ends in"):
             claims.add_column(column, justify="right" if column == "ends in" else "left")
         for claim in view.claims:
@@ -299,6 +300,20 @@ def ultraserver_tables(view: UltraServers) -> Iterator[RenderableType]:
             yield Text(f"{shown(claim.progress, REASON_LIMIT)}{leaving}")
     for job, reason in view.waiting:
         yield Text(f"job {shown(job)} waits: {shown(reason, REASON_LIMIT)}")
+
+
+def gated_lines(view: GatedPods) -> Iterator[RenderableType]:
+    """Pending pods held back by scheduling gates, by Workload (Kueue's) or gates."""
+    if not view.pods:
+        return
+    yield Text(
+        f"{view.pods} pending Neuron pods held back by scheduling gates (nothing is reserved "
+        "for them until the gates are removed):"
+    )
+    for group in view.groups:
+        yield Text(f"  {shown(group.text, REASON_LIMIT)}")
+    if view.more_groups:
+        yield Text(f"  ... and {view.more_groups} more")
 
 
 # --- why -------------------------------------------------------------------------------------
@@ -363,6 +378,13 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
     if diagnosis.nominated_node:
         head.append(f", nominated to {shown(diagnosis.nominated_node)}")
     yield head
+    if diagnosis.gating is not None:
+        yield Text.assemble(
+            ("Held back by ", "yellow"),
+            shown(diagnosis.gating.text, REASON_LIMIT),
+            ". kube-scheduler does not try to place it, and neuron-scheduler reserves nothing "
+            "for it, until every gate is removed; below, what each node would answer then.",
+        )
     if diagnosis.request_error is not None:
         yield Text.assemble(
             ("no node can take it: ", "red"), shown(diagnosis.request_error, REASON_LIMIT)
@@ -402,7 +424,10 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
             + ", ".join(f"{count} {verdict}" for verdict, count in by_verdict.items())
             + " (--json lists every one)"
         )
-    if diagnosis.count(Verdict.FITS):
+    if diagnosis.gating is not None:
+        if diagnosis.count(Verdict.FITS) or diagnosis.count(Verdict.UNIT_RULE):
+            yield Text("Its devices are free now: it waits for its scheduling gates.")
+    elif diagnosis.count(Verdict.FITS):
         yield Text(
             "Its Neuron request fits now: it is pending for something else (CPU, memory, "
             "ports, taints checked by kube-scheduler, or its next scheduling attempt); "

@@ -4,22 +4,16 @@ each job's claim (phase, members bound of its size, until when). Pure: a fed Occ
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.extender.state.members import member_excluded, member_unusable
-from neuron_scheduler.ultraserver.claims import PENDING
-from neuron_scheduler.ultraserver.placement import (
-    Occupancy,
-    Shortfall,
-    job_progress,
-    job_text,
-    plan,
-)
-from neuron_scheduler.ultraserver.preemption import claim_victims
+from neuron_scheduler.extender.state.members import member_fit
+from neuron_scheduler.jobs.claims import PENDING
+from neuron_scheduler.jobs.network import closeness_of
+from neuron_scheduler.jobs.placement import Occupancy, Shortfall, job_progress, job_text, plan
+from neuron_scheduler.jobs.preemption import claim_victims
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +51,9 @@ class UltraServers:
 
     @property
     def empty(self) -> bool:
-        return not self.units and not self.claims
+        """Nothing to show: no UltraServer, no claim, no job waiting for one (a fleet of plain
+        nodes has no units, and a job that waits holds no claim)."""
+        return not self.units and not self.claims and not self.waiting
 
 
 def ultraserver_view(
@@ -70,7 +66,8 @@ def ultraserver_view(
     """`now`: wall clock (claims end by it); `unread`: why the claims were not read."""
     units: dict[str, list[str]] = {}
     for node, ids in occupancy.servers.items():
-        units.setdefault(ids.get(4, node), []).append(node)
+        if node in occupancy.ultraservers:  # (claims on other nodes are listed with the claims)
+            units.setdefault(ids.get(4, node), []).append(node)
     unit_views = []
     for server, nodes in sorted(units.items()):
         rows = []
@@ -107,13 +104,13 @@ def ultraserver_view(
             continue
         oldest = members[0]
         size = max(occupancy.size(oldest.member, job), 1)
-        usable = functools.partial(member_unusable, ledger, oldest.pod, policy)
-        excluded = functools.partial(member_excluded, ledger, oldest.pod)
-        planned = plan(occupancy, job, oldest.config, size, usable, excluded)
+        fit = member_fit(ledger, oldest.pod, policy)
+        planned = plan(occupancy, job, oldest.config, size, fit, closeness_of(oldest.pod))
         reason = (
             planned.reason
             if isinstance(planned, Shortfall)
-            else f"fits now on {', '.join(planned)}: the extender reserves them at its next step"
+            else f"fits now ({planned.where}: {', '.join(planned.slots)}): the extender "
+            "reserves them at its next step"
         )
         waiting.append((job_text(job), reason))
     return UltraServers(tuple(unit_views), tuple(claim_views), tuple(waiting), unread)

@@ -6,17 +6,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from neuron_scheduler.ultraserver.jobs import GANG_SIZE_ANNOTATION
-from neuron_scheduler.ultraserver.labels import (
-    ENV_NODE_CONFIG,
-    INSTANCE_TYPE,
+from neuron_scheduler.jobs.members import (
+    GANG_SIZE_ANNOTATION,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
-    NODE_CONFIG_KEY,
     WORKER_ROLE,
-    NodeConfigError,
-    topology_key,
 )
+from neuron_scheduler.jobs.units import ENV_NODE_CONFIG, NODE_CONFIG_KEY, NodeConfigError
+from neuron_scheduler.ultraserver.labels import INSTANCE_TYPE, topology_key
 from neuron_scheduler.ultraserver.launcher.hostfile import DEFAULT_OUT_DIR
 
 DEFAULT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/ultraserver:mpijob"

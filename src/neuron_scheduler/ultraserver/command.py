@@ -12,12 +12,8 @@ import typer
 import yaml
 
 from neuron_scheduler.commandline import Kubeconfig, check_kubeconfig, fail, user_errors
-from neuron_scheduler.ultraserver.labels import (
-    ENV_NODE_CONFIG,
-    SYSFS_DIR,
-    NodeConfigError,
-    parse_node_config,
-)
+from neuron_scheduler.jobs.units import ENV_NODE_CONFIG, NodeConfigError, parse_node_config
+from neuron_scheduler.ultraserver.labels import SYSFS_DIR
 from neuron_scheduler.ultraserver.launcher.environment import DEFAULT_ENVIRONMENT_FILE
 from neuron_scheduler.ultraserver.launcher.hostfile import DEFAULT_HOSTFILE, DEFAULT_OUT_DIR
 from neuron_scheduler.ultraserver.launcher.init import InitError, InitOptions, Source

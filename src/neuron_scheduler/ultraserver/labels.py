@@ -1,22 +1,18 @@
-"""UltraServer node configs, label and sysfs names, runtime modes. Pure."""
+"""UltraServer sysfs names and runtime modes, for the MPI launcher's init step and the worker
+affinity. Pure. (The labels a node's unit is read from live with the training jobs:
+jobs/units.py.)"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-ENV_NODE_CONFIG = "NEURON_ULTRASERVER_NODE_CONFIG"
-NODE_CONFIGS = (4, 2, 1)
-DEFAULT_NODE_CONFIG = 4
-UNIT_SIZE = 4  # trn2u.48xlarge nodes in one UltraServer
+from neuron_scheduler.jobs.units import DEFAULT_SERVER_ID, server_id_label
 
-LABEL_PREFIX = "neuron.amazonaws.com/ultraserver-"
-MODE_LABEL = LABEL_PREFIX + "mode"  # e.g. "1_2_4"
 INSTANCE_TYPE = "trn2u.48xlarge"
 
 SYSFS_DIR = "/sys/class/neuron_device"
 MODE_FILE = "ultraserver_mode"  # e.g. "1,2,4", or "busy"
 
-DEFAULT_SERVER_ID = "0" * 16  # what the driver reports when busy, and upstream's default
 DEFAULT_NODE_ID = -1
 
 # Values of NEURON_RT_ULTRASERVER_MODE.
@@ -24,37 +20,6 @@ MODE_X4 = 1  # 4 nodes
 MODE_X2H = 2  # 2 nodes, horizontal links
 MODE_X2V = 3  # 2 nodes, vertical links
 MODE_X1 = 4  # standalone
-
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-WORKER_ROLE = "worker"
-# Where the extender reads a worker pod's node config: this annotation, else a label of the same
-# name, else DEFAULT_NODE_CONFIG.
-NODE_CONFIG_KEY = "neuron.amazonaws.com/ultraserver-node-config"
-
-
-class NodeConfigError(ValueError):
-    """A bad node config or option value; the message says which values are valid."""
-
-
-def parse_node_config(value: str | int | None, source: str = ENV_NODE_CONFIG) -> int:
-    """4, 2 or 1; None or an empty string is the default (4)."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return DEFAULT_NODE_CONFIG
-    text = str(value).strip().strip('"')
-    if text in ("4", "2", "1"):
-        return int(text)
-    raise NodeConfigError(
-        f"{source}={value!r} is not a valid UltraServer node config; valid values are 4, 2 and 1"
-    )
-
-
-def server_id_label(config: int) -> str:
-    return f"{LABEL_PREFIX}server-id-{config}"
-
-
-def node_id_label(config: int) -> str:
-    return f"{LABEL_PREFIX}node-id-{config}"
 
 
 def server_id_file(config: int) -> str:

@@ -3,7 +3,7 @@
 
 - `waking`: pending pods the extender refused, woken when a node they were refused on can take
   them.
-- `reserving`: UltraServer claims for training jobs, all or nothing.
+- `reserving`: claims for training jobs, all or nothing.
 - consolidation (docs/consolidation.md): `movers` (who is stranded by fragmentation, what to move;
   no I/O), `evictionbudget` (evictions of the last hour on a Lease), `consolidating` (the loop:
   plan, hold, evict).

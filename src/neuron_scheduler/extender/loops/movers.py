@@ -3,7 +3,7 @@ which pods may move for one of them. No I/O: the leader's consolidation
 (extender/loops/consolidating) acts on the answer, `kubectl neuron why` shows it.
 
 What may move, and where a replacement may go, is the pod watch's view `Movability`
-(extender/state/movability); the extender's node filters, such as the UltraServer claims, are asked
+(extender/state/movability); the extender's node filters, such as training jobs' claims, are asked
 through `admits`.
 
 `stranded` says whether a pod waits only because of fragmentation: no node it may go to has an
@@ -38,7 +38,7 @@ from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
 
-# Whether the extender's node filters (the UltraServer rule) let a pod onto a node: consolidation
+# Whether the extender's node filters (the training-job rule) let a pod onto a node: consolidation
 # plans neither for a node its pod would be refused on, nor a replacement's place there.
 Admits = Callable[[Pod, str], bool]
 

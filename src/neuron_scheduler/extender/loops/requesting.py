@@ -235,7 +235,7 @@ class CapacityRequester:
         is_leader: Callable[[], bool] = lambda: True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """`admits`: the extender's node filters (the UltraServer rule), as consolidation asks
+        """`admits`: the extender's node filters (the training-job rule), as consolidation asks
         them."""
         self.ledger = ledger
         self.catalog = catalog

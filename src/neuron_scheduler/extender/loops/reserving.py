@@ -1,5 +1,6 @@
-"""The reservation loop: UltraServer claims for training jobs, all or nothing. The leader's only
-writer of claims (one UltraServerClaim per node, ultraserver/claims.py says why).
+"""The reservation loop: claims for training jobs, all or nothing, on UltraServer units and nodes
+of their own. The leader's only writer of claims (one object per node, jobs/claims.py says
+why).
 
 Each step, as leader, once the watches have listed pods, nodes and claims:
 1. ends what should end: the claims of a job that is gone (no member left) and of a job that
@@ -9,9 +10,9 @@ Each step, as leader, once the watches have listed pods, nodes and claims:
    bound; renews a Pending claim its job is still working on, or whose victims are still
    leaving (and evicts those of them a restart left behind);
 2. plans, highest priority first and then oldest, for each job with members waiting and no
-   complete claim (`ultraserver.placement.plan`): either the nodes of every unit its members
-   need, claimed at once, or, when kube-scheduler asked the preempt verb for one of its members,
-   the units preemption frees (`ultraserver.preemption`: whole jobs of lower priority, or
+   complete claim (`jobs.placement.plan`): either the nodes of every unit its members need,
+   close in the network, claimed at once, or, when kube-scheduler asked the preempt verb for one
+   of its members, the units preemption frees (`jobs.preemption`: whole jobs of lower priority, or
    nothing), claimed at once with the victims listed on the claim and then evicted, or the
    reason its members are refused with until they fit (a job that can never run here is told so
    in a FailedScheduling event on its members: kube-scheduler itself says only that nodes are
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable, Collection
 from typing import Protocol
@@ -39,17 +39,8 @@ from neuron_scheduler.extender.loops.evicting import Evictions
 from neuron_scheduler.extender.loops.stepping import run_steps
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.extender.state.members import (
-    member_excluded,
-    member_unusable,
-    preemption_for,
-)
-from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
-from neuron_scheduler.kube.events import Report
-from neuron_scheduler.kube.nodefit import placement_kind
-from neuron_scheduler.kube.objects import ObjectRef, UltraServerClaim
-from neuron_scheduler.kube.reading import epoch
-from neuron_scheduler.ultraserver.claims import (
+from neuron_scheduler.extender.state.members import FitMemo, member_fit, preemption_for
+from neuron_scheduler.jobs.claims import (
     BOUND,
     PENDING,
     ClaimError,
@@ -57,26 +48,32 @@ from neuron_scheduler.ultraserver.claims import (
     from_object,
     to_object,
 )
-from neuron_scheduler.ultraserver.jobs import JobKey
-from neuron_scheduler.ultraserver.placement import (
+from neuron_scheduler.jobs.members import JobKey
+from neuron_scheduler.jobs.network import closeness_of
+from neuron_scheduler.jobs.placement import (
+    AtomsMemo,
     Occupancy,
     Pending,
+    Planned,
     Shortfall,
-    UnitKey,
     UnitPlacement,
     job_text,
     never_fits,
-    openings,
     plan,
-    shortfall,
 )
-from neuron_scheduler.ultraserver.preemption import Preemption, claim_victims, job_priority
+from neuron_scheduler.jobs.preemption import Preemption, claim_victims, job_priority
+from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
+from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.objects import JobClaim, ObjectRef
+from neuron_scheduler.kube.reading import epoch
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 
 TICK = 1.0  # seconds between steps when nothing changes (claims end by the clock)
 # A burst of changes (members binding, filter asking) is one step: plans cost a scan of the
-# UltraServers per waiting job (16 ms for 20 jobs on 100 UltraServers, tests/unit/test_reserving).
+# units per waiting job with members or a claim, and one per kind of member for the new jobs
+# (tests/unit/test_reserving prints a step with 20 jobs on 100 UltraServers,
+# tests/unit/test_training_jobs one with 50 jobs on 1,000 plain nodes).
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
@@ -86,9 +83,9 @@ NEVER = "Never"  # a pod's preemptionPolicy that forbids preempting
 class ClaimWriter(Protocol):
     """What the loop needs of KubeAPI."""
 
-    async def create_claim(self, claim: UltraServerClaim) -> UltraServerClaim: ...
+    async def create_claim(self, claim: JobClaim) -> JobClaim: ...
 
-    async def replace_claim(self, claim: UltraServerClaim) -> UltraServerClaim: ...
+    async def replace_claim(self, claim: JobClaim) -> JobClaim: ...
 
     async def delete_claim(self, name: str, uid: str, resource_version: str) -> None: ...
 
@@ -253,9 +250,9 @@ class Reservations:
         return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
     async def _evict(self, job: JobKey, victims: list[str]) -> int:
-        """Evicts a preemption's victims for `job`: only pods on UltraServer nodes, of lower
-        priority than the job's as its members say now, and none for a job whose members must
-        not preempt. A claim is an object anyone allowed to write claims could write: what it
+        """Evicts a preemption's victims for `job`: only pods on Neuron nodes, of lower priority
+        than the job's as its members say now, and none for a job whose members must not
+        preempt. A claim is an object anyone allowed to write claims could write: what it
         lists is not enough to delete a pod."""
         priority = job_priority(self.occupancy, job)
         if priority is None:
@@ -264,14 +261,14 @@ class Reservations:
         if any(p.member.job == job and p.pod.spec.preemptionPolicy == NEVER for p in waiting):
             return 0  # (a claim that lists victims for it was not written by this loop)
         servers = self.occupancy.servers
-        on_servers = [
+        on_neuron_nodes = [
             uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
         ]
         text = (
             f"neuron-scheduler: evicted whole with its job, by preemption for job "
             f"{job_text(job)} of higher priority"
         )
-        return await self.evictions.evict(on_servers, text, below=priority)
+        return await self.evictions.evict(on_neuron_nodes, text, below=priority)
 
     async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
         """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
@@ -315,7 +312,7 @@ class Reservations:
                 why,
             )
 
-    def _hold(self, written: UltraServerClaim) -> None:
+    def _hold(self, written: JobClaim) -> None:
         try:
             self.occupancy.hold(from_object(written))
         except ClaimError as error:  # the API server gave back what we wrote: should not be
@@ -324,10 +321,9 @@ class Reservations:
     # --- jobs waiting for a claim ------------------------------------------------------------
 
     async def _plan(self) -> None:
-        """Claims for the jobs waiting, highest priority then oldest. A job with no member and
-        no claim yet (nearly every one) takes from the units open to any such job, worked out
-        once per kind of member (`openings`): a step costs one scan of the UltraServers per
-        kind, not one per job."""
+        """Claims for the jobs waiting, highest priority then oldest. What each kind of member
+        may do on each node is worked out once a step (`FitMemo`): a step costs one scan of the
+        nodes per job, and one look at each node per kind of member."""
         jobs = self.occupancy.jobs()
         for job in [j for j in self.occupancy.shortfalls if j not in jobs]:
             del self.occupancy.shortfalls[job]  # gone, or all its members bound
@@ -346,48 +342,23 @@ class Reservations:
                 item[0],
             ),
         )
-        opened: dict[tuple[int, bytes], list[UnitKey]] = {}  # what new jobs of a kind may take
-        usable: dict[tuple[str, bytes], str | None] = {}
-        excluded: dict[tuple[str, bytes], str | None] = {}
+        memo = FitMemo()  # what each kind of member may do on each node, this step
+        opened: AtomsMemo = {}  # the units open to a new job of each kind (until one claims)
         for count, (job, waiting) in enumerate(order):
-            if count % 64 == 63:
-                await asyncio.sleep(0)  # filter and bind are answered in between
+            if count:
+                # Filter and bind are answered in between: a job's plan scans every Neuron node
+                # (tens of milliseconds at a thousand nodes).
+                await asyncio.sleep(0)
             first = waiting[0]
             if first.pod.spec.schedulerName not in self.scheduler_names or self._idle_now(job):
                 continue
             size = self.occupancy.size(first.member, job)
             if self.occupancy.complete(job) and size <= self.occupancy.claimed_size(job):
                 continue
-            kind = placement_kind(first.pod)
-
-            def fits(node: str, first: Pending = first, kind: bytes = kind) -> str | None:
-                key = (node, kind)
-                if key not in usable:
-                    usable[key] = member_unusable(self.ledger, first.pod, self.policy, node)
-                return usable[key]
-
-            def never(node: str, first: Pending = first, kind: bytes = kind) -> str | None:
-                key = (node, kind)
-                if key not in excluded:
-                    excluded[key] = member_excluded(self.ledger, first.pod, node)
-                return excluded[key]
-
-            own = bool(self.occupancy.by_job.get(job)) or any(
-                w.job == job for w in self.occupancy.workers.values()
-            )
-            if own:
-                chosen = plan(self.occupancy, job, first.config, size, fits)
-            else:
-                units = opened.get((first.config, kind))
-                if units is None:
-                    units = openings(self.occupancy, first.config, fits)
-                    opened[(first.config, kind)] = units
-                needed = math.ceil(size / first.config)
-                chosen = (
-                    sorted(n for unit in units[:needed] for n in self.occupancy.nodes_of(unit))
-                    if len(units) >= needed
-                    else shortfall(job, first.config, size, needed, len(units), False)
-                )
+            fit = member_fit(self.ledger, first.pod, self.policy, memo)
+            closeness = closeness_of(first.pod)
+            chosen = plan(self.occupancy, job, first.config, size, fit, closeness, opened)
+            own = bool(self.occupancy.by_job.get(job))
             # Half a preemption's claim (a crash) is planned again as a preemption, whatever is
             # free now: its victims are worked out anew, and the rest of it let go.
             half = own and not self.occupancy.complete(job) and self._half_preemption(job)
@@ -400,11 +371,12 @@ class Reservations:
                     first.member,
                     first.config,
                     self.wall_clock(),
+                    self.policy,
                 )
                 if isinstance(planned, Preemption):
                     self._no_preemption.pop(job, None)
-                    if await self._preempt(first, size, planned):
-                        opened.clear()
+                    await self._preempt(first, size, planned)
+                    opened.clear()  # what is open is worked out again
                     continue
                 self._impossible(job, planned)
                 if half:  # its victims are not evicted for a claim it cannot have now
@@ -413,14 +385,15 @@ class Reservations:
                     opened.clear()
                     continue
             if isinstance(chosen, Shortfall):
-                if own and self.occupancy.by_job.get(job) and not self.occupancy.complete(job):
+                if own and not self.occupancy.complete(job):
                     # What a crash left half written, and cannot be completed now.
                     claimed = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
                     await self._release(job, claimed, "its other nodes are no longer free")
-                cannot = never_fits(self.occupancy, job, first.config, size, never)
+                cannot = never_fits(self.occupancy, job, first.config, size, fit, closeness, opened)
                 self._refuse(job, waiting, cannot or chosen, cannot is not None)
                 continue
-            if chosen and await self._claim(job, first, size, chosen):
+            if chosen.slots or own:
+                await self._claim(job, first, size, chosen)
                 opened.clear()  # those units are taken: what is open is worked out again
 
     def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
@@ -477,22 +450,27 @@ class Reservations:
         del self._idle[job]
         return False
 
-    async def _claim(self, job: JobKey, first: Pending, size: int, nodes: list[str]) -> bool:
+    async def _claim(self, job: JobKey, first: Pending, size: int, planned: Planned) -> bool:
         """Claims every node for the job (those it holds already are written again with its
         size now); on a conflict or an error, deletes what it wrote. Whether it claimed them."""
         now = self.wall_clock()
-        config, scheduler = first.config, first.pod.spec.schedulerName
+        scheduler = first.pod.spec.schedulerName
         written: list[tuple[NodeClaim, NodeClaim | None]] = []
-        for node in nodes:
-            known = self.occupancy.claims.get(node)
-            if known is not None and known.job == job and known.size >= size:
-                continue  # held already (what a crash left half written)
-            claim = NodeClaim(node, job, config, size, PENDING, now, self.claim_seconds, scheduler)
-            try:
-                if known is not None and known.job == job:  # the job grew: its size anew
-                    grown = dataclasses.replace(claim, version=known.version, uid=known.uid)
+        for node in self.occupancy.claimed(job):
+            mine = self.occupancy.claims[node]
+            if mine.size < size:  # the job grew: its size anew on what it holds
+                grown = dataclasses.replace(mine, size=size, renewed=now)
+                try:
                     self._hold(await self.api.replace_claim(to_object(grown)))
-                    continue  # (not undone: the node was the job's before this attempt)
+                except CLAIM_WRITE_ERRORS as error:
+                    self._undoing(job, node, error)
+                    return False
+        for node, slots in planned.slots.items():
+            known = self.occupancy.claims.get(node)
+            if known is not None and known.job == job:
+                continue  # held already (what a crash left half written)
+            claim = self._new_claim(node, job, planned.config, size, now, scheduler, slots)
+            try:
                 ours = from_object(await self.api.create_claim(to_object(claim)))
             except CLAIM_WRITE_ERRORS as error:
                 self._undoing(job, node, error)
@@ -501,14 +479,28 @@ class Reservations:
             written.append((ours, None))
             self.occupancy.hold(ours)  # (admits nobody of the job until complete)
         self._said.pop(job, None)
-        log.info(
-            "reserved %s for job %s (%d members, units of %d nodes)",
-            ", ".join(nodes),
-            loggable(job_text(job), NAME_LIMIT),
-            size,
-            config,
-        )
+        if planned.slots:
+            shown = ", ".join(
+                f"{n} ({s} members)" if s > 1 else n for n, s in planned.slots.items()
+            )
+            kind = f"units of {planned.config} nodes" if planned.config > 1 else "nodes"
+            log.info(
+                "reserved %s for job %s (%d members, %s%s)",
+                shown,
+                loggable(job_text(job), NAME_LIMIT),
+                size,
+                kind,
+                f", {planned.span}" if planned.span else "",
+            )
         return True
+
+    def _new_claim(
+        self, node: str, job: JobKey, config: int, size: int, now: float, scheduler: str, slots: int
+    ) -> NodeClaim:
+        """A Pending claim on `node`, as this loop writes one (renewed now)."""
+        return NodeClaim(
+            node, job, config, size, PENDING, now, self.claim_seconds, scheduler, slots=slots
+        )
 
     async def _preempt(self, first: Pending, size: int, planned: Preemption) -> bool:
         """Preemption for the job: its claim on the units first, node by node, taking the nodes
@@ -516,19 +508,13 @@ class Reservations:
         the victims evicted; then what is left of the victim jobs' claims ended. On a conflict
         or an error while claiming, what was written is undone and nobody is evicted."""
         job, now = planned.job, self.wall_clock()
-        config, scheduler = first.config, first.pod.spec.schedulerName
+        scheduler = first.pod.spec.schedulerName
         written: list[tuple[NodeClaim, NodeClaim | None]] = []
-        for node in planned.nodes:
+        slots = planned.slots or (1,) * len(planned.nodes)
+        for node, taking in zip(planned.nodes, slots, strict=True):
             known = self.occupancy.claims.get(node)
-            claim = NodeClaim(
-                node,
-                job,
-                config,
-                size,
-                PENDING,
-                now,
-                self.claim_seconds,
-                scheduler,
+            claim = dataclasses.replace(
+                self._new_claim(node, job, planned.config, size, now, scheduler, taking),
                 victims=planned.victims,
                 victim_jobs=planned.jobs,
             )
@@ -557,11 +543,11 @@ class Reservations:
         claims = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
         victims = claim_victims(self.occupancy, claims)
         log.info(
-            "preemption for job %s (%d members, units of %d nodes, priority %d): reserved %s; "
+            "preemption for job %s (%d members, %s, priority %d): reserved %s; "
             "evicting %s (%d pods)",
             loggable(job_text(job), NAME_LIMIT),
             size,
-            config,
+            f"units of {planned.config} nodes" if planned.config > 1 else "nodes",
             first.pod.spec.priority or 0,
             ", ".join(planned.nodes),
             loggable(planned.summary),

@@ -4,7 +4,7 @@ kube-scheduler retries a pod the extender refused on any cluster event (the exte
 recorded under `ExtenderName`, registered for every event; docs/scheduling.md). Two kinds of
 freed room reach no such retry:
 
-- room freed without a cluster event: a failed bind's hold that ends, an UltraServer claim that
+- room freed without a cluster event: a failed bind's hold that ends, a job's claim that
   expires, a hold that ends after a restart;
 - room freed by an event kube-scheduler acted on before our watch did: it retried the pod at
   once, our filter still saw the block taken, and no further event comes.
@@ -56,7 +56,7 @@ from neuron_scheduler.extender.state.plugins import HoldKeeper, NodeFilter
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.kube.reading import neuron_request, unschedulable
+from neuron_scheduler.kube.reading import gated, neuron_request, unschedulable
 
 log = logging.getLogger("neuron_scheduler.extender.waking")
 
@@ -66,7 +66,7 @@ WAKE_ANNOTATION = "neuron-scheduler.io/woken"
 
 # Changes the cluster made are events kube-scheduler saw too: the waker gives it `grace` to act
 # on them first. Holds that end inside the extender (a bind's hold let go or expired, an
-# UltraServer claim ended) are nobody's event: those are examined at once.
+# job's claim ended) are nobody's event: those are examined at once.
 CLUSTER_EVENTS = frozenset({POD_DELETED, POD_FINISHED, POD_CHANGED, NODE_CHANGED, NOMINATION_ENDED})
 
 DEFAULT_RATE = 20.0  # wake writes per second
@@ -308,7 +308,12 @@ class Waker:
 
     def apply_pod(self, pod: Pod) -> None:
         uid = pod.metadata.uid
-        if pod.spec.nodeName or pod.finished or pod.metadata.deletionTimestamp is not None:
+        if (
+            pod.spec.nodeName
+            or pod.finished
+            or pod.metadata.deletionTimestamp is not None
+            or gated(pod)  # kube-scheduler does not try it: a wake would be for nothing
+        ):
             self.placed(uid)
             self._unschedulable.pop(uid, None)
         elif _unschedulable(pod) and pod.spec.schedulerName in self.scheduler_names:
@@ -505,4 +510,4 @@ class Waker:
 
 
 def _unschedulable(pod: Pod) -> bool:
-    return not pod.spec.nodeName and not pod.finished and unschedulable(pod)
+    return not pod.spec.nodeName and not pod.finished and unschedulable(pod) and not gated(pod)

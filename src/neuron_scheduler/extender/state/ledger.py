@@ -226,6 +226,7 @@ class Ledger:
         self._reserved_at: dict[str, float] = {}  # pod uid -> clock() when reserved
         # Pending pods carrying the ids a bind wrote (its Binding may still land).
         self._announced: dict[str, Announced] = {}
+        self._next_expiry = float("inf")  # no announced hold ends before this (wall clock)
         # Pending pods whose annotations (by their NEURON_ALLOC_TIME) this extender knows no
         # Binding can follow any more (`disown`): they hold nothing.
         self._disowned: dict[str, str] = {}
@@ -293,7 +294,7 @@ class Ledger:
         self.facts[name] = NodeFacts.of(node)  # never part of a decision: kept verdicts stay
         if self.nodes.get(name) != entry:
             self.nodes[name] = entry
-            self._invalidate(name, NODE_CHANGED)
+            self._invalidate(name, NODE_CHANGED, entry_changed=True)
 
     def _read_health(self, node: Node, topology: Topology) -> int:
         """The node's failed devices; none when what its plugin published cannot be read (then
@@ -540,6 +541,7 @@ class Ledger:
         previous = self._announced.pop(uid, None)
         if announced is not None:
             self._announced[uid] = announced
+            self._next_expiry = min(self._next_expiry, announced.until)
         if previous is not None and announced is not None and previous.holding == announced.holding:
             return  # the same ids held: nothing derived from them changes
         if previous is not None:
@@ -555,8 +557,11 @@ class Ledger:
         if not self._announced:
             return
         now = self.wall_clock()
+        if now < self._next_expiry:  # (read on every decision: a scan each time was visible)
+            return
         for uid in [u for u, announced in self._announced.items() if announced.until <= now]:
             self._announce(uid, None, HOLD_EXPIRED)
+        self._next_expiry = min((a.until for a in self._announced.values()), default=float("inf"))
 
     # A HoldKeeper (extender/state/plugins): the waker ends announced holds when they are due.
 
@@ -646,12 +651,31 @@ class Ledger:
         if reservation is not None:
             self._invalidate(reservation.node, cause)
 
-    def _invalidate(self, node: str, freed: str | None = None) -> None:
-        """The node's holdings or topology changed: drop what was derived from them. `freed`:
-        why room may have come back (the listener hears of it)."""
-        self._states.pop(node, None)
-        for verdicts in self._verdicts.values():
-            verdicts.forget(node)
+    def _invalidate(self, node: str, freed: str | None = None, entry_changed: bool = False) -> None:
+        """The node's holdings or topology (`entry_changed`) changed: drop what was derived
+        from them. `freed`: why room may have come back (the listener hears of it).
+
+        A bind changes its node's state once (its hold), then the watch shows the same cores
+        twice more (the pod's announced ids, then the pod bound with them): when the cores in
+        use are still those the node's kept state says, with no block held there, the decisions
+        made from that state stand (issue 50: filters decided them again, at a visible cost).
+        Those made for a claimant that sees the node otherwise (its own held block, or holds of
+        lower priority passed over) are dropped all the same."""
+        kept = self._states.pop(node, None)
+        if (
+            kept is not None
+            and not entry_changed
+            and node in self.nodes
+            and not self.holds_on(node)
+            and self._state(node) == kept
+        ):
+            self._states[node] = kept
+            for (_, _, _, owner, passed), verdicts in self._verdicts.items():
+                if owner or passed:
+                    verdicts.forget(node)
+        else:
+            for verdicts in self._verdicts.values():
+                verdicts.forget(node)
         if freed is not None and self.on_freed is not None:
             self.on_freed((node,), freed)
 

@@ -1,10 +1,12 @@
-"""What the extender knows about a training job's member on UltraServer nodes, from the ledger: why
-it cannot run on a node now, why it never can, the pods of no job there, and what preemption
-would do for its job. No I/O. Read by filter and the preempt verb, the reservation loop, and the
-views (status, why), so they all answer alike.
+"""What the extender knows about a training job's member on Neuron nodes, from the ledger: why it
+cannot run on a node now, how many of its job's members a node takes, why it never can, the pods
+of no job there, and what preemption would do for its job. No I/O. Read by filter and the preempt
+verb, the reservation loop, and the views (status, why), so they all answer alike.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from neuron_scheduler.core.allocation import (
     NodeState,
@@ -15,13 +17,15 @@ from neuron_scheduler.core.allocation import (
     check_request,
 )
 from neuron_scheduler.core.resources import RequestError
+from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger
-from neuron_scheduler.kube.nodefit import why_not
+from neuron_scheduler.jobs.members import Member
+from neuron_scheduler.jobs.network import closeness_of
+from neuron_scheduler.jobs.placement import Fit, Occupancy, Shortfall
+from neuron_scheduler.jobs.preemption import Loose, Preemption, plan_preemption
+from neuron_scheduler.kube.nodefit import placement_kind, why_not
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import epoch, neuron_request
-from neuron_scheduler.ultraserver.jobs import Member
-from neuron_scheduler.ultraserver.placement import Occupancy, Shortfall
-from neuron_scheduler.ultraserver.preemption import Loose, Preemption, plan_preemption
 
 
 def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str | None:
@@ -39,6 +43,86 @@ def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str 
     if isinstance(decision, Placement):
         return None
     return ledger.failed_devices_refusal(node, request, decision).reason
+
+
+def member_room(ledger: Ledger, pod: Pod, policy: Policy, node: str, most: int) -> int:
+    """How many of the member's job's members (each asking what it asks) the node takes now, up
+    to `most`: blocks placed one after another on what is free there, so contiguity counts (a
+    ring with devices 0-3 and 8-11 free takes two 4-device members, never three)."""
+    entry = ledger.nodes.get(node)
+    request = neuron_request(pod)
+    if entry is None or request is None:
+        return 0
+    return _blocks(
+        entry.topology, ledger.state_for(Claimant.of(pod, request), node), pod, most, policy
+    )
+
+
+def member_empty_room(ledger: Ledger, pod: Pod, node: str, most: int) -> int:
+    """How many members the node would take with nothing else on it (its failed devices and
+    what it withholds still count), up to `most`."""
+    entry = ledger.nodes.get(node)
+    if entry is None or neuron_request(pod) is None:
+        return 0
+    alone = NodeState(entry.unhealthy_cores, entry.withheld_cores)
+    return _blocks(entry.topology, alone, pod, most, Policy.BEST_FIT)
+
+
+def _blocks(topology: Topology, state: NodeState, pod: Pod, most: int, policy: Policy) -> int:
+    request = neuron_request(pod)
+    count = 0
+    while request is not None and count < most:
+        decision = allocate(topology, state, request, policy)
+        if not isinstance(decision, Placement):
+            break
+        state = state.with_used(decision.core_mask)
+        count += 1
+    return count
+
+
+@dataclass
+class FitMemo:
+    """Answers already worked out, by node and kind of member (kube.nodefit.placement_kind: its
+    request and every spec field that decides where it may go): within one step of the
+    reservation loop the ledger does not change, and jobs of one kind ask alike."""
+
+    usable: dict[tuple[str, bytes], str | None] = field(default_factory=dict)
+    excluded: dict[tuple[str, bytes], str | None] = field(default_factory=dict)
+    room: dict[tuple[str, bytes, bool], tuple[int, int]] = field(default_factory=dict)
+
+
+def member_fit(ledger: Ledger, pod: Pod, policy: Policy, memo: FitMemo | None = None) -> Fit:
+    """The planner's questions about the member (jobs.placement.Fit), answered from the ledger,
+    each once per node and kind (`memo`: shared by several members' plans)."""
+    memo = memo if memo is not None else FitMemo()
+    kind = placement_kind(pod)
+
+    def why_not(node: str) -> str | None:
+        key = (node, kind)
+        if key not in memo.usable:
+            memo.usable[key] = member_unusable(ledger, pod, policy, node)
+        return memo.usable[key]
+
+    def never(node: str) -> str | None:
+        key = (node, kind)
+        if key not in memo.excluded:
+            memo.excluded[key] = member_excluded(ledger, pod, node)
+        return memo.excluded[key]
+
+    def room(node: str, most: int, empty: bool = False) -> int:
+        # Kept as (found, asked for): a count below what was asked for is every block there is.
+        key = (node, kind, empty)
+        found, asked = memo.room.get(key, (0, 0))
+        if asked < most and found == asked:
+            found = (
+                member_empty_room(ledger, pod, node, most)
+                if empty
+                else member_room(ledger, pod, policy, node, most)
+            )
+            memo.room[key] = (found, most)
+        return min(found, most)
+
+    return Fit(why_not, room, never, lambda node, most: room(node, most, True), kind)
 
 
 def member_excluded(ledger: Ledger, pod: Pod, node: str) -> str | None:
@@ -97,10 +181,11 @@ def preemption_for(
     member: Member,
     config: int,
     now: float,
+    policy: Policy = Policy.BEST_FIT,
 ) -> Preemption | Shortfall:
-    """What preemption does for the member's whole job (ultraserver/preemption.py), at the
-    member's priority, on units whose every node could take a member once every pod there is
-    gone (`member_unfit`); `now`: wall clock."""
+    """What preemption does for the member's whole job (jobs/preemption.py), at the member's
+    priority, on units whose every node could take a member once every pod there is gone
+    (`member_unfit`), within the network domain it requires; `now`: wall clock."""
     size = max(occupancy.size(member, member.job), 1)
     return plan_preemption(
         occupancy,
@@ -111,5 +196,6 @@ def preemption_for(
         lambda node: loose_pods(ledger, occupancy, node),
         lambda node: member_unfit(ledger, pod, node),
         now,
-        lambda node: member_excluded(ledger, pod, node),
+        member_fit(ledger, pod, policy),
+        closeness_of(pod),
     )

@@ -3,7 +3,7 @@ its replacement's node must admit. A view fed by the pod watch; no I/O.
 
 `Movability` keeps, for each unfinished Neuron pod, its controller (a bare pod is never moved:
 nothing recreates it), its opt-out (`neuron-scheduler.io/do-not-disrupt: "true"`), whether it is a
-training job's pod (every framework the UltraServer rule knows: never moved for now, as a job
+training job's pod (every framework the training-job rule knows: never moved for now, as a job
 moves only whole), and what its replacement's node must admit (nodeSelector, required node
 affinity, tolerations). The planning that reads it is the leader's (extender/loops/movers);
 `Plans` and `kubectl neuron status` read it too.
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.state.plugins import PodsOnly
+from neuron_scheduler.jobs.members import MembershipError, member_of
 from neuron_scheduler.kube.objects import Affinity, Pod, PodSpec, Toleration
 from neuron_scheduler.kube.reading import servable_request
 from neuron_scheduler.kube.views import pod_uid, replace_all
-from neuron_scheduler.ultraserver.jobs import MembershipError, member_of
 
 DO_NOT_DISRUPT = "neuron-scheduler.io/do-not-disrupt"
 # Pods of jobs that run (and so would have to move) as a whole beyond the members `member_of`
-# names (ultraserver/jobs.py): a launcher, and any pod of a JobSet or a LeaderWorkerSet.
+# names (jobs/members.py): a launcher, and any pod of a JobSet or a LeaderWorkerSet.
 GANG_LABELS = {
     "training.kubeflow.org/job-name": "a Kubeflow training job's pod",
     "jobset.sigs.k8s.io/jobset-name": "a JobSet's pod",
@@ -34,7 +34,7 @@ GANG_TEXT = "(a gang job moves only whole, which consolidation does not do yet)"
 
 def gang_of(pod: Pod) -> str:
     """What makes the pod part of a job that runs (and so moves) only whole, or "": a training
-    job's member as the UltraServer rule knows them (every framework, ultraserver/jobs.py), or a
+    job's member as the training-job rule knows them (every framework, jobs/members.py), or a
     pod of such a job that is no member (an MPI launcher, a JobSet's or LeaderWorkerSet's
     other pods)."""
     try:

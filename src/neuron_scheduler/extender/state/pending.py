@@ -8,6 +8,10 @@ BENCHMARKS.md). A copy the watch has not caught up with is harmless: bind's firs
 conditioned on the copy's resourceVersion, fails as a Conflict when the pod changed since, and
 bind then starts over from the API's copy.
 
+A pod with a scheduling gate is not pending here (kube.reading.gated): kube-scheduler does not
+try it, so nothing binds it, and consolidation and capacity requests, which read their candidates
+from this view, leave it to whoever gated it (Kueue, until it admits the pod's workload).
+
 A `ClusterView`: the watches feed it like the ledger.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from neuron_scheduler.kube.objects import Node, Pod
+from neuron_scheduler.kube.reading import gated
 
 # Beyond this many pending pods, new ones are not kept (their binds read them from the API).
 MAX_PENDING = 100_000
@@ -42,6 +47,8 @@ class PendingPods:
             and not pod.finished
             and pod.metadata.deletionTimestamp is None
             and pod.spec.schedulerName in self.scheduler_names
+            # Not pending for consolidation or capacity requests until its gates are gone.
+            and not gated(pod)
         )
 
     def replace_pods(self, pods: Iterable[Pod], listed_since: float = 0.0) -> None:

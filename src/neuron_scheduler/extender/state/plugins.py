@@ -1,6 +1,6 @@
 """The points where the extender is extended, shaped like kube-scheduler's informer handlers and
-framework plugins. The ledger is one of each; the UltraServer unit rule is another
-(`neuron_scheduler.ultraserver.placement`). `serve` wires them; nothing here imports a plugin.
+framework plugins. The ledger is one of each; the training-job unit rule is another
+(`neuron_scheduler.jobs.placement`). `serve` wires them; nothing here imports a plugin.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class Binder:
         `quiet(uid)`: entered for the whole bind, so no other writer of ours (the waker) changes
         the pod while bind's writes are conditioned on its resourceVersion; `pending(uid)`: the
         pod as the watch last showed it, if it is pending (extender/state/pending.py), read
-        instead of asking the API for it; `filters`: the node filters filter ran (the UltraServer
+        instead of asking the API for it; `filters`: the node filters filter ran (the training-job
         rule), asked again under the node's lock (by `clock`, filter's)."""
         self.api = api
         self.ledger = ledger
@@ -208,7 +208,7 @@ class Binder:
             if entry is None:
                 self.metrics.binds.labels("failure").inc()
                 return f"node {args.Node} left neuron-scheduler's cache"
-            # Filter's answer may be old: a node filter (the UltraServer rule) may refuse the
+            # Filter's answer may be old: a node filter (the training-job rule) may refuse the
             # node now, e.g. a preemption's claim took it for another job since. Checked here,
             # under the node's lock and with the hold below in the same step, so a claim is
             # either seen here or sees this pod counted on the node.
@@ -244,7 +244,7 @@ class Binder:
             else:
                 # Held from here on, so concurrent filters and binds on this node see it taken
                 # while the API calls below are in flight (outside the lock). A plugin such as
-                # the UltraServer rule counts the pod on its node from here too: kube-scheduler
+                # the training-job rule counts the pod on its node from here too: kube-scheduler
                 # asks about the next MPI worker before this binding is visible in the watch.
                 for reserver in self.reservers:
                     reserver.reserve(pod, args.Node, decision)

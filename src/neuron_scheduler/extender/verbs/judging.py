@@ -2,7 +2,7 @@
 
 Decisions come from the ledger (kept per request shape until their node changes); nodes the cache
 has not seen are judged from kube-scheduler's own copy when it sent one. Node filters (the
-UltraServer unit rule) narrow what passed the device check.
+training-job unit rule) narrow what passed the device check.
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ already fit, devices are not what is short and kube-scheduler's answer stands un
 
 Training jobs (issue 40): a job's member is never a victim of a node's answer (kube-scheduler
 evicts on one node only, and a job goes whole or not at all), so such nodes are dropped. For a
-preemptor that is itself a member of a job on UltraServer nodes, its whole job is the preemptor
-(ultraserver/preemption.py): the verb only records that kube-scheduler asked, and the
+preemptor that is itself a member of a training job, its whole job is the preemptor
+(jobs/preemption.py): the verb only records that kube-scheduler asked, and the
 reservation loop works out whether evicting whole jobs of lower priority gives it units for all
 its members and carries that out (its claim first, then the evictions, all done by the
-extender, on every node at once); kube-scheduler is answered no UltraServer node, so it evicts
-nothing there itself. When nothing would, nobody is evicted. The ask is recorded only for a
+extender, on every node at once); kube-scheduler is answered no Neuron node, so it evicts
+nothing there itself. When nothing would, nobody is evicted. (Without the claim CRD nothing can
+carry that out: members go pod by pod on nodes without UltraServer labels, and are answered
+there as any pod is.) The ask is recorded only for a
 pending member the watch knows, as the watch shows it (the request's body is only what the
 caller says), and never for one whose `preemptionPolicy` is `Never`: what the extender then
 deletes is decided from the cluster's own objects.
@@ -50,11 +52,11 @@ from neuron_scheduler.extender.verbs.wire import (
     MetaVictims,
     candidate_victims,
 )
+from neuron_scheduler.jobs.members import Member, MembershipError, member_of
+from neuron_scheduler.jobs.placement import Occupancy, job_text
+from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
-from neuron_scheduler.ultraserver.jobs import Member, MembershipError, member_of
-from neuron_scheduler.ultraserver.labels import NodeConfigError
-from neuron_scheduler.ultraserver.placement import Occupancy, job_text, pod_node_config
 
 log = logging.getLogger("neuron_scheduler.extender")
 INVALID = (Member(("", ""), "invalid", None), 0)  # a member whose size or node config is bad
@@ -117,12 +119,12 @@ class Preemptor:
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
         member = self._member(pod) if request is not None else None  # (members ask devices)
-        servers = self.occupancy.servers
-        if member is not None and any(node in servers for node in candidates):
+        ruled = self.occupancy.rules
+        if member is not None and any(ruled(node) for node in candidates):
             self._for_job(pod)
         answer: dict[str, MetaVictims] = {}
         for node, (given, violations) in candidates.items():
-            if member is not None and node in servers:
+            if member is not None and ruled(node):
                 self.metrics.preempt_nodes.labels("dropped").inc()
                 continue  # its whole job preempts (`_for_job`), never a node at a time
             if request is None:  # not ours to judge: kube-scheduler's choice stands
@@ -141,7 +143,7 @@ class Preemptor:
 
     def _member(self, pod: Pod) -> tuple[Member, int] | None:
         """The pod's job membership and node config, when it is a member (one that gives a bad
-        size or config is refused every UltraServer node by filter: treated as a member, so no
+        size or config is refused every Neuron node by filter: treated as a member, so no
         node of them is answered)."""
         try:
             member = member_of(pod)

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from neuron_scheduler.jobs.units import MODE_LABEL, node_id_label, server_id_label
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.errors import READ_ERRORS, NotFound, error_text
 from neuron_scheduler.kube.objects import Node
-from neuron_scheduler.ultraserver.labels import (
-    MODE_LABEL,
-    node_id_label,
-    server_id_label,
-)
 from neuron_scheduler.ultraserver.launcher.ranking import FactNames, WorkerInfo, read_worker
 from neuron_scheduler.ultraserver.launcher.ssh import bounded
 

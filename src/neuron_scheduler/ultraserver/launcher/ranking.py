@@ -10,18 +10,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from neuron_scheduler.jobs.units import DEFAULT_SERVER_ID, node_id_label, server_id_label
 from neuron_scheduler.ultraserver.labels import (
     DEFAULT_NODE_ID,
-    DEFAULT_SERVER_ID,
     MODE_X1,
     MODE_X2H,
     MODE_X2V,
     MODE_X4,
-    node_id_label,
     normalize_server_id,
     parse_modes,
     runtime_mode,
-    server_id_label,
 )
 
 

@@ -12,12 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from neuron_scheduler.ultraserver.labels import (
-    MODE_FILE,
-    SYSFS_DIR,
-    node_id_file,
-    server_id_file,
-)
+from neuron_scheduler.ultraserver.labels import MODE_FILE, SYSFS_DIR, node_id_file, server_id_file
 from neuron_scheduler.ultraserver.launcher.environment import DEFAULT_ENVIRONMENT_FILE
 from neuron_scheduler.ultraserver.launcher.ranking import FactNames, WorkerInfo, read_worker
 

@@ -2,7 +2,7 @@
 gang). Pure: read from the pod's labels, annotations and env; a PodGroup's minCount is passed in.
 
 The frameworks' CRDs are not needed: their controllers label the pods they create, and that is
-what is read here (keys from each project's source, docs/ultraserver.md lists them).
+what is read here (keys from each project's source, docs/training-jobs.md lists them).
 
 - Kubernetes 1.36's Workload API: `spec.schedulingGroup.podGroupName` names the job (a PodGroup
   in the pod's namespace); the size is the PodGroup's `gang.minCount`.
@@ -26,9 +26,12 @@ import re
 from dataclasses import dataclass
 
 from neuron_scheduler.kube.objects import Pod
-from neuron_scheduler.ultraserver.labels import JOB_NAME_LABEL, JOB_ROLE_LABEL, WORKER_ROLE
 
 JobKey = tuple[str, str]  # (namespace, job name)
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+WORKER_ROLE = "worker"
 
 GANG_ANNOTATION = "neuron-scheduler.io/gang"
 GANG_SIZE_ANNOTATION = "neuron-scheduler.io/gang-size"
@@ -51,7 +54,7 @@ class MembershipError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A pod that is one of a job's members (each takes one UltraServer node)."""
+    """A pod that is one of a job's members (each takes a node, or part of one)."""
 
     job: JobKey
     framework: str  # podgroup, gang, mpijob, pytorchjob, jobset, leaderworkerset
@@ -94,23 +97,71 @@ def member_of(pod: Pod) -> Member | None:
     return None
 
 
+def _number(text: str, digits: int) -> int | None:
+    """A whole number of at most `digits` ASCII digits, or None. (str.isdigit() says yes to '²',
+    which int() refuses, to '٣', which it reads, and to 5000 nines, past int()'s limit.)"""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > digits:
+        return None
+    return int(value)
+
+
 def _size(text: str | None, source: str) -> int | None:
     if text is None:
         return None
-    value = text.strip()
-    if not value.isdigit() or not 1 <= int(value) <= MAX_GANG:
+    value = _number(text, 9)
+    if value is None or not 1 <= value <= MAX_GANG:
         raise MembershipError(
             f"{source}={text[:40]!r} is not a job size; give a whole number of pods, 1 to "
             f"{MAX_GANG}"
         )
-    return int(value)
+    return value
 
 
 def _nodes_env(pod: Pod) -> int | None:
     """torchrun's node count, when fixed (an elastic range such as "1:4" says no size)."""
     for container in pod.spec.containers:
         for variable in container.env:
-            if variable.name == NODES_ENV and variable.value.strip().isdigit():
-                count = int(variable.value.strip())
+            count = _number(variable.value, 9) if variable.name == NODES_ENV else None
+            if count is not None:
                 return count if 1 <= count <= MAX_GANG else None
     return None
+
+
+# Where each framework writes a member's index (its rank, or what orders its ranks).
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"  # MPIJob, PyTorchJob
+JOBSET_GLOBAL_INDEX_LABEL = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+MAX_INDEX_DIGITS = 6
+
+Rank = tuple[int, int]  # (group, index within it): a PyTorchJob's master 0, its workers 1
+
+
+def rank_of(pod: Pod, member: Member) -> Rank | None:
+    """Where the member stands among its job's ranks, from the index its framework gives it
+    (None: it gives none, or none that reads as a number): a group and the index within it. A
+    PyTorchJob's master (group 0) before its workers (group 1) by replica index, a JobSet's pods
+    by job index (global across replicated jobs where JobSet writes it) then completion index, an
+    MPIJob's workers by replica index, a LeaderWorkerSet group's pods by worker index (the
+    leader is 0), any other job's pods by their Indexed Job completion index (group 0). A rank's
+    place is its index plus the members of the groups before it (jobs/placement.py)."""
+    labels = pod.metadata.labels
+    if member.framework == "pytorchjob":
+        index = _index(labels.get(REPLICA_INDEX_LABEL))
+        master = labels.get(REPLICA_TYPE_LABEL) == "master"
+        return None if index is None else (0 if master else 1, index)
+    if member.framework == "jobset":
+        job = _index(labels.get(JOBSET_GLOBAL_INDEX_LABEL, labels.get(JOBSET_INDEX_LABEL)))
+        completion = _index(labels.get(COMPLETION_INDEX_LABEL)) or 0
+        return None if job is None else (job, completion)
+    key = {"mpijob": REPLICA_INDEX_LABEL, "leaderworkerset": LWS_WORKER_INDEX_LABEL}.get(
+        member.framework, COMPLETION_INDEX_LABEL
+    )
+    index = _index(labels.get(key))
+    return None if index is None else (0, index)
+
+
+def _index(text: str | None) -> int | None:
+    return None if text is None else _number(text, MAX_INDEX_DIGITS)

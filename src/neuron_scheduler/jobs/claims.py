@@ -1,6 +1,6 @@
-"""A job's claim on UltraServer nodes, persisted as one UltraServerClaim per node
-(neuron-scheduler.io/v1alpha1, cluster-scoped, named after the node; the chart installs the CRD).
-Pure: to and from the API object.
+"""A training job's claim on a node, persisted as one object per node (neuron-scheduler.io/v1alpha1,
+kind UltraServerClaim, the name it had when only UltraServers had claims; cluster-scoped, named
+after the node; the chart installs the CRD). Pure: to and from the API object.
 
 Why an object of our own, one per node: creating an object whose name exists fails (409), so the
 API server itself lets one job at most hold a node, whichever replica (or restarted replica)
@@ -8,7 +8,7 @@ writes, and a change conditioned on the resourceVersion it read cannot undo anot
 our own keeps the extender's permission to exactly these objects (Leases would have needed write
 access to every Lease of a namespace, kube-system's control-plane Leases among them; RBAC cannot
 narrow it to a label), lets the API server check the fields (schema), and `kubectl get
-ultraserverclaims` lists them with their job and phase. docs/ultraserver.md says more.
+ultraserverclaims` lists them with their job and phase. docs/training-jobs.md says more.
 
 A claim is Pending from when the job's units are reserved until all its members are bound, and
 ends if its job does nothing for `seconds` (renewTime is the last time kube-scheduler asked about
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from neuron_scheduler.kube.objects import ClaimMeta, ClaimSpec, UltraServerClaim
+from neuron_scheduler.jobs.members import MAX_GANG, JobKey
+from neuron_scheduler.kube.objects import ClaimMeta, ClaimSpec, JobClaim
 from neuron_scheduler.kube.reading import epoch
-from neuron_scheduler.ultraserver.jobs import MAX_GANG, JobKey
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "neuron-scheduler"}
 PENDING = "Pending"
@@ -56,6 +56,7 @@ class NodeClaim:
     victims: tuple[str, ...] = ()  # pods evicted for the job by preemption (uids), while Pending
     victim_jobs: tuple[JobKey, ...] = ()  # the jobs evicted whole for it, while Pending
     created: float = 0.0  # wall clock: when the object was made (0: not known)
+    slots: int = 1  # the job's members this node takes (more than 1: members take part of it)
 
     @property
     def job_text(self) -> str:
@@ -65,9 +66,9 @@ class NodeClaim:
         return self.phase == PENDING and self.renewed + self.seconds <= now
 
 
-def to_object(claim: NodeClaim) -> UltraServerClaim:
+def to_object(claim: NodeClaim) -> JobClaim:
     renewed = datetime.fromtimestamp(claim.renewed, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return UltraServerClaim(
+    return JobClaim(
         metadata=ClaimMeta(
             name=claim.node, uid=claim.uid, resourceVersion=claim.version, labels=MANAGED_BY
         ),
@@ -77,6 +78,7 @@ def to_object(claim: NodeClaim) -> UltraServerClaim:
             job=claim.job[1],
             config=claim.config,
             size=claim.size,
+            slots=claim.slots,
             phase=claim.phase,
             scheduler=claim.scheduler,
             renewTime=renewed,
@@ -87,7 +89,7 @@ def to_object(claim: NodeClaim) -> UltraServerClaim:
     )
 
 
-def from_object(found: UltraServerClaim) -> NodeClaim:
+def from_object(found: JobClaim) -> NodeClaim:
     """ClaimError for anything we could not have written (read from the API: untrusted; the
     CRD's schema checks the same, where the cluster has ours)."""
     meta, spec = found.metadata, found.spec
@@ -99,6 +101,8 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         raise ClaimError(
             f"claim {meta.name}: config {spec.config!r} or size {spec.size!r} out of range"
         )
+    if not 1 <= spec.slots <= MAX_GANG or (spec.config > 1 and spec.slots != 1):
+        raise ClaimError(f"claim {meta.name}: slots {spec.slots!r} out of range")
     if spec.phase not in (PENDING, BOUND):
         raise ClaimError(f"claim {meta.name}: phase {spec.phase!r} is neither Pending nor Bound")
     if not 1 <= spec.seconds <= 86400 or len(spec.scheduler) > MAX_NAME:
@@ -133,4 +137,5 @@ def from_object(found: UltraServerClaim) -> NodeClaim:
         tuple(spec.victims),
         tuple(victim_jobs),
         epoch(meta.creationTimestamp),  # the API server's own: 0 when unreadable
+        spec.slots,
     )
