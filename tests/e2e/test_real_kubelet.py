@@ -105,7 +105,13 @@ def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
 
 @pytest.fixture
 def namespace(real: RealNode) -> Iterator[str]:
-    """A namespace of the test's own; its pods are gone before the next test starts."""
+    """A namespace of the test's own; its pods are gone before the next test starts. The Node
+    shows every device first: a test before may have restarted the kubelet, which reports the
+    plugin's resources as 0 allocatable until the plugin has registered again, and a test that
+    pauses the kubelet then would pause it with nothing to schedule on (seen once in CI)."""
+    real.kubelet.wait_allocatable(
+        {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
+    )
     name = f"rk-{uuid.uuid4().hex[:8]}"
     real.cp.client.ensure_namespace(name)
     yield name
