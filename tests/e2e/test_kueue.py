@@ -338,8 +338,14 @@ class World:
         return list(listed["items"])
 
     def claims(self) -> dict[str, str]:
-        """node -> the job its claim holds it for (namespace/name), on this test's nodes."""
-        return {n: f"{s['namespace']}/{s['job']}" for n, s in claims_of(self).items()}
+        """node -> the job its claim holds it for (namespace/name), on this test's nodes and for
+        its namespace: another test's leftovers (a JobSet's Job recreating pods while it is
+        deleted) are not this test's to see."""
+        return {
+            n: f"{s['namespace']}/{s['job']}"
+            for n, s in claims_of(self).items()
+            if s["namespace"] == self.namespace
+        }
 
     def why(self, pod: str) -> dict[str, Any]:
         """`neuron-scheduler why POD --json`, as a person would run it."""
@@ -349,11 +355,13 @@ class World:
         return command_json(self.cp, "status")
 
     def stop(self) -> None:
-        with contextlib.suppress(KubeError):
-            self.cp.request(
-                "DELETE",
-                f"/apis/batch/v1/namespaces/{self.namespace}/jobs?propagationPolicy=Background",
-            )
+        # JobSets first: a JobSet whose Job is deleted makes the Job again.
+        for owners in (
+            f"{JOBSET}/namespaces/{self.namespace}/jobsets",
+            f"/apis/batch/v1/namespaces/{self.namespace}/jobs",
+        ):
+            with contextlib.suppress(KubeError):
+                self.cp.request("DELETE", f"{owners}?propagationPolicy=Background")
         self.scenario.cleanup()
         for path in (
             f"{KUEUE}/namespaces/{self.namespace}/localqueues/{self.queue}",
