@@ -67,6 +67,7 @@ TOTAL_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 CHECK = "neuron-placement"  # the module's AdmissionCheck, of our controllerName
 HOLD_SECONDS = 60  # the extender's --kueue-hold-seconds here
+HOSTNAME = "kubernetes.io/hostname"
 
 
 class Module:
@@ -124,8 +125,11 @@ class Module:
 class World:
     """One test's namespace, nodes, ResourceFlavor, ClusterQueue and LocalQueue."""
 
-    def __init__(self, module: Module, quota: int, checked: bool = False) -> None:
-        """`checked`: the ClusterQueue lists the placement admission check."""
+    def __init__(
+        self, module: Module, quota: int, checked: bool = False, tas: bool = False
+    ) -> None:
+        """`checked`: the ClusterQueue lists the placement admission check; `tas`: its flavor
+        has a Topology of one level, `kubernetes.io/hostname` (Kueue's TAS picks the node)."""
         assert module.stack is not None
         self.module = module
         self.cp = module.cp
@@ -136,6 +140,18 @@ class World:
         self.cluster_queue = f"cq-{self.id}"
         self.queue = "team"
         self.stand_in = self.scenario.kubelet_stand_in()
+        self.topology = f"hosts-{self.id}" if tas else ""
+        if tas:
+            self.cp.request(
+                "POST",
+                f"{KUEUE}/topologies",
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "Topology",
+                    "metadata": {"name": self.topology},
+                    "spec": {"levels": [{"nodeLabel": HOSTNAME}]},
+                },
+            )
         self.cp.request(
             "POST",
             f"{KUEUE}/resourceflavors",
@@ -143,7 +159,10 @@ class World:
                 "apiVersion": "kueue.x-k8s.io/v1beta2",
                 "kind": "ResourceFlavor",
                 "metadata": {"name": self.flavor},
-                "spec": {"nodeLabels": {"neuron-test": self.id}},
+                "spec": {
+                    "nodeLabels": {"neuron-test": self.id},
+                    **({"topologyName": self.topology} if tas else {}),
+                },
             },
         )
         self.cp.request(
@@ -367,6 +386,7 @@ class World:
             f"{KUEUE}/namespaces/{self.namespace}/localqueues/{self.queue}",
             f"{KUEUE}/clusterqueues/{self.cluster_queue}",
             f"{KUEUE}/resourceflavors/{self.flavor}",
+            *([f"{KUEUE}/topologies/{self.topology}"] if self.topology else []),
         ):
             with contextlib.suppress(KubeError):
                 self.cp.request("DELETE", path)
@@ -395,10 +415,10 @@ def module(kubebin: Path) -> Iterator[Module]:
 
 @pytest.fixture
 def world(module: Module, request: pytest.FixtureRequest) -> Iterator[World]:
-    """`request.param`: the quota, or (quota, checked)."""
+    """`request.param`: the quota, or (quota, checked), or (quota, checked, tas)."""
     param = getattr(request, "param", 64)
-    quota, checked = param if isinstance(param, tuple) else (param, False)
-    made = World(module, quota, checked)
+    quota, checked, tas = (*param, False)[:3] if isinstance(param, tuple) else (param, False, False)
+    made = World(module, quota, checked, tas)
     try:
         yield made
     finally:
@@ -776,3 +796,44 @@ def test_the_extender_never_preempts_for_a_pod_of_a_kueue_workload(world: World)
         assert not any(p["spec"].get("nodeName") for p in world.pods_of("urgent-"))
         time.sleep(0.25)
     assert stack.extender.metric('neuron_scheduler_job_preemptions_total{outcome="asked"}') == 0
+
+
+@pytest.mark.parametrize("world", [(64, True, True)], indirect=True)
+def test_with_the_check_a_tas_pin_to_a_node_without_a_block_is_not_admitted(world: World) -> None:
+    """Kueue's Topology-Aware Scheduling at the hostname level counts devices: two rings with 6
+    free each, the first (by name) with no two in a row, the second with 6 in a row. Kueue's
+    assignment pins a 3-device pod to the first (the counts tie). The check is not Ready and
+    says so, naming the domain: the Job stays suspended and nothing waits for the pods-ready
+    timeout on that node. Once device 1 of the first ring frees, a retry finds a block and the
+    pod binds on 3 contiguous devices."""
+    holed = world.fragmented_ring()
+    filled = bound(world.scenario, "fill-")
+    whole = world.add_node(RING)
+    stack = world.module.stack
+    assert stack is not None
+    for i in range(6):  # the second ring's devices 0-5 held outside Kueue: 6-11 free in a row
+        created = world.scenario.create_pod(f"half-{i}", {NEURON: 1}, scheduler="nobody")
+        assert not stack.extender.bind(created, whole)
+    assert holed < whole
+    world.job("pinned", 1, 3, {"kueue.x-k8s.io/podset-required-topology": HOSTNAME})
+    retried = wait_for(
+        lambda: (c := world.check("job-pinned-")).get("state") == "Retry" and c,
+        "the check to send the pinned workload back",
+        PATIENCE,
+    )
+    assert (
+        f"the domain Kueue's topology assignment pins 1 to ({HOSTNAME}={holed})"
+        in retried["message"]
+    ), retried
+    assert "no node has 3 contiguous devices free" in retried["message"], retried
+    workload = world.workload("job-pinned-")
+    assert workload is not None
+    conditions = {c["type"]: c for c in workload["status"].get("conditions", [])}
+    assert conditions.get("Admitted", {}).get("status") != "True", conditions
+    assert conditions.get("Evicted", {}).get("reason") != "PodsReadyTimeout", conditions
+    job = world.cp.request("GET", f"/apis/batch/v1/namespaces/{world.namespace}/jobs/pinned")
+    assert job["spec"]["suspend"] is True and world.pods_of("pinned-") == []
+    world.scenario.delete_pod(filled[1])
+    (placed,) = world.all_bound("pinned-", 1)
+    assert contiguous(placed, 3), (placed["spec"]["nodeName"], ids(placed))
+    assert world.check("job-pinned-")["state"] == "Ready"
