@@ -266,22 +266,23 @@ class Admissions:
             elif state.state == READY and uid not in self._settled:
                 await self._resume(workload, state)
 
-    def _flavors(self) -> dict[str, tuple[dict[str, str], list[Any]]]:
-        return {
+    def _place(self, workload: Workload) -> Placed | NotPlaced:
+        flavors = {
             name: (f.spec.nodeLabels, list(f.spec.tolerations))
             for name, f in self.objects.flavors.items()
         }
-
-    async def _check(self, workload: Workload, state: CheckState) -> None:
-        answer = place(
+        return place(
             workload,
-            self._flavors(),
+            flavors,
             self.ledger,
             self.occupancy,
             self.policy,
             self.scheduler_names,
             self.pods.get,
         )
+
+    async def _check(self, workload: Workload, state: CheckState) -> None:
+        answer = self._place(workload)
         if isinstance(answer, NotPlaced):
             self._say(workload, answer.reason)
             if answer.wait:
@@ -339,15 +340,7 @@ class Admissions:
             self._settled.add(meta.uid)
             return
         if came == 0 and self.wall_clock() < until:
-            answer = place(
-                workload,
-                self._flavors(),
-                self.ledger,
-                self.occupancy,
-                self.policy,
-                self.scheduler_names,
-                self.pods.get,
-            )
+            answer = self._place(workload)
             if isinstance(answer, Placed):
                 admitted = await self._hold(workload, answer, until)
                 if admitted is not None:
