@@ -30,7 +30,8 @@ Reported, per configuration:
   `--cap` passed: then how many finished, and when the last did).
 
 Run: uv run python bench/kueue_admission.py [--workloads 36] [--inf2 4] [--trn1 3] [--seed 1]
-     [--pods-ready-seconds 30] [--hold-seconds 20] [--cap 600] [--configs without,with]
+     [--run-seconds 30 90] [--pods-ready-seconds 20]
+     [--hold-seconds 15] [--cap 900] [--configs without,with]
 """
 
 from __future__ import annotations
@@ -362,10 +363,10 @@ def main() -> None:
     parser.add_argument("--inf2", type=int, default=4, help="inf2.48xlarge nodes")
     parser.add_argument("--trn1", type=int, default=3, help="trn1.32xlarge nodes")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--run-seconds", type=float, nargs=2, default=(5.0, 20.0))
-    parser.add_argument("--pods-ready-seconds", type=int, default=30)
-    parser.add_argument("--hold-seconds", type=int, default=20)
-    parser.add_argument("--cap", type=float, default=600.0, help="seconds a configuration runs")
+    parser.add_argument("--run-seconds", type=float, nargs=2, default=(30.0, 90.0))
+    parser.add_argument("--pods-ready-seconds", type=int, default=20)
+    parser.add_argument("--hold-seconds", type=int, default=15)
+    parser.add_argument("--cap", type=float, default=900.0, help="seconds a configuration runs")
     parser.add_argument("--configs", default="without,with")
     args = parser.parse_args()
     configs = args.configs.split(",")

@@ -449,3 +449,28 @@ def ledger_free(ledger: Ledger) -> int:
 def test_requeue_grows_with_retries_and_is_longest_for_what_can_never_run() -> None:
     assert [requeue_seconds(n, False) for n in (None, 0, 1, 2, 3, 9)] == [5, 5, 10, 20, 40, 60]
     assert requeue_seconds(0, True) == RETRY_MAX
+
+
+def test_a_new_leader_holds_again_for_a_ready_workload_whose_pods_have_not_come() -> None:
+    """The leader that made it Ready is gone (its holds were in its memory only): the next one
+    plans the blocks anew and holds them until the time the check's Ready leaves; past that
+    time it holds nothing and lets the time run out (Retry)."""
+    world = Loop({"inf2-a": [3, 5, 7, 9, 11]})
+    ready = workload(3, state="Ready", transition="2026-01-02T00:00:00Z")  # = world.now
+    world.objects.apply_workload(ready)
+    world.now += 10
+    world.step()
+    admitted = world.holds.admitted["w1"]
+    assert admitted.until == 1_767_312_000.0 + 30
+    assert [(b.node, b.cores) for b in admitted.blocks.values()] == [("inf2-a", 0b111111)]
+    assert not world.api.states  # nothing written: it is Ready already
+    late = Loop({"inf2-a": []})
+    late.objects.apply_workload(ready)
+    late.now += 40
+    late.step()  # its pods' time only is tended ...
+    assert not late.api.states and not late.holds.admitted["w1"].blocks
+    late.step()  # ... and it has run out
+    assert (
+        late.last()["state"] == "Retry" and "did not all bind within 30s" in late.last()["message"]
+    )
+    assert "w1" not in late.holds.admitted and ledger_free(late.ledger) == 0
