@@ -134,6 +134,7 @@ class World:
         self.module = module
         self.cp = module.cp
         self.scenario = Scenario(module.stack)
+        self.checked = checked
         self.id = self.scenario.id
         self.namespace = self.scenario.namespace
         self.flavor = f"neuron-{self.id}"
@@ -484,9 +485,12 @@ def test_plain_pods_are_gated_until_admitted_then_get_contiguous_devices(world: 
     assert placed["metadata"]["annotations"][KUEUE_WORKLOAD_ANNOTATION] == name
 
 
+@pytest.mark.parametrize("world", [64, (64, True)], ids=["quota", "checked"], indirect=True)
 def test_a_jobset_through_kueue_gets_contiguous_devices(world: World) -> None:
     """JobSet v0.11.1's controller (its webhooks served here too): a JobSet in the LocalQueue is
-    suspended until Kueue admits it, then its Job's pods are placed like any others."""
+    suspended until Kueue admits it, then its Job's pods are placed like any others. With the
+    placement check, its pods (a training job by the JobSet's label, which its Workload's
+    templates do not carry yet) are placed by the check first, on the ring with room."""
     world.fragmented_ring()
     clean = world.add_node(RING)
     template = world.scenario.pod_body("x", {NEURON: 3})
@@ -521,6 +525,11 @@ def test_a_jobset_through_kueue_gets_contiguous_devices(world: World) -> None:
     assert all(contiguous(p, 3) for p in placed), [ids(p) for p in placed]
     (workload,) = world.workloads()
     assert workload["metadata"]["name"].startswith("jobset-js-")
+    if world.checked:
+        ready = world.check("jobset-js-")
+        assert ready["state"] == "Ready", ready
+        assert f"job {world.namespace}/js: 2 members on " in ready["message"], ready
+        assert clean in ready["message"], ready
 
 
 # --- gated pods are Kueue's, not ours ------------------------------------------------------------
