@@ -739,6 +739,7 @@ def test_kueues_preemption_of_a_claimed_job_frees_its_units_to_the_preemptor(wor
         PATIENCE,
     )
     world.stand_in.finishing.clear()
+    created = time.monotonic()
     world.job("high", 4, 16, gang_annotations("high", 4), priority=high)
     wait_for(
         lambda: (
@@ -748,6 +749,7 @@ def test_kueues_preemption_of_a_claimed_job_frees_its_units_to_the_preemptor(wor
         "the check to hold the unit for the high job",
         PATIENCE,
     )
+    held = time.monotonic()
     leaving = world.pods_of("low-")
     assert len(leaving) == 4 and all(p["metadata"].get("deletionTimestamp") for p in leaving)
     for pod in leaving:  # Kueue's eviction, never the extender's preemption
@@ -755,7 +757,12 @@ def test_kueues_preemption_of_a_claimed_job_frees_its_units_to_the_preemptor(wor
             assert condition.get("reason") != "PreemptionByScheduler", condition
     assert sorted(claims_of(world)) == sorted(unit)
     world.stand_in.finishing.set()
+    freed = time.monotonic()
     placed = world.all_bound("high-", 4)
+    print(
+        f"\nthe unit held for the preemptor {held - created:.1f}s after its creation, its "
+        f"victims still terminating; bound {time.monotonic() - freed:.1f}s after they were let go"
+    )
     assert sorted(p["spec"]["nodeName"] for p in placed) == sorted(unit)
 
 
