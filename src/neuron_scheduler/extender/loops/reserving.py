@@ -538,34 +538,30 @@ class Reservations:
         without members (nodes the job holds already are written again so). On a conflict or an
         error, what it wrote is undone. Whether it claimed them."""
         now = self.wall_clock()
-        written: list[tuple[NodeClaim, NodeClaim | None]] = []
+        writes: list[tuple[NodeClaim, NodeClaim | None]] = []  # (to write, what it replaces)
         for node in sorted(self.occupancy.claimed(job)):
             mine = self.occupancy.claims[node]
             renewed = dataclasses.replace(
                 mine, size=max(size, mine.size), renewed=now, workload=workload, seconds=seconds
             )
-            try:
-                ours = from_object(await self.api.replace_claim(to_object(renewed)))
-            except CLAIM_WRITE_ERRORS as error:
-                self._undoing(job, node, error)
-                await self._undo(written)
-                return False
-            written.append((ours, mine))
-            self.occupancy.hold(ours)
+            writes.append((renewed, mine))
         for node, slots in planned.slots.items():
             known = self.occupancy.claims.get(node)
-            if known is not None and known.job == job:
-                continue
-            claim = self._new_claim(
-                node, job, planned.config, size, now, scheduler, slots, workload, seconds
-            )
+            if known is None or known.job != job:
+                claim = self._new_claim(
+                    node, job, planned.config, size, now, scheduler, slots, workload, seconds
+                )
+                writes.append((claim, None))
+        written: list[tuple[NodeClaim, NodeClaim | None]] = []
+        for claim, before in writes:
+            write = self.api.create_claim if before is None else self.api.replace_claim
             try:
-                ours = from_object(await self.api.create_claim(to_object(claim)))
+                ours = from_object(await write(to_object(claim)))
             except CLAIM_WRITE_ERRORS as error:
-                self._undoing(job, node, error)
+                self._undoing(job, claim.node, error)
                 await self._undo(written)
                 return False
-            written.append((ours, None))
+            written.append((ours, before))
             self.occupancy.hold(ours)
         self._said.pop(job, None)
         self.occupancy.shortfalls.pop(job, None)
