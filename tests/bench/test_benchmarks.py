@@ -106,6 +106,15 @@ SMOKES = (
         r"\| 1,2,4,8,16 \| [\d,]+ \|",
     ),
     Smoke("dra_republish.py", ("--rounds", "2"), r"\| trn2\.48xlarge \|"),
+    # With real Kueue (tools/kueue.mk) as well: one node of each type, four workloads.
+    Smoke(
+        "kueue_admission.py",
+        (
+            *("--workloads", "4", "--inf2", "1", "--trn1", "1", "--run-seconds", "2", "4"),
+            *("--pods-ready-seconds", "10", "--hold-seconds", "6", "--cap", "120"),
+        ),
+        r"^\| with \| 4 \| \d+ \(\d+\) \|",
+    ),
 )
 
 # Scripts in bench/ that are not benchmarks of their own, and what runs them here.

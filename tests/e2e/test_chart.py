@@ -30,6 +30,7 @@ from neuron_scheduler.extender.loops.requesting import (
 )
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.kube.kueue import CONTROLLER_NAME
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.sim.kubescheduler import CHART, DEFAULT_WITH_PRIORITIZE, scheduler_profile
 from tests.builders import node as node_object
@@ -81,6 +82,8 @@ COMBOS: dict[str, Doc] = {
     "custom-own-secrets": {"scheduler": {"tls": OWN_SECRETS}},
     "custom-plain-http": {"scheduler": {"tls": {"enabled": False}}},
     "custom-no-preemption": {"scheduler": {"preemption": False}},
+    # (the AdmissionCheck object itself needs Kueue's CRDs: test_kueue_admission_check_...)
+    "custom-kueue-check": {"scheduler": {"kueue": {"admissionCheck": {"enabled": True}}}},
     "custom-autoscaling": {
         "scheduler": {
             "capacityRequests": {"mode": "on", "instanceTypes": ["inf2.48xlarge"]},
@@ -362,6 +365,32 @@ def test_consolidation_on_adds_eviction_status_and_its_lease() -> None:
     assert "--consolidation=on" in args
     assert "--consolidation-evictions-per-hour=7" in args
     assert "--consolidation-lease=k8s-neuron-scheduler-consolidation" in args
+
+
+def test_kueue_admission_check_adds_its_rules_its_arguments_and_the_check() -> None:
+    """On: the ClusterRole gains files/kueue-rules.yaml (which the e2e Stack runs with), the
+    extender answers the check for its hold time, and with `create` the chart makes the
+    AdmissionCheck of the extender's controllerName (docs/kueue.md). Off (the default): none."""
+    check = {"enabled": True, "create": True, "name": "placement", "holdSeconds": 90}
+    docs = render({"scheduler": {"kueue": {"admissionCheck": check}}})
+    rendered = find(docs, "ClusterRole", "k8s-neuron-scheduler")
+    assert rendered["rules"] == [
+        *yaml.safe_load(RULES.read_text()),
+        *yaml.safe_load(RULES.with_name("preemption-rules.yaml").read_text()),
+        *yaml.safe_load(RULES.with_name("kueue-rules.yaml").read_text()),
+    ]
+    args = extender_args(docs)
+    assert "--kueue-admission-check" in args and "--kueue-hold-seconds=90" in args
+    made = find(docs, "AdmissionCheck", "placement")
+    assert made["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert made["spec"] == {"controllerName": CONTROLLER_NAME}
+    uncreated = render({"scheduler": {"kueue": {"admissionCheck": {"enabled": True}}}})
+    assert not [k for k in kinds(uncreated) if k.startswith("AdmissionCheck/")]
+    default = render()
+    assert not [k for k in kinds(default) if k.startswith("AdmissionCheck/")]
+    assert not [a for a in extender_args(default) if a.startswith("--kueue")]
+    role = find(default, "ClusterRole", "k8s-neuron-scheduler")
+    assert all("kueue.x-k8s.io" not in r["apiGroups"] for r in role["rules"])
 
 
 def test_capacity_requests_on_add_the_placeholders_role_and_their_priority_class() -> None:

@@ -39,6 +39,8 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CONSOLIDATION_RULES = RULES.with_name("consolidation-rules.yaml")
 CAPACITY_RULES = RULES.with_name("capacity-rules.yaml")
 DRA_SCORING_RULES = RULES.with_name("dra-scoring-rules.yaml")
+# With the placement admission check on (docs/kueue.md): Kueue's Workloads and their status.
+KUEUE_RULES = RULES.with_name("kueue-rules.yaml")
 # The chart's PriorityClass of capacity requests' placeholders.
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
@@ -247,6 +249,7 @@ class Stack:
             *yaml.safe_load(CONSOLIDATION_RULES.read_text()),
             *yaml.safe_load(CAPACITY_RULES.read_text()),
             *yaml.safe_load(DRA_SCORING_RULES.read_text()),
+            *yaml.safe_load(KUEUE_RULES.read_text()),
         ]
         cp.request(
             "POST",

@@ -35,6 +35,7 @@ from neuron_scheduler.jobs.placement import (
     CLAIM_ENDED,
     CLAIM_MADE,
     Occupancy,
+    Planned,
     Shortfall,
     UnitPlacement,
     job_progress,
@@ -727,3 +728,30 @@ async def test_the_loop_outlives_a_failing_step_and_joins_a_burst_of_changes(
     with pytest.raises(Stop):
         await task
     assert len(steps) == before + 1
+
+
+def test_claims_for_a_kueue_workload_name_it_renew_the_jobs_own_and_are_undone_on_an_error() -> (
+    None
+):
+    """The placement check claims a job's units before any member exists (Pending, naming the
+    workload, lasting the hold's seconds); nodes the job holds already are written again so. A
+    write that fails undoes what was written: no claim is left half made."""
+    world = World()
+    job = ("ml", "llama")
+    planned = Planned({f"a{i}": 1 for i in range(4)}, 4, "")
+    made = asyncio.run(world.loop.claim_for_workload(job, "my-scheduler", 4, planned, "w1", 90))
+    assert made
+    claims = {n: world.occupancy.claims[n] for n in world.occupancy.claimed(job)}
+    assert sorted(claims) == ["a0", "a1", "a2", "a3"]
+    assert all(
+        c.workload == "w1" and c.seconds == 90 and c.phase == PENDING for c in claims.values()
+    )
+    again = asyncio.run(world.loop.claim_for_workload(job, "my-scheduler", 4, planned, "w2", 60))
+    assert again and all(world.occupancy.claims[n].workload == "w2" for n in claims)
+    other = ("ml", "other")
+    world.api.fail_on = {"b2"}
+    unit_b = Planned({f"b{i}": 1 for i in range(4)}, 4, "")
+    failed = asyncio.run(world.loop.claim_for_workload(other, "my-scheduler", 4, unit_b, "w3", 60))
+    assert not failed
+    assert not world.occupancy.claimed(other)
+    assert sorted(world.api.claims) == ["a0", "a1", "a2", "a3"]

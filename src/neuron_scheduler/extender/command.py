@@ -205,6 +205,21 @@ def extender(
             "API when a controller recreates it: docs/operations.md)"
         ),
     ] = "report",
+    kueue_admission_check: Annotated[
+        bool,
+        typer.Option(
+            help="answer Kueue's AdmissionChecks whose controllerName is "
+            "neuron-scheduler.io/placement: a workload is admitted only when its pods can be "
+            "placed now, and what they need is held for them until they bind (docs/kueue.md)"
+        ),
+    ] = False,
+    kueue_hold_seconds: Annotated[
+        float,
+        typer.Option(
+            help="how long the blocks and units held for a workload the check admitted wait for "
+            "its pods to bind; then they are let go and the check goes to Retry"
+        ),
+    ] = 120.0,
     dra_driver: Annotated[
         str,
         typer.Option(
@@ -277,6 +292,7 @@ def extender(
             ("--capacity-pending-seconds", capacity_pending_seconds, 0, 86400),
             ("--capacity-max-in-flight", capacity_max_in_flight, 1, 100),
             ("--capacity-timeout", capacity_timeout, 10, 86400),
+            ("--kueue-hold-seconds", kueue_hold_seconds, 5, 3600),
         )
         for name, amount, low, high in bounds:
             if not low <= amount <= high:
@@ -385,6 +401,7 @@ def extender(
                 do_not_disrupt=autoscaler_do_not_disrupt,
                 device_failure_action=Action(device_failure_action),
                 dra=dra,
+                kueue_hold_seconds=kueue_hold_seconds if kueue_admission_check else None,
             )
         )
 

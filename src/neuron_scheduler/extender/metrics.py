@@ -88,6 +88,15 @@ class Metrics:
             "Victims named in preempt answers",
             registry=self.registry,
         )
+        self.kueue_checks = Counter(
+            "neuron_scheduler_kueue_checks",
+            "The placement admission check's answers for Kueue workloads, by outcome: ready "
+            "(placed, its blocks and units held), retry (no room now; Kueue gives the quota to "
+            "the next workload), pending (not decided yet), expired (its pods did not bind in "
+            "time: holds let go, Retry), released (evicted, finished or deleted while held)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.job_preemptions = Counter(
             "neuron_scheduler_job_preemptions",
             "Preemptions for training jobs (whole jobs or nothing), by outcome: "

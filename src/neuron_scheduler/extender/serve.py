@@ -34,19 +34,23 @@ from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.jobs.network import EKS_LEVELS
 from neuron_scheduler.jobs.placement import CLAIM_SECONDS, claims_absent
 from neuron_scheduler.kube.client import (
+    ADMISSION_CHECKS,
     CLAIMS,
     DISRUPTION_BUDGETS,
     NODES,
     POD_GROUP_PATHS,
     PODS,
     RESOURCE_CLAIMS,
+    RESOURCE_FLAVORS,
     RESOURCE_SLICES,
+    WORKLOADS,
     KubeAPI,
     group_version,
 )
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.election import ElectionConfig, LeaderElector
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound
+from neuron_scheduler.kube.kueue import AdmissionCheck, ResourceFlavor, Workload
 from neuron_scheduler.kube.objects import (
     JobClaim,
     Node,
@@ -99,6 +103,9 @@ class ExtenderOptions:
     device_failure_action: Action = Action.REPORT
     # Our DRA driver and DeviceClasses: pods with such claims are scored by prioritize-claims.
     dra: ClaimClasses | None = None
+    # The placement admission check for Kueue: how long an admitted workload's pods have to bind
+    # (None: the check is off).
+    kueue_hold_seconds: float | None = None
 
 
 def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
@@ -225,8 +232,10 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
 
     loop = asyncio.get_running_loop()
     dra_tasks = [loop.create_task(task) for task in dra_watches(api, extender)]
+    kueue_tasks = [loop.create_task(task) for task in kueue_watches(api, extender)]
     return [
         *dra_tasks,
+        *kueue_tasks,
         loop.create_task(nodes.run()),
         loop.create_task(pods_after_nodes()),
         # Disruption budgets only order preemption victims: not waited for.
@@ -277,6 +286,66 @@ def dra_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, No
     return [
         run_if_served(api, slices, "ResourceSlices (pods with DRA claims are not scored)"),
         run_if_served(api, claims, "ResourceClaims (pods with DRA claims are not scored)"),
+    ]
+
+
+def kueue_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, None]]:
+    """Kueue's Workloads, AdmissionChecks and ResourceFlavors into the placement check's view,
+    when the check is on (and once Kueue's CRDs are served: looked for again every minute). The
+    check decides only once all three are listed and the extender's cache is synced."""
+    kueue, admissions = extender.kueue, extender.admissions
+    if kueue is None or admissions is None:
+        return []
+    workloads: Watch[Workload] = Watch(
+        api,
+        WORKLOADS,
+        Workload,
+        on_list=kueue.replace_workloads,
+        on_change=kueue.apply_workload,
+        on_delete=kueue.remove_workload,
+        timer=extender.metrics.watch_seconds.labels("workloads").observe,
+    )
+    checks: Watch[AdmissionCheck] = Watch(
+        api,
+        ADMISSION_CHECKS,
+        AdmissionCheck,
+        on_list=kueue.replace_checks,
+        on_change=kueue.apply_check,
+        on_delete=kueue.remove_check,
+    )
+    flavors: Watch[ResourceFlavor] = Watch(
+        api,
+        RESOURCE_FLAVORS,
+        ResourceFlavor,
+        on_list=kueue.replace_flavors,
+        on_change=kueue.apply_flavor,
+        on_delete=kueue.remove_flavor,
+    )
+
+    async def listed() -> None:
+        for watch in (workloads, checks, flavors):
+            await watch.synced.wait()
+        await extender.synced.wait()
+        admissions.ready.set()
+        log.info(
+            "the placement admission check is on: %d of our AdmissionChecks, %d Workloads with "
+            "admission checks",
+            len(kueue.checks),
+            len(kueue.workloads),
+        )
+
+    what = "Kueue's {} (the placement admission check waits for them)"
+    return [
+        listed(),
+        run_if_served(
+            api, workloads, what.format("Workloads"), lambda _: None, None, CRD_RETRY_SECONDS
+        ),
+        run_if_served(
+            api, checks, what.format("AdmissionChecks"), lambda _: None, None, CRD_RETRY_SECONDS
+        ),
+        run_if_served(
+            api, flavors, what.format("ResourceFlavors"), lambda _: None, None, CRD_RETRY_SECONDS
+        ),
     ]
 
 
@@ -435,6 +504,7 @@ async def serve(options: ExtenderOptions) -> None:
             do_not_disrupt=options.do_not_disrupt,
             device_failure_action=options.device_failure_action,
             dra=options.dra,
+            kueue_hold_seconds=options.kueue_hold_seconds,
         )
         elector = LeaderElector(api, options.election) if options.election else None
         if elector is not None:
@@ -444,6 +514,8 @@ async def serve(options: ExtenderOptions) -> None:
             extender.requester.is_leader = lambda: elector.is_leader
             extender.protector.is_leader = lambda: elector.is_leader
             extender.failures.is_leader = lambda: elector.is_leader
+            if extender.admissions is not None:
+                extender.admissions.is_leader = lambda: elector.is_leader
         app, side_app = build_apps(extender, options.body_limit, elector)
         side = None
         if options.metrics_port:
@@ -481,6 +553,8 @@ async def serve(options: ExtenderOptions) -> None:
         tasks.append(asyncio.get_running_loop().create_task(lag))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.reservations.run()))
+        if extender.admissions is not None:
+            tasks.append(asyncio.get_running_loop().create_task(extender.admissions.run()))
         tasks.append(asyncio.get_running_loop().create_task(_after_sync(extender)))
         if elector is not None:
             election.append(asyncio.get_running_loop().create_task(elector.run()))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.extender.loops.admitting import Admissions
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
 from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
@@ -23,8 +24,10 @@ from neuron_scheduler.extender.loops.requesting import (
 from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.loops.waking import DEFAULT_GRACE, DEFAULT_RATE, Waker
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.admitted import AdmittedHolds
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.dranodes import ClaimClasses, DraNodes
+from neuron_scheduler.extender.state.kueuepods import KueuePods
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import member_fit
 from neuron_scheduler.extender.state.movability import Movability
@@ -33,6 +36,7 @@ from neuron_scheduler.extender.state.placeholders import Placeholders
 from neuron_scheduler.extender.state.plans import Plans
 from neuron_scheduler.extender.state.plugins import ClusterView
 from neuron_scheduler.extender.state.protection import Bound
+from neuron_scheduler.extender.state.workloads import KueueObjects
 from neuron_scheduler.extender.verbs.binding import DEFAULT_SCHEDULER_NAMES, Binder
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.preempting import Preemptor
@@ -68,6 +72,10 @@ class Extender:
     requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
     protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
     dra: DraNodes | None = None  # our DRA driver's nodes and claims (prioritize-claims)
+    # The placement admission check for Kueue (its loop runs in `serve`, leader only), and the
+    # Kueue objects it reads (fed by watches); None when it is off.
+    admissions: Admissions | None = None
+    kueue: KueueObjects | None = None
 
 
 def wire(
@@ -85,11 +93,13 @@ def wire(
     do_not_disrupt: bool = False,
     device_failure_action: Action = Action.REPORT,
     dra: ClaimClasses | None = None,
+    kueue_hold_seconds: float | None = None,
 ) -> Extender:
     """`budget_lease`: (namespace, name) of the Lease consolidation keeps its eviction budget
     on; `do_not_disrupt`: mark the bound pods no other node has a block for with
     karpenter.sh/do-not-disrupt; `dra`: our DRA driver and classes, whose pods
-    prioritize-claims scores (None: none)."""
+    prioritize-claims scores (None: none); `kueue_hold_seconds`: run the placement admission
+    check for Kueue, its holds lasting this long (None: off)."""
     events = EventRecorder(api)
     ledger = Ledger(catalog, report=events.record)
     # Training jobs' units (UltraServers, nodes), members and claims, and where nodes sit.
@@ -184,6 +194,26 @@ def wire(
     occupancy.on_change = reservations.changed
     metrics.waiting.set_function(lambda: len(waker.waiting))
     dra_nodes = DraNodes(catalog, dra) if dra is not None else None
+    kueue = admissions = None
+    admitted = AdmittedHolds(ledger)
+    kueue_pods = KueuePods()
+    kueue_views: list[ClusterView] = [admitted, kueue_pods]
+    if kueue_hold_seconds is not None:
+        kueue = KueueObjects()
+        admissions = Admissions(
+            api,
+            kueue,
+            admitted,
+            ledger,
+            occupancy,
+            reservations,
+            scheduler_names,
+            hold_seconds=kueue_hold_seconds,
+            policy=policy,
+            metrics=metrics,
+            pods=kueue_pods,
+        )
+        kueue.on_change = admissions.changed
     return Extender(
         ledger,
         metrics,
@@ -202,6 +232,8 @@ def wire(
             bound,
             requester,
             *([dra_nodes] if dra_nodes is not None else []),
+            # The pods of admitted workloads take their blocks once the ledger has them bound.
+            *(kueue_views if admissions is not None else []),
         ),
         budgets,
         Judge(ledger, metrics, policy, filters=[units], listener=waker, dra=dra_nodes),
@@ -229,4 +261,6 @@ def wire(
         requester,
         protector,
         dra_nodes,
+        admissions,
+        kueue,
     )

@@ -13,10 +13,13 @@ ultraserverclaims` lists them with their job and phase. docs/training-jobs.md sa
 A claim is Pending from when the job's units are reserved until all its members are bound, and
 ends if its job does nothing for `seconds` (renewTime is the last time kube-scheduler asked about
 one of its members, or when the claim was made); Bound while any member runs; gone when the job
-is. A claim made by preemption (issue 40) lists the pods evicted for it (`victims`, by uid) and
-the jobs evicted whole (`victim_jobs`: a member of one may have bound while the claim was
-written, and is then evicted too) while it is Pending, so whichever replica leads next finishes
-evicting them, and the claim does not end while they are still leaving.
+is. A claim the placement admission check makes for a Kueue workload (issue 48, docs/kueue.md)
+names the workload (`workload`): it exists before any member does, so it lasts without members
+while Pending, until `seconds` after it was made (the check ends it at once if Kueue evicts the
+workload). A claim made by preemption (issue 40) lists the pods evicted for it (`victims`, by
+uid) and the jobs evicted whole (`victim_jobs`: a member of one may have bound while the claim
+was written, and is then evicted too) while it is Pending, so whichever replica leads next
+finishes evicting them, and the claim does not end while they are still leaving.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class NodeClaim:
     victim_jobs: tuple[JobKey, ...] = ()  # the jobs evicted whole for it, while Pending
     created: float = 0.0  # wall clock: when the object was made (0: not known)
     slots: int = 1  # the job's members this node takes (more than 1: members take part of it)
+    # Kueue's Workload (uid) the placement check claimed the node for ("": none): while Pending,
+    # the claim waits for the members the workload's admission will make, until it expires.
+    workload: str = ""
 
     @property
     def job_text(self) -> str:
@@ -64,6 +70,11 @@ class NodeClaim:
 
     def expired(self, now: float) -> bool:
         return self.phase == PENDING and self.renewed + self.seconds <= now
+
+    def awaits_members(self, now: float) -> bool:
+        """A Pending claim made for an admitted Kueue workload, within its time: it lasts
+        without members (they come once Kueue starts the workload)."""
+        return bool(self.workload) and self.phase == PENDING and not self.expired(now)
 
 
 def to_object(claim: NodeClaim) -> JobClaim:
@@ -85,6 +96,7 @@ def to_object(claim: NodeClaim) -> JobClaim:
             seconds=claim.seconds,
             victims=list(claim.victims),
             victimJobs=[f"{namespace}/{name}" for namespace, name in claim.victim_jobs],
+            workload=claim.workload,
         ),
     )
 
@@ -115,6 +127,8 @@ def from_object(found: JobClaim) -> NodeClaim:
         raise ClaimError(f"claim {meta.name}: renewTime {spec.renewTime[:40]!r} has no zone")
     if len(spec.victims) > MAX_VICTIMS or any(not 0 < len(v) <= MAX_UID for v in spec.victims):
         raise ClaimError(f"claim {meta.name}: more than {MAX_VICTIMS} victims, or one no uid")
+    if len(spec.workload) > MAX_UID:
+        raise ClaimError(f"claim {meta.name}: workload {spec.workload[:40]!r} is no uid")
     if len(spec.victimJobs) > MAX_VICTIMS:
         raise ClaimError(f"claim {meta.name}: more than {MAX_VICTIMS} victim jobs")
     victim_jobs = []
@@ -138,4 +152,5 @@ def from_object(found: JobClaim) -> NodeClaim:
         tuple(victim_jobs),
         epoch(meta.creationTimestamp),  # the API server's own: 0 when unreadable
         spec.slots,
+        spec.workload,
     )

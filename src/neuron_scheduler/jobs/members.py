@@ -97,6 +97,30 @@ def member_of(pod: Pod) -> Member | None:
     return None
 
 
+# The API group of each framework whose controller labels its pods with the job's name (read by
+# `framework_labels`).
+JOBSET_GROUP = "jobset.x-k8s.io"
+KUBEFLOW_GROUP = "kubeflow.org"
+
+
+def framework_labels(api_version: str, kind: str, name: str, pod_set: str) -> dict[str, str]:
+    """The labels a framework's controller gives every pod of its job `name`, which its pod
+    templates do not carry yet (what `member_of` reads): a JobSet's name; a PyTorchJob's name and
+    replica type, an MPIJob's name and role, which Kueue names their pod sets by (`master`,
+    `worker`, `launcher`). Empty for anything else (a batch/v1 Job, plain pods: their templates
+    say all there is)."""
+    group = api_version.partition("/")[0]
+    if not name or len(name) > MAX_NAME:
+        return {}
+    if group == JOBSET_GROUP and kind == "JobSet":
+        return {JOBSET_LABEL: name}
+    if group == KUBEFLOW_GROUP and kind == "PyTorchJob":
+        return {JOB_NAME_LABEL: name, REPLICA_TYPE_LABEL: pod_set}
+    if group == KUBEFLOW_GROUP and kind == "MPIJob":
+        return {JOB_NAME_LABEL: name, JOB_ROLE_LABEL: pod_set}
+    return {}
+
+
 def _number(text: str, digits: int) -> int | None:
     """A whole number of at most `digits` ASCII digits, or None. (str.isdigit() says yes to '²',
     which int() refuses, to '٣', which it reads, and to 5000 nines, past int()'s limit.)"""

@@ -53,6 +53,13 @@ DISRUPTION_BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 LEASES = "/apis/coordination.k8s.io/v1/leases"
+# Kueue (kueue.x-k8s.io/v1beta2: what v0.17 stores), read by the placement admission check.
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+WORKLOADS = f"{KUEUE}/workloads"
+ADMISSION_CHECKS = f"{KUEUE}/admissionchecks"
+RESOURCE_FLAVORS = f"{KUEUE}/resourceflavors"
+# Whose fields the extender's server-side applies own (Kueue's own managers own the rest).
+FIELD_MANAGER = "neuron-scheduler"
 
 T = TypeVar("T")
 
@@ -433,6 +440,48 @@ class KubeAPI:
                 "kind": "DeleteOptions",
                 "preconditions": {"uid": uid, "resourceVersion": resource_version},
             },
+        )
+
+    # --- kueue.x-k8s.io/v1beta2: the placement admission check's writes ------------------------
+
+    async def apply_check_state(
+        self, namespace: str, name: str, uid: str, resource_version: str, state: dict[str, Any]
+    ) -> None:
+        """One admission check's state in the Workload's status, by server-side apply: only
+        that entry of status.admissionChecks (a list keyed by name) is ours, so Kueue's fields
+        and other checks' states are never touched; the uid and resourceVersion are
+        preconditions (a Conflict when the workload changed since it was read)."""
+        await self.request(
+            "PATCH",
+            f"{KUEUE}/namespaces/{namespace}/workloads/{name}/status",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body={
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Workload",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": uid,
+                    "resourceVersion": resource_version,
+                },
+                "status": {"admissionChecks": [state]},
+            },
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def apply_check_condition(self, name: str, condition: dict[str, Any]) -> None:
+        """One condition (Active) in an AdmissionCheck's status, by server-side apply."""
+        await self.request(
+            "PATCH",
+            f"{ADMISSION_CHECKS}/{name}/status",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body={
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "AdmissionCheck",
+                "metadata": {"name": name},
+                "status": {"conditions": [condition]},
+            },
+            content_type="application/apply-patch+yaml",
         )
 
     # --- resource.k8s.io/v1 (the DRA driver): wire types are the caller's -----------------------

@@ -13,6 +13,7 @@ from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
 
 
 class OwnerReference(msgspec.Struct, omit_defaults=True):
+    apiVersion: str = ""
     kind: str = ""
     name: str = ""
     uid: str = ""
@@ -309,6 +310,9 @@ class ClaimSpec(msgspec.Struct, omit_defaults=True):
     victims: list[str] = []
     # The jobs (namespace/name) evicted whole for it, until its members are bound.
     victimJobs: list[str] = []
+    # Kueue's Workload (uid) the placement admission check claimed it for, before any member
+    # existed (docs/kueue.md).
+    workload: str = ""
 
 
 class ClaimMeta(msgspec.Struct, omit_defaults=True):

@@ -64,6 +64,7 @@ from neuron_scheduler.jobs.placement import (
 from neuron_scheduler.jobs.preemption import Preemption, claim_victims, job_priority
 from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_text
 from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.kueue import kueue_managed
 from neuron_scheduler.kube.objects import JobClaim, ObjectRef
 from neuron_scheduler.kube.reading import epoch
 
@@ -168,6 +169,8 @@ class Reservations:
             waiting = jobs.get(job, [])
             workers = self.occupancy.job_workers(job)
             if not waiting and not workers:
+                if any(c.awaits_members(now) for c in claims):
+                    continue  # claimed for an admitted Kueue workload: its members are to come
                 await self._release(job, claims, "its job has no member left")
                 continue
             # Its preemption goes on (a restart finishes the evictions), once its claim is whole:
@@ -280,6 +283,8 @@ class Reservations:
                 renewed=renewed,
                 victims=claim.victims if phase == PENDING else (),
                 victim_jobs=claim.victim_jobs if phase == PENDING else (),
+                # Its members came: from now on it ends with them, as any claim does.
+                workload=claim.workload if phase == PENDING else "",
             )
             try:
                 written = await self.api.replace_claim(to_object(fresh))
@@ -402,6 +407,8 @@ class Reservations:
         for a job one of whose members says `preemptionPolicy: Never`."""
         if any(p.pod.spec.preemptionPolicy == NEVER for p in waiting):
             return False
+        if any(kueue_managed(p.pod) for p in waiting):
+            return False  # Kueue's preemption acts for its workloads, never ours (docs/kueue.md)
         return job in self.occupancy.preemption_asks or self._half_preemption(job)
 
     def _impossible(self, job: JobKey, why: Shortfall) -> None:
@@ -495,12 +502,91 @@ class Reservations:
         return True
 
     def _new_claim(
-        self, node: str, job: JobKey, config: int, size: int, now: float, scheduler: str, slots: int
+        self,
+        node: str,
+        job: JobKey,
+        config: int,
+        size: int,
+        now: float,
+        scheduler: str,
+        slots: int,
+        workload: str = "",
+        seconds: int = 0,
     ) -> NodeClaim:
-        """A Pending claim on `node`, as this loop writes one (renewed now)."""
+        """A Pending claim on `node`, as this loop writes one (renewed now; for a Kueue
+        workload, lasting `seconds` without members)."""
         return NodeClaim(
-            node, job, config, size, PENDING, now, self.claim_seconds, scheduler, slots=slots
+            node,
+            job,
+            config,
+            size,
+            PENDING,
+            now,
+            seconds or self.claim_seconds,
+            scheduler,
+            slots=slots,
+            workload=workload,
         )
+
+    # --- claims for Kueue's admitted workloads (extender/loops/admitting) ----------------------
+
+    async def claim_for_workload(
+        self, job: JobKey, scheduler: str, size: int, planned: Planned, workload: str, seconds: int
+    ) -> bool:
+        """Claims the planned units for a training job of a Kueue workload the placement check
+        admits, before any member exists: Pending, naming the workload, lasting `seconds`
+        without members (nodes the job holds already are written again so). On a conflict or an
+        error, what it wrote is undone. Whether it claimed them."""
+        now = self.wall_clock()
+        writes: list[tuple[NodeClaim, NodeClaim | None]] = []  # (to write, what it replaces)
+        for node in sorted(self.occupancy.claimed(job)):
+            mine = self.occupancy.claims[node]
+            renewed = dataclasses.replace(
+                mine, size=max(size, mine.size), renewed=now, workload=workload, seconds=seconds
+            )
+            writes.append((renewed, mine))
+        for node, slots in planned.slots.items():
+            known = self.occupancy.claims.get(node)
+            if known is None or known.job != job:
+                claim = self._new_claim(
+                    node, job, planned.config, size, now, scheduler, slots, workload, seconds
+                )
+                writes.append((claim, None))
+        written: list[tuple[NodeClaim, NodeClaim | None]] = []
+        for claim, before in writes:
+            write = self.api.create_claim if before is None else self.api.replace_claim
+            try:
+                ours = from_object(await write(to_object(claim)))
+            except CLAIM_WRITE_ERRORS as error:
+                self._undoing(job, claim.node, error)
+                await self._undo(written)
+                return False
+            written.append((ours, before))
+            self.occupancy.hold(ours)
+        self._said.pop(job, None)
+        self.occupancy.shortfalls.pop(job, None)
+        log.info(
+            "reserved %s for job %s of an admitted Kueue workload (%d members, %s%s), until its "
+            "members come (at most %ds)",
+            ", ".join(sorted(self.occupancy.claimed(job))),
+            loggable(job_text(job), NAME_LIMIT),
+            size,
+            f"units of {planned.config} nodes" if planned.config > 1 else "nodes",
+            f", {planned.span}" if planned.span else "",
+            seconds,
+        )
+        return True
+
+    async def release_workload(self, job: JobKey, workload: str, why: str) -> None:
+        """Ends the job's Pending claims made for this Kueue workload (it was evicted, finished,
+        or its members did not come in time)."""
+        claims = [
+            self.occupancy.claims[n]
+            for n in sorted(self.occupancy.claimed(job))
+            if self.occupancy.claims[n].workload == workload
+        ]
+        if claims:
+            await self._release(job, claims, why)
 
     async def _preempt(self, first: Pending, size: int, planned: Preemption) -> bool:
         """Preemption for the job: its claim on the units first, node by node, taking the nodes

@@ -50,6 +50,7 @@ from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, RequestError, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.events import Report
+from neuron_scheduler.kube.kueue import hold_owner
 from neuron_scheduler.kube.nodefit import NodeFacts
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import (
@@ -145,12 +146,14 @@ class Claimant:
     priority: int = LOWEST_PRIORITY
     owner: str = ""
     request: NeuronRequest | None = None
+    # The Kueue workload whose held blocks it may take (kube.kueue.hold_owner), "" for none.
+    admitted: str = ""
 
     @classmethod
     def of(cls, pod: Pod, request: NeuronRequest | None = None) -> Claimant:
         controller = pod.metadata.controller
         owner = controller.uid if controller is not None else ""
-        return cls(pod.metadata.uid, pod.spec.priority or 0, owner, request)
+        return cls(pod.metadata.uid, pod.spec.priority or 0, owner, request, hold_owner(pod))
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,11 +489,14 @@ class Ledger:
     @staticmethod
     def _passes(claimant: Claimant, key: str, held: Nomination) -> bool:
         """Whether the claimant may take what is held under `key`: its own, one of lower
-        priority, or a replacement's place it is a replacement for."""
+        priority, a replacement's place it is a replacement for, or a block held for the Kueue
+        workload it is a pod of (with its request)."""
         if key == claimant.uid or held.priority < claimant.priority:
             return True
-        return bool(held.owner) and (
-            held.owner == claimant.owner and held.request == claimant.request
+        return (
+            bool(held.owner)
+            and held.owner in (claimant.owner, claimant.admitted)
+            and held.request == claimant.request
         )
 
     def disown(self, pod: Pod, alloc_time: str) -> None:

@@ -28,9 +28,19 @@ from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import epoch, neuron_request
 
 
-def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str | None:
+def _state(ledger: Ledger, claimant: Claimant, node: str, leaving_gone: bool) -> NodeState:
+    """The node as the claimant sees it; `leaving_gone`: with the pods already terminating taken
+    out (their grace period ends them)."""
+    if leaving_gone:
+        return ledger.eviction_view(claimant, node)[0]
+    return ledger.state_for(claimant, node)
+
+
+def member_unusable(
+    ledger: Ledger, pod: Pod, policy: Policy, node: str, leaving_gone: bool = False
+) -> str | None:
     """Why this member cannot run on the node now (its spec keeps it off, or its devices do
-    not fit there), or None."""
+    not fit there), or None; `leaving_gone`: once the pods terminating there are gone."""
     excluded = member_excluded(ledger, pod, node)
     if excluded is not None:
         return excluded
@@ -38,14 +48,16 @@ def member_unusable(ledger: Ledger, pod: Pod, policy: Policy, node: str) -> str 
     request = neuron_request(pod)  # (read without error by member_excluded)
     if request is None:
         return None
-    state = ledger.state_for(Claimant.of(pod, request), node)
+    state = _state(ledger, Claimant.of(pod, request), node, leaving_gone)
     decision = allocate(entry.topology, state, request, policy)
     if isinstance(decision, Placement):
         return None
     return ledger.failed_devices_refusal(node, request, decision).reason
 
 
-def member_room(ledger: Ledger, pod: Pod, policy: Policy, node: str, most: int) -> int:
+def member_room(
+    ledger: Ledger, pod: Pod, policy: Policy, node: str, most: int, leaving_gone: bool = False
+) -> int:
     """How many of the member's job's members (each asking what it asks) the node takes now, up
     to `most`: blocks placed one after another on what is free there, so contiguity counts (a
     ring with devices 0-3 and 8-11 free takes two 4-device members, never three)."""
@@ -53,9 +65,8 @@ def member_room(ledger: Ledger, pod: Pod, policy: Policy, node: str, most: int) 
     request = neuron_request(pod)
     if entry is None or request is None:
         return 0
-    return _blocks(
-        entry.topology, ledger.state_for(Claimant.of(pod, request), node), pod, most, policy
-    )
+    state = _state(ledger, Claimant.of(pod, request), node, leaving_gone)
+    return _blocks(entry.topology, state, pod, most, policy)
 
 
 def member_empty_room(ledger: Ledger, pod: Pod, node: str, most: int) -> int:
@@ -91,16 +102,24 @@ class FitMemo:
     room: dict[tuple[str, bytes, bool], tuple[int, int]] = field(default_factory=dict)
 
 
-def member_fit(ledger: Ledger, pod: Pod, policy: Policy, memo: FitMemo | None = None) -> Fit:
+def member_fit(
+    ledger: Ledger,
+    pod: Pod,
+    policy: Policy,
+    memo: FitMemo | None = None,
+    leaving_gone: bool = False,
+) -> Fit:
     """The planner's questions about the member (jobs.placement.Fit), answered from the ledger,
-    each once per node and kind (`memo`: shared by several members' plans)."""
+    each once per node and kind (`memo`: shared by several members' plans); `leaving_gone`: as
+    the nodes will be once the pods terminating there are gone (the placement check's view of
+    what Kueue's preemption frees)."""
     memo = memo if memo is not None else FitMemo()
     kind = placement_kind(pod)
 
     def why_not(node: str) -> str | None:
         key = (node, kind)
         if key not in memo.usable:
-            memo.usable[key] = member_unusable(ledger, pod, policy, node)
+            memo.usable[key] = member_unusable(ledger, pod, policy, node, leaving_gone)
         return memo.usable[key]
 
     def never(node: str) -> str | None:
@@ -117,7 +136,7 @@ def member_fit(ledger: Ledger, pod: Pod, policy: Policy, memo: FitMemo | None = 
             found = (
                 member_empty_room(ledger, pod, node, most)
                 if empty
-                else member_room(ledger, pod, policy, node, most)
+                else member_room(ledger, pod, policy, node, most, leaving_gone)
             )
             memo.room[key] = (found, most)
         return min(found, most)

@@ -25,6 +25,11 @@ there as any pod is.) The ask is recorded only for a
 pending member the watch knows, as the watch shows it (the request's body is only what the
 caller says), and never for one whose `preemptionPolicy` is `Never`: what the extender then
 deletes is decided from the cluster's own objects.
+
+Under Kueue (issue 48, docs/kueue.md) one priority story holds: Kueue's preemption acts for its
+workloads (whole workloads, by WorkloadPriorityClass and quota), so for a pod of a workload Kueue
+manages (kube.kueue.kueue_managed) no node is answered and nothing is asked for its job: the
+extender never preempts for it.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from neuron_scheduler.extender.verbs.wire import (
 from neuron_scheduler.jobs.members import Member, MembershipError, member_of
 from neuron_scheduler.jobs.placement import Occupancy, job_text
 from neuron_scheduler.jobs.units import NodeConfigError, pod_node_config
+from neuron_scheduler.kube.kueue import kueue_managed
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import neuron_request
 
@@ -109,6 +115,13 @@ class Preemptor:
             raise BadRequest(str(error)) from error
         except RequestError as error:
             log.info("preemption for %s: %s; no node helps", loggable(pod.key), loggable(error))
+            self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
+            return ExtenderPreemptionResult({})
+        if request is not None and kueue_managed(pod):
+            # Under Kueue, Kueue's preemption acts (whole workloads, by its priorities and
+            # quotas): kube-scheduler evicts nothing for a pod of a workload it admitted, on any
+            # node (docs/kueue.md).
+            self._say(pod, "it is a pod of a Kueue workload: Kueue's preemption acts for it", False)
             self.metrics.preempt_nodes.labels("dropped").inc(len(candidates))
             return ExtenderPreemptionResult({})
         if self.planned(pod.metadata.uid):
@@ -185,15 +198,16 @@ class Preemptor:
         if self.occupancy.on_change is not None:
             self.occupancy.on_change()  # the reservation loop steps now
 
-    def _say(self, pod: Pod, why: str) -> None:
-        """Logs why no preemption is asked for the pod, once per reason."""
+    def _say(self, pod: Pod, why: str, job: bool = True) -> None:
+        """Logs why no preemption is asked for the pod (for its job), once per reason."""
         uid = pod.metadata.uid
         if self._said.get(uid) == why:
             return
         if len(self._said) >= MAX_SAID:
             del self._said[next(iter(self._said))]
         self._said[uid] = why
-        log.info("preemption for %s: not asked for its job: %s", loggable(pod.key), why)
+        what = "not asked for its job" if job else "no node evicted for"
+        log.info("preemption for %s: %s: %s", loggable(pod.key), what, why)
 
     def _spares_jobs(
         self, pod: Pod, node: str, victims: MetaVictims, request: NeuronRequest | None
