@@ -1123,6 +1123,7 @@ def exported_series() -> dict[str, set[str]]:
         metrics.preempt_nodes,
         metrics.watch_seconds,
         metrics.job_preemptions,
+        metrics.kueue_checks,
     ):
         labelled.labels("example")
     metrics.wakes.labels("example", "example")
