@@ -32,7 +32,7 @@ Doc = dict[str, Any]
 
 
 @cache
-def testbed_version() -> str:
+def kube_version_of_testbed() -> str:
     """The testbed binary's Kubernetes version (the default's, or KUBE_MINOR's in a compatibility
     run), so that rendering matches the API server the tests apply to."""
     return str(binary_version(find_kubebin(ROOT)))
@@ -127,7 +127,7 @@ def render(
         "--namespace",
         namespace,
         "--kube-version",
-        kube_version or testbed_version(),
+        kube_version or kube_version_of_testbed(),
         values=values,
     )
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"

@@ -48,12 +48,12 @@ from tests.e2e.chart import (
     find,
     helm,
     kinds,
+    kube_version_of_testbed,
     localize,
     refusal,
     render,
     render_typed,
     scheduler_config,
-    testbed_version,
     upstream_release_values,
 )
 from tests.testbed import (
@@ -529,7 +529,7 @@ def test_my_scheduler_configuration() -> None:
     deployment = find(docs, "Deployment", "my-scheduler")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     # The upstream image at the cluster's own version.
-    assert container["image"] == f"registry.k8s.io/kube-scheduler:{testbed_version()}"
+    assert container["image"] == f"registry.k8s.io/kube-scheduler:{kube_version_of_testbed()}"
     assert "--config=/etc/kubernetes/my-scheduler/my-scheduler-config.yaml" in container["command"]
     eks = render(kube_version="v1.33.5-eks-a737599")
     (eks_container,) = find(eks, "Deployment", "my-scheduler")["spec"]["template"]["spec"][
