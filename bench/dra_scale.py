@@ -235,6 +235,7 @@ def run(kubebin: Path, args: argparse.Namespace, core_windows: tuple[int, ...]) 
         watch.wait(args.pods, STALL_SECONDS, label(core_windows))
         outcome.scheduler_cpu = cpu_seconds(pid)
         outcome.bound = watch.count
+        watch.stop()
         if watch.times:
             outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
         time.sleep(args.probe_seconds)
