@@ -186,6 +186,20 @@ def test_ranks_follow_the_network_order(cluster: Gangs) -> None:
     assert [placed[names[i]] for i in range(4)] == ["r1", "r3", "r0", "r2"], placed
 
 
+def test_a_job_of_unknown_size_whose_members_arrive_apart_shares_its_node(cluster: Gangs) -> None:
+    """No gang-size: the job is as large as the members seen. Its first member gets a claim on
+    one inf2 node for one; the later ones go next to it while the ring has contiguous room (the
+    claim grows), not wait for a second node that is not there."""
+    cluster.add_nodes(["ring"], instance_type="inf2.48xlarge")  # 12 devices
+    names = []
+    for index in range(3):
+        name = f"apart-{index}"
+        cluster.pod(name, {}, {"neuron-scheduler.io/gang": "apart"}, devices=3)
+        names.append(name)
+        assert cluster.placed(names) == dict.fromkeys(names, "ring")
+    assert not cluster.messages("free node"), cluster.messages()
+
+
 def test_a_claim_survives_an_extender_restart_and_the_job_completes(cluster: Gangs) -> None:
     cluster.add_nodes([f"n{i}" for i in range(6)])
     scheduler = cluster.stack.scheduler

@@ -133,8 +133,9 @@ class Gangs:
         scheduler: str = "my-scheduler",
         priority_class: str = "",
         node_selector: dict[str, str] | None = None,
+        devices: int = 16,
     ) -> None:
-        """A pod asking for a whole trn2u or trn1 node (16 devices)."""
+        """A pod asking for `devices` Neuron devices (a whole trn2u or trn1 node: 16)."""
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -147,7 +148,7 @@ class Gangs:
                     {
                         "name": "worker",
                         "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"limits": {"aws.amazon.com/neuron": "16"}},
+                        "resources": {"limits": {"aws.amazon.com/neuron": str(devices)}},
                     }
                 ],
             },

@@ -27,6 +27,7 @@ from neuron_scheduler.jobs.claims import PENDING, ClaimError, NodeClaim, from_ob
 from neuron_scheduler.jobs.members import member_of, rank_of
 from neuron_scheduler.jobs.network import EKS_LEVELS, closeness_of
 from neuron_scheduler.jobs.placement import (
+    CLAIM_MADE,
     Occupancy,
     Planned,
     Shortfall,
@@ -292,6 +293,57 @@ def test_a_claims_slots_let_that_many_members_on_its_node() -> None:
     assert choice.passed == ["b"]
     assert choice.failed["a"] == (
         "already runs 2 members of job ml/pair, all its claim gives the node"
+    )
+
+
+def test_a_job_of_unknown_size_grows_its_claim_on_the_node_it_holds() -> None:
+    """A job whose size is the members seen so far (no gang-size, no framework size) gets a
+    claim for one member; its second, arriving later, goes next to the first while that node
+    has contiguous room: the claim's slots grow (the node is the job's alone: refusing the
+    member there left the job waiting for a second node forever, issue 47)."""
+    fleet = Fleet({"r0": ("", "")}, "inf2.48xlarge")
+
+    def gang_member(index: int, node_name: str = "") -> Pod:
+        body = pod_json(
+            f"js-{index}",
+            {NEURON: 3},
+            namespace="ml",
+            node=node_name,
+            uid=f"js-{index}",
+            annotations={"neuron-scheduler.io/gang": "js"},
+        )
+        return fleet.add(msgspec.convert(body, Pod))
+
+    first = gang_member(0)
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 1}
+    fleet.add(
+        msgspec.structs.replace(first, spec=msgspec.structs.replace(first.spec, nodeName="r0"))
+    )
+    second = gang_member(1)
+    found = member_of(second)
+    assert found is not None
+    assert decide(fleet.occupancy, found, 1, ["r0"]).passed == []  # the claim gives r0 one
+    fit = member_fit(fleet.ledger, second, Policy.BEST_FIT)
+    assert never_fits(fleet.occupancy, found.job, 1, 2, fit) is None  # r0 holds both, empty
+    freed: list[tuple[tuple[str, ...], str]] = []
+    fleet.occupancy.on_freed = lambda nodes, why: freed.append((tuple(nodes), why))
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 2}
+    assert freed == [(("r0",), CLAIM_MADE)]  # kube-scheduler retries the member waiting for it
+    assert fleet.occupancy.claims["r0"].size == 2
+    assert decide(fleet.occupancy, found, 1, ["r0"], "js-1").passed == ["r0"]
+    # Up to what the node holds contiguously (12 devices: four of 3); a fifth never fits here.
+    for index in range(2, 4):
+        gang_member(index)
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 4}
+    gang_member(4)
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 4}
+    assert (
+        "can never run here: it needs room for its 5 members, and the nodes its members may "
+        "use take 4" in fleet.occupancy.shortfalls[("ml", "js")]
     )
 
 

@@ -300,7 +300,8 @@ class Occupancy:
 
     def hold(self, claim: NodeClaim) -> None:
         """A claim written (or seen). The waker hears of the job's nodes once its claim is
-        complete (before, it admits nobody), and of each node added to a complete claim."""
+        complete (before, it admits nobody), and of each node added to a complete claim or
+        given more of its members."""
         known = self.claims.get(claim.node)
         if known == claim:
             return
@@ -314,8 +315,8 @@ class Occupancy:
             return
         if not was_complete:
             self.on_freed(sorted(self.claimed(claim.job)), CLAIM_MADE)
-        elif known is None or known.job != claim.job:
-            self.on_freed((claim.node,), CLAIM_MADE)
+        elif known is None or known.job != claim.job or claim.slots > known.slots:
+            self.on_freed((claim.node,), CLAIM_MADE)  # (more slots: a member waits for one)
 
     def _unindex(self, claim: NodeClaim) -> None:
         nodes = self.by_job.get(claim.job)
@@ -624,8 +625,10 @@ def _units_open(
     kept: list[Atom[UnitKey]] = []
     if ultra:
         for unit, nodes in occupancy.members.items():
-            if unit[0] != config or config == 1 or unit in held or len(nodes) != config:
+            if unit[0] != config or config == 1 or len(nodes) != config:
                 continue
+            if unit in held and not empty:
+                continue  # (as if empty, every unit counts)
             if not empty and occupancy.blocker(job, set(nodes)) is not None:
                 continue
             if empty:
@@ -634,12 +637,12 @@ def _units_open(
             elif any(n not in own and fit.usable(n) is not None for n in nodes):
                 continue
             atom = Atom(unit, config, _place(occupancy, nodes), config, unit[1])
-            (kept if nodes & own.keys() else atoms).append(atom)
+            (kept if nodes & own.keys() and not empty else atoms).append(atom)
         return atoms, kept
     for node in occupancy.servers:
         unit = (1, node)
         single_member = node in occupancy.ultraservers
-        if unit in held or (single_member and config != 1):
+        if (unit in held and not empty) or (single_member and config != 1):
             continue
         if empty:
             if fit.excluded is not None and fit.excluded(node) is not None:
@@ -655,7 +658,7 @@ def _units_open(
             room = 1 if single_member and mine else mine + more
         if room > 0:
             atom = Atom(unit, room, occupancy.places.get(node, ()), 1, node)
-            (kept if node in own else atoms).append(atom)
+            (kept if node in own and not empty else atoms).append(atom)
     return atoms, kept
 
 
@@ -666,6 +669,29 @@ def _held(occupancy: Occupancy, job: JobKey) -> list[Atom[UnitKey]]:
         nodes = occupancy.nodes_of(unit)
         room = sum(occupancy.claims[n].slots for n in nodes)
         found.append(Atom(unit, room, _place(occupancy, nodes), len(nodes), unit[1]))
+    return found
+
+
+def _grown(
+    occupancy: Occupancy, job: JobKey, held: list[Atom[UnitKey]], size: int, fit: Fit
+) -> list[Atom[UnitKey]]:
+    """The held units again, a plain node's with the members it could take now if more than
+    its claim gives it: a job whose size is the members seen so far claims a node for one,
+    and its next member belongs next to the first while that node has room (its claim grows;
+    otherwise the node, one job's alone, would turn it away and the job wait for another)."""
+    own: dict[str, int] = {}
+    for worker in occupancy.job_workers(job):
+        own[worker.node] = own.get(worker.node, 0) + 1
+    found = []
+    for atom in held:
+        node = atom.key[1]
+        if atom.key[0] == 1 and node not in occupancy.ultraservers and atom.room < size:
+            mine = own.get(node, 0)
+            if fit.usable(node) is None:
+                room = min(size, mine + fit.room(node, max(1, size - mine)))
+                if room > atom.room:
+                    atom = replace(atom, room=room)
+        found.append(atom)
     return found
 
 
@@ -707,19 +733,21 @@ def plan(
     held = _held(occupancy, job)
     if sum(a.room for a in held) >= size:
         return Planned({}, config, "")
+    grown = _grown(occupancy, job, held, size, fit)
     kinds = (True, False) if config > 1 else (False,)
     tried: list[tuple[bool, int, bool]] = []  # (ultra, members that fit, every unit takes one)
     for ultra in kinds:
         atoms, kept = _atoms(occupancy, job, config, size, fit, ultra, memo=memo)
-        chosen = choose(atoms, size, occupancy.levels, closeness, [*held, *kept])
+        chosen = choose(atoms, size, occupancy.levels, closeness, [*grown, *kept])
         if chosen is not None:
+            # New units, and held nodes whose claim gives more members than before.
             new = [a for a in chosen.atoms if a not in held]
             slots: dict[str, int] = {}
             units: dict[str, str] = {}
             for atom in new:
                 nodes = sorted(occupancy.nodes_of(atom.key)) if ultra else [atom.key[1]]
                 for node in nodes:
-                    slots[node] = 1 if ultra else atom.room
+                    slots[node] = 1 if ultra and atom.key[0] > 1 else atom.room
                     units[node] = atom.key[1]
             ordered = network_order(occupancy.places, slots, units)
             return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)

@@ -459,14 +459,18 @@ class Reservations:
 
     async def _claim(self, job: JobKey, first: Pending, size: int, planned: Planned) -> bool:
         """Claims every node for the job (those it holds already are written again with its
-        size now); on a conflict or an error, deletes what it wrote. Whether it claimed them."""
+        size now, and the members the plan gives them); on a conflict or an error, deletes what
+        it wrote. Whether it claimed them."""
         now = self.wall_clock()
         scheduler = first.pod.spec.schedulerName
         written: list[tuple[NodeClaim, NodeClaim | None]] = []
         for node in self.occupancy.claimed(job):
             mine = self.occupancy.claims[node]
-            if mine.size < size:  # the job grew: its size anew on what it holds
-                grown = dataclasses.replace(mine, size=size, renewed=now)
+            slots = max(mine.slots, planned.slots.get(node, 0))
+            if mine.size < size or slots > mine.slots:  # the job grew: anew on what it holds
+                grown = dataclasses.replace(
+                    mine, size=max(size, mine.size), slots=slots, renewed=now
+                )
                 try:
                     self._hold(await self.api.replace_claim(to_object(grown)))
                 except CLAIM_WRITE_ERRORS as error:
