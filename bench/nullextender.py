@@ -27,6 +27,13 @@ as ours would write them for a one-core pod: the chart's admission policy on the
 writes (`<extender>-pod-writes`) admits no other key for its ServiceAccount, and its evaluation
 is part of what a bind costs the API server.
 
+With `--watch-pods` it also keeps a list and watch of every running and pending pod, as ours
+does (the same `kube.watching.Watch`, the same field selector, each pod decoded into the same
+`kube.objects.Pod`), and keeps nothing of it but each pod's node: configuration `null-watch`, the
+floor of any extender that learns which devices are taken from the API, as every extender that
+hands out devices must (ours must, to never give the same ids twice across restarts). It answers
+/readyz once its list is read, as ours does.
+
 With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is a dev
 dependency only, for these benchmarks): kube-scheduler's transport then sends every call over
 one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
@@ -39,6 +46,7 @@ Run by bench/throughput.py as
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -65,7 +73,8 @@ from neuron_scheduler.kube.client import KubeAPI, pod_path
 from neuron_scheduler.kube.config import load_config
 from neuron_scheduler.kube.errors import READ_ERRORS, error_text
 from neuron_scheduler.kube.events import EventRecorder
-from neuron_scheduler.kube.objects import ObjectRef
+from neuron_scheduler.kube.objects import ObjectRef, Pod
+from neuron_scheduler.kube.watching import Watch
 
 log = logging.getLogger("nullextender")
 
@@ -131,7 +140,32 @@ async def bind_writing(
     events.record(ref, "NeuronAllocated", message, warning=False)
 
 
-def app_for(api: KubeAPI, writes: str) -> Any:
+def pod_watch(api: KubeAPI) -> Watch[Pod]:
+    """Every pod not finished, as ours watches them; what is kept is each pod's node."""
+    nodes: dict[str, str] = {}
+
+    def listed(pods: list[Pod]) -> None:
+        nodes.clear()
+        nodes.update((pod.metadata.uid, pod.spec.nodeName) for pod in pods)
+
+    def changed(pod: Pod) -> None:
+        nodes[pod.metadata.uid] = pod.spec.nodeName
+
+    def deleted(pod: Pod) -> None:
+        nodes.pop(pod.metadata.uid, None)
+
+    return Watch(
+        api,
+        "/api/v1/pods",
+        Pod,
+        on_list=listed,
+        on_change=changed,
+        on_delete=deleted,
+        params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
+    )
+
+
+def app_for(api: KubeAPI, writes: str, watch: Watch[Pod] | None = None) -> Any:
     events = EventRecorder(api)
     names = msgspec.json.Decoder(Names)
     binding = msgspec.json.Decoder(ExtenderBindingArgs)
@@ -158,6 +192,8 @@ def app_for(api: KubeAPI, writes: str) -> Any:
         if path == "/preempt":
             return {"NodeNameToMetaVictims": victims.decode(body).NodeNameToMetaVictims or {}}
         if path == "/readyz":
+            if watch is not None and not watch.synced.is_set():
+                raise LookupError(path)  # (404: not ready until the pods are listed)
             return "ok"
         raise LookupError(path)
 
@@ -181,14 +217,18 @@ def app_for(api: KubeAPI, writes: str) -> Any:
     return app
 
 
-async def serve(options: ExtenderOptions, writes: str, http2: bool) -> None:
+async def serve(options: ExtenderOptions, writes: str, http2: bool, watch_pods: bool) -> None:
     async with KubeAPI(load_config(options.kubeconfig)) as api:
-        app = app_for(api, writes)
+        watch = pod_watch(api) if watch_pods else None
+        watching = asyncio.create_task(watch.run()) if watch is not None else None
+        app = app_for(api, writes, watch)
         tls = tls_settings(options)
         config = server_config(app, options.host, options.port, options.log_level, **tls)
         if http2:
             config.http, config.http2 = "zttp", True
         await uvicorn.Server(config).serve()
+        if watching is not None:
+            watching.cancel()
 
 
 def main() -> None:
@@ -202,6 +242,7 @@ def main() -> None:
     writes = ("binding", "ours", "one-write")
     parser.add_argument("--bind-writes", choices=writes, default="binding")
     parser.add_argument("--http2", action="store_true")
+    parser.add_argument("--watch-pods", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     options = ExtenderOptions(
@@ -213,7 +254,7 @@ def main() -> None:
         client_ca=args.client_ca,
         log_level="warning",
     )
-    uvloop.run(serve(options, args.bind_writes, args.http2))
+    uvloop.run(serve(options, args.bind_writes, args.http2, args.watch_pods))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ timed from the first binding to the last, as a watch on bound pods sees them. Th
 - `ours`: the extender, run as the chart runs it.
 ours / null is what we own; null / without is what the extender protocol costs kube-scheduler.
 More configurations below (CONFIGS): `null-writes`, the null extender making our bind's API calls
-with our annotation keys, is the floor ours is measured against (issue 50). Every configuration
+with our annotation keys, is the floor ours is measured against (issue 50); `null-watch` the
+same with our list and watch of the pods, the floor of an extender that keeps its devices' state
+from the API (what is left between it and ours is our deciding). Every configuration
 runs under the chart's admission policies on pod writes, as the chart installs them; one named
 with `-no-policies` (e.g. `null-writes-no-policies`) runs with them lifted, which prices them.
 A configuration that does not bind all its pods fails the run (exit status 1) after its table.
@@ -66,7 +68,9 @@ from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
 
 # The null extender binding with our bind's API calls (null-writes), or with those of a bind of
-# one write (null-one-write): not run unless asked for (bench/nullextender.py).
+# one write (null-one-write), or with our writes and our watch on pods (null-watch: the floor of
+# an extender that learns from the API which devices are taken): not run unless asked for
+# (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
 # null-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency; bench/h2serve.py).
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
@@ -77,6 +81,7 @@ CONFIGS = (
     "null",
     "ours",
     "null-writes",
+    "null-watch",
     "null-one-write",
     "null-h2",
     "ours-h2",
@@ -348,7 +353,12 @@ class NullExtender:
     """bench/nullextender.py as a process, served with the stack's PKI."""
 
     def __init__(
-        self, cp: ControlPlane, stack: Stack, writes: str = "binding", http2: bool = False
+        self,
+        cp: ControlPlane,
+        stack: Stack,
+        writes: str = "binding",
+        http2: bool = False,
+        watch_pods: bool = False,
     ) -> None:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -363,8 +373,10 @@ class NullExtender:
                 *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
                 *("--client-ca", str(pki.ca), "--bind-writes", writes),
                 *(["--http2"] if http2 else []),
+                *(["--watch-pods"] if watch_pods else []),
             ],
-            cp.log_dir / f"null-extender-{writes}{'-h2' if http2 else ''}.log",
+            cp.log_dir
+            / f"null-extender-{writes}{'-h2' if http2 else ''}{'-watch' if watch_pods else ''}.log",
         )
 
     def start(self) -> None:
@@ -611,7 +623,12 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"null / without-qps = {rates['null'] / rates['without-qps']:.2f}")
     if rates.get("without") and rates.get("ours"):
         print(f"ours / without = {rates['ours'] / rates['without']:.2f}  (issue 4's ratio)")
-    for name in ("null-writes", "null-one-write", "null-h2", "ours-h2", "baseline"):
+    if rates.get("null-watch") and rates.get("null-writes"):
+        print(
+            f"null-watch / null-writes = {rates['null-watch'] / rates['null-writes']:.2f}  "
+            "(what watching the pods costs any extender)"
+        )
+    for name in ("null-writes", "null-watch", "null-one-write", "null-h2", "ours-h2", "baseline"):
         if rates.get(name) and rates.get("null"):
             print(f"{name} / null = {rates[name] / rates['null']:.2f}")
         if rates.get(name) and rates.get("ours"):
@@ -715,6 +732,7 @@ def main() -> int:
         nulls = {
             "null": NullExtender(cp, stack),
             "null-writes": NullExtender(cp, stack, "ours"),
+            "null-watch": NullExtender(cp, stack, "ours", watch_pods=True),
             "null-one-write": NullExtender(cp, stack, "one-write"),
             "null-h2": NullExtender(cp, stack, http2=True),
         }
