@@ -7,6 +7,7 @@ them; the reservation loop writes to an in-memory claim API with kube-apiserver'
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -120,6 +121,33 @@ class Fleet:
         )
         body["spec"]["containers"][0]["env"] = [{"name": "PET_NNODES", "value": str(size)}]
         return self.add(msgspec.convert(body, Pod))
+
+    def gang(self, job: str, index: int, devices: int) -> Pod:
+        """A member of a job of our annotation, without a size (its members seen so far)."""
+        body = pod_json(
+            f"{job}-{index}",
+            {NEURON: devices},
+            namespace="ml",
+            uid=f"{job}-{index}",
+            annotations={"neuron-scheduler.io/gang": job},
+        )
+        return self.add(msgspec.convert(body, Pod))
+
+    def bind(self, pod: Pod, node_name: str, devices: list[int]) -> Pod:
+        """The pod bound to these devices, as the watch shows it after our bind."""
+        per_device = self.ledger.nodes[node_name].topology.cores_per_device
+        cores = tuple(c for d in devices for c in range(d * per_device, (d + 1) * per_device))
+        request = NeuronRequest(NEURON, len(devices))
+        written = encode(node_name, request, Placement(tuple(devices), cores, 0), ["c0"], 1)
+        meta = msgspec.structs.replace(
+            pod.metadata, annotations={**pod.metadata.annotations, **written}
+        )
+        spec = msgspec.structs.replace(pod.spec, nodeName=node_name)
+        return self.add(msgspec.structs.replace(pod, metadata=meta, spec=spec))
+
+    def gone(self, pod: Pod) -> None:
+        for view in (self.ledger, self.occupancy):
+            view.remove_pod(pod.metadata.uid)
 
     def plan(self, pod: Pod) -> Planned | Shortfall:
         found = member_of(pod)
@@ -302,24 +330,11 @@ def test_a_job_of_unknown_size_grows_its_claim_on_the_node_it_holds() -> None:
     has contiguous room: the claim's slots grow (the node is the job's alone: refusing the
     member there left the job waiting for a second node forever, issue 47)."""
     fleet = Fleet({"r0": ("", "")}, "inf2.48xlarge")
-
-    def gang_member(index: int, node_name: str = "") -> Pod:
-        body = pod_json(
-            f"js-{index}",
-            {NEURON: 3},
-            namespace="ml",
-            node=node_name,
-            uid=f"js-{index}",
-            annotations={"neuron-scheduler.io/gang": "js"},
-        )
-        return fleet.add(msgspec.convert(body, Pod))
-
+    gang_member = functools.partial(fleet.gang, "js", devices=3)
     first = gang_member(0)
     fleet.step()
     assert fleet.claimed("js") == {"r0": 1}
-    fleet.add(
-        msgspec.structs.replace(first, spec=msgspec.structs.replace(first.spec, nodeName="r0"))
-    )
+    fleet.bind(first, "r0", [0, 1, 2])
     second = gang_member(1)
     found = member_of(second)
     assert found is not None
@@ -345,6 +360,77 @@ def test_a_job_of_unknown_size_grows_its_claim_on_the_node_it_holds() -> None:
         "can never run here: it needs room for its 5 members, and the nodes its members may "
         "use take 4" in fleet.occupancy.shortfalls[("ml", "js")]
     )
+
+
+def grown_two_nodes() -> tuple[Fleet, list[Pod]]:
+    """Job js (3 devices a member, no size) holding two inf2 nodes with two members bound on
+    each, the rest of both rings free."""
+    fleet = Fleet({"r0": ("", ""), "r1": ("", "")}, "inf2.48xlarge")
+    busy = [fleet.busy(node, list(range(6))) for node in ("r0", "r1")]
+    members = [fleet.gang("js", i, 3) for i in range(4)]
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 2, "r1": 2}
+    for pod in busy:
+        fleet.gone(pod)
+    for i, pod in enumerate(members):
+        start = 6 + 3 * (i % 2)
+        members[i] = fleet.bind(pod, f"r{i // 2}", [start, start + 1, start + 2])
+    return fleet, members
+
+
+def test_a_growing_job_adds_only_the_slots_it_is_missing() -> None:
+    fleet, _ = grown_two_nodes()
+    fleet.gang("js", 4, 3)
+    fleet.step()
+    claimed = fleet.claimed("js")
+    assert sorted(claimed.values()) == [2, 3] and sum(claimed.values()) == 5, claimed
+    assert {c.size for c in fleet.occupancy.claims.values()} == {5}
+
+
+def test_a_growing_job_that_cannot_have_all_its_members_is_told_what_is_missing() -> None:
+    fleet = Fleet({"r0": ("", ""), "r1": ("", "")}, "inf2.48xlarge")
+    first = fleet.gang("js", 0, 3)
+    fleet.step()
+    fleet.bind(first, "r0", [0, 1, 2])
+    fleet.busy("r1", list(range(12)))
+    for index in range(1, 6):
+        fleet.gang("js", index, 3)
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 1}  # nothing grows until all six fit
+    # r0 takes three more now: two are missing, on nodes that can take part of them.
+    assert fleet.occupancy.shortfalls[("ml", "js")].startswith(
+        "job ml/js needs room for 2 more of its 6 members on nodes free of other jobs, 0 fit now"
+    )
+
+
+def test_a_growing_job_whose_new_node_cannot_be_claimed_keeps_its_claim_as_it_was() -> None:
+    fleet = Fleet({"r0": ("", ""), "r1": ("", "")}, "inf2.48xlarge")
+    first = fleet.gang("js", 0, 3)
+    fleet.step()
+    fleet.bind(first, "r0", [0, 1, 2])
+    for index in range(1, 6):
+        fleet.gang("js", index, 3)
+    fleet.api.fail_on.add("r1")
+    fleet.step()
+    assert fleet.claimed("js") == {"r0": 1} and fleet.occupancy.claims["r0"].size == 1
+    fleet.api.fail_on.clear()
+    fleet.step()
+    assert sum(fleet.claimed("js").values()) == 6
+
+
+def test_a_kueue_workloads_claim_grows_the_node_its_job_holds() -> None:
+    """The placement check's claim for a workload of 3 whose job holds r0 for one member: r0's
+    claim gives all three (the members are refused until it does)."""
+    fleet = Fleet({"r0": ("", "")}, "inf2.48xlarge")
+    first = fleet.gang("js", 0, 3)
+    fleet.step()
+    fleet.bind(first, "r0", [0, 1, 2])
+    job = ("ml", "js")
+    fit = member_fit(fleet.ledger, first, Policy.BEST_FIT)
+    planned = plan(fleet.occupancy, job, 1, 3, fit)
+    assert isinstance(planned, Planned) and planned.slots == {"r0": 3}
+    done = asyncio.run(fleet.loop.claim_for_workload(job, "my-scheduler", 3, planned, "wl", 60))
+    assert done and fleet.claimed("js") == {"r0": 3} and fleet.occupancy.complete(job)
 
 
 # --- ranks in network order ---------------------------------------------------------------------

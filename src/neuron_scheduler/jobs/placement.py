@@ -675,24 +675,41 @@ def _held(occupancy: Occupancy, job: JobKey) -> list[Atom[UnitKey]]:
 def _grown(
     occupancy: Occupancy, job: JobKey, held: list[Atom[UnitKey]], size: int, fit: Fit
 ) -> list[Atom[UnitKey]]:
-    """The held units again, a plain node's with the members it could take now if more than
-    its claim gives it: a job whose size is the members seen so far claims a node for one,
-    and its next member belongs next to the first while that node has room (its claim grows;
-    otherwise the node, one job's alone, would turn it away and the job wait for another)."""
+    """The held units again, plain nodes given more members where the claim holds too few and
+    they can take more now: a job whose size is the members seen so far claims a node for one,
+    and its next member belongs next to the first while that node has room (otherwise the node,
+    the job's alone, would turn it away and the job wait for another). Only the members missing
+    are added, nodes running the job's members first, then in network order."""
+    missing = size - sum(a.room for a in held)
+    if missing <= 0:
+        return held
     own: dict[str, int] = {}
     for worker in occupancy.job_workers(job):
         own[worker.node] = own.get(worker.node, 0) + 1
-    found = []
-    for atom in held:
+    growable = [
+        a
+        for a in held
+        if a.key[0] == 1 and a.key[1] not in occupancy.ultraservers and a.room < size
+    ]
+    order = network_order(occupancy.places, [a.key[1] for a in growable], {})
+    rank = {node: index for index, node in enumerate(order)}
+    growable.sort(key=lambda a: (-own.get(a.key[1], 0), rank[a.key[1]]))
+    grown: dict[UnitKey, Atom[UnitKey]] = {}
+    for atom in growable:
         node = atom.key[1]
-        if atom.key[0] == 1 and node not in occupancy.ultraservers and atom.room < size:
-            mine = own.get(node, 0)
-            if fit.usable(node) is None:
-                room = min(size, mine + fit.room(node, max(1, size - mine)))
-                if room > atom.room:
-                    atom = replace(atom, room=room)
-        found.append(atom)
-    return found
+        if missing <= 0:
+            break
+        if fit.usable(node) is not None:
+            continue
+        mine = own.get(node, 0)
+        # What the node takes now: its members bound, and room for more on what is free (slots
+        # given but not taken yet are free cores still, so they are in that room).
+        room = min(size, mine + fit.room(node, max(1, size - mine)))
+        extra = min(missing, room - atom.room)
+        if extra > 0:
+            grown[atom.key] = replace(atom, room=atom.room + extra)
+            missing -= extra
+    return [grown.get(a.key, a) for a in held]
 
 
 @dataclass(frozen=True, slots=True)
@@ -752,9 +769,11 @@ def plan(
             ordered = network_order(occupancy.places, slots, units)
             return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
         rooms = [a.room for a in (*atoms, *kept)]
-        tried.append((ultra, sum(rooms), all(r == 1 for r in rooms) or ultra))
+        # (a held node given more members: members that take part of a node)
+        whole = all(r == 1 for r in rooms) and grown == held
+        tried.append((ultra, sum(rooms), whole or ultra))
     never = never_fits(occupancy, job, config, size, fit, closeness, memo) if fit.excluded else None
-    return never or _shortfall(occupancy, job, config, size, held, tried, closeness)
+    return never or _shortfall(occupancy, job, config, size, grown, tried, closeness)
 
 
 def _shortfall(
@@ -767,7 +786,8 @@ def _shortfall(
     closeness: Closeness | None,
 ) -> Shortfall:
     """Why the job fits nowhere now, in the words of the kind of unit with the most room for its
-    members (UltraServers on a tie, where the fleet has units of its config)."""
+    members (UltraServers on a tie, where the fleet has units of its config). `held`: the units
+    its claim holds, with what they can take now."""
     ultras = any(unit[0] == config for unit in occupancy.members) and config > 1
     ultra, fitting, whole = max(tried, key=lambda t: (t[1], t[0] == ultras))
     text = job_text(job)

@@ -459,36 +459,25 @@ class Reservations:
 
     async def _claim(self, job: JobKey, first: Pending, size: int, planned: Planned) -> bool:
         """Claims every node for the job (those it holds already are written again with its
-        size now, and the members the plan gives them); on a conflict or an error, deletes what
-        it wrote. Whether it claimed them."""
+        size now, and the members the plan gives them); on a conflict or an error, what it
+        wrote is undone. Whether it claimed them."""
         now = self.wall_clock()
         scheduler = first.pod.spec.schedulerName
-        written: list[tuple[NodeClaim, NodeClaim | None]] = []
-        for node in self.occupancy.claimed(job):
+        writes: list[tuple[NodeClaim, NodeClaim | None]] = [
+            (self._new_claim(node, job, planned.config, size, now, scheduler, slots), None)
+            for node, slots in planned.slots.items()
+            if node not in self.occupancy.claimed(job)  # (held: what a crash left half written)
+        ]
+        for node in sorted(self.occupancy.claimed(job)):
             mine = self.occupancy.claims[node]
             slots = max(mine.slots, planned.slots.get(node, 0))
             if mine.size < size or slots > mine.slots:  # the job grew: anew on what it holds
                 grown = dataclasses.replace(
                     mine, size=max(size, mine.size), slots=slots, renewed=now
                 )
-                try:
-                    self._hold(await self.api.replace_claim(to_object(grown)))
-                except CLAIM_WRITE_ERRORS as error:
-                    self._undoing(job, node, error)
-                    return False
-        for node, slots in planned.slots.items():
-            known = self.occupancy.claims.get(node)
-            if known is not None and known.job == job:
-                continue  # held already (what a crash left half written)
-            claim = self._new_claim(node, job, planned.config, size, now, scheduler, slots)
-            try:
-                ours = from_object(await self.api.create_claim(to_object(claim)))
-            except CLAIM_WRITE_ERRORS as error:
-                self._undoing(job, node, error)
-                await self._undo(written)
-                return False
-            written.append((ours, None))
-            self.occupancy.hold(ours)  # (admits nobody of the job until complete)
+                writes.append((grown, mine))
+        if not await self._write_claims(job, writes):
+            return False
         self._said.pop(job, None)
         if planned.slots:
             shown = ", ".join(
@@ -546,7 +535,12 @@ class Reservations:
         for node in sorted(self.occupancy.claimed(job)):
             mine = self.occupancy.claims[node]
             renewed = dataclasses.replace(
-                mine, size=max(size, mine.size), renewed=now, workload=workload, seconds=seconds
+                mine,
+                size=max(size, mine.size),
+                slots=max(mine.slots, planned.slots.get(node, 0)),  # (a held node growing)
+                renewed=now,
+                workload=workload,
+                seconds=seconds,
             )
             writes.append((renewed, mine))
         for node, slots in planned.slots.items():
@@ -556,17 +550,8 @@ class Reservations:
                     node, job, planned.config, size, now, scheduler, slots, workload, seconds
                 )
                 writes.append((claim, None))
-        written: list[tuple[NodeClaim, NodeClaim | None]] = []
-        for claim, before in writes:
-            write = self.api.create_claim if before is None else self.api.replace_claim
-            try:
-                ours = from_object(await write(to_object(claim)))
-            except CLAIM_WRITE_ERRORS as error:
-                self._undoing(job, claim.node, error)
-                await self._undo(written)
-                return False
-            written.append((ours, before))
-            self.occupancy.hold(ours)
+        if not await self._write_claims(job, writes):
+            return False
         self._said.pop(job, None)
         self.occupancy.shortfalls.pop(job, None)
         log.info(
@@ -579,6 +564,25 @@ class Reservations:
             f", {planned.span}" if planned.span else "",
             seconds,
         )
+        return True
+
+    async def _write_claims(
+        self, job: JobKey, writes: list[tuple[NodeClaim, NodeClaim | None]]
+    ) -> bool:
+        """Creates each claim (None: a new one) or replaces the one it was (conditioned on what
+        was read), in order; on a conflict or an error, undoes what it wrote (deletes the new,
+        writes back the replaced). Whether all were written."""
+        written: list[tuple[NodeClaim, NodeClaim | None]] = []
+        for claim, before in writes:
+            write = self.api.create_claim if before is None else self.api.replace_claim
+            try:
+                ours = from_object(await write(to_object(claim)))
+            except CLAIM_WRITE_ERRORS as error:
+                self._undoing(job, claim.node, error)
+                await self._undo(written)
+                return False
+            written.append((ours, before))
+            self.occupancy.hold(ours)  # (admits nobody of the job until complete)
         return True
 
     async def release_workload(self, job: JobKey, workload: str, why: str) -> None:
