@@ -707,6 +707,13 @@ def main() -> int:
         "machine each configuration then sees the same neighbours), on one control plane",
     )
     parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="run every other round in the reverse order: whatever slows the control plane as "
+        "the rounds go by (the events of each run stay for an hour) then weighs on each "
+        "configuration alike",
+    )
+    parser.add_argument(
         "--stall-seconds",
         type=float,
         default=STALL_SECONDS,
@@ -757,8 +764,12 @@ def main() -> int:
         profile = replace(
             PROFILES[args.scoring], percentage_of_nodes_to_score=args.percentage_of_nodes_to_score
         )
-        for name in [name for _ in range(args.rounds) for name in configs]:
-            if name == configs[0]:
+        turns = []  # (whether it starts a round, configuration)
+        for number in range(args.rounds):
+            ordered = configs[::-1] if args.alternate and number % 2 else configs
+            turns += [(i == 0, name) for i, name in enumerate(ordered)]
+        for starts, name in turns:
+            if starts:
                 rounds.append([])
                 if args.rounds > 1:
                     print(f"\n=== round {len(rounds)} of {args.rounds}")
