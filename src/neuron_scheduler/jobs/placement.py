@@ -767,7 +767,10 @@ def plan(
                     slots[node] = 1 if ultra and atom.key[0] > 1 else atom.room
                     units[node] = atom.key[1]
             ordered = network_order(occupancy.places, slots, units)
-            return Planned({n: slots[n] for n in ordered}, config if ultra else 1, chosen.span)
+            # (UltraServer units only where some are new: a job that fell back to plain nodes
+            # may grow one it holds in the UltraServer pass)
+            kind = config if ultra and any(a.key[0] > 1 for a in new) else 1
+            return Planned({n: slots[n] for n in ordered}, kind, chosen.span)
         rooms = [a.room for a in (*atoms, *kept)]
         # (a held node given more members: members that take part of a node)
         whole = all(r == 1 for r in rooms) and grown == held
