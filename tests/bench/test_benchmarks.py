@@ -82,6 +82,17 @@ SMOKES = (
     ),
     Smoke(
         "throughput.py",
+        (
+            *("--nodes", "5", "--pods", "8", "--stall-seconds", "60"),
+            *("--configs", "null-writes,null-watch", "--rounds", "2", "--alternate"),
+        ),
+        # (round 2 in the reverse order)
+        r"all configurations, round 2\n\n.*\n.*\nnull-watch +8 .*\nnull-writes +8 (.*\n)*"
+        r"null-watch / null-writes = ",
+        "watch-alternate",
+    ),
+    Smoke(
+        "throughput.py",
         ("--nodes", "5", "--pods", "8", "--full-node-list", "--configs", "ours"),
         r"nodeCacheCapable false\n.*\nours +8 ",
         "full-node-list",
