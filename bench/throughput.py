@@ -15,7 +15,7 @@ ours / null is what we own; null / without is what the extender protocol costs k
 More configurations below (CONFIGS): `null-writes`, the null extender making our bind's API calls
 with our annotation keys, is the floor ours is measured against (issue 50); `null-watch` the
 same with our list and watch of the pods, the floor of an extender that keeps its devices' state
-from the API (what is left between it and ours is our deciding). Every configuration
+from the API (what is left between it and ours is our extender's own work). Every configuration
 runs under the chart's admission policies on pod writes, as the chart installs them; one named
 with `-no-policies` (e.g. `null-writes-no-policies`) runs with them lifted, which prices them.
 A configuration that does not bind all its pods fails the run (exit status 1) after its table.
@@ -709,9 +709,8 @@ def main() -> int:
     parser.add_argument(
         "--alternate",
         action="store_true",
-        help="run every other round in the reverse order: whatever slows the control plane as "
-        "the rounds go by (the events of each run stay for an hour) then weighs on each "
-        "configuration alike",
+        help="run every other round in the reverse order, so that no configuration always "
+        "runs first or last in a round",
     )
     parser.add_argument(
         "--stall-seconds",

@@ -454,6 +454,14 @@ class Occupancy:
     def job_workers(self, job: JobKey) -> list[Worker]:
         return [w for w in self.workers.values() if w.job == job]
 
+    def job_nodes(self, job: JobKey, uid: str = "") -> dict[str, int]:
+        """The job's members on each node (the pod `uid` not counted)."""
+        found: dict[str, int] = {}
+        for u, w in self.workers.items():
+            if w.job == job and u != uid:
+                found[w.node] = found.get(w.node, 0) + 1
+        return found
+
     def size(self, member: Member, job: JobKey) -> int:
         """How many members the job has: its PodGroup's minCount, else what its pods say, else
         the members seen (bound and waiting)."""
@@ -594,9 +602,7 @@ def _atoms(
     their own (plain Neuron nodes, and UltraServer nodes for a job of config 1). Units its claim
     holds whole are no candidates (their room counts already). `memo`: what a new job of the
     same kind found this step (a job with members or a claim works its own out)."""
-    own: dict[str, int] = {}
-    for worker in occupancy.job_workers(job):
-        own[worker.node] = own.get(worker.node, 0) + 1
+    own = occupancy.job_nodes(job)
     key = (config, fit.kind or b"", ultra, empty)
     shared = memo is not None and fit.kind is not None and not own and job not in occupancy.by_job
     if not shared or memo is None:
@@ -683,15 +689,9 @@ def _grown(
     missing = size - sum(a.room for a in held)
     if missing <= 0:
         return held
-    own: dict[str, int] = {}
-    for worker in occupancy.job_workers(job):
-        own[worker.node] = own.get(worker.node, 0) + 1
-    growable = [
-        a
-        for a in held
-        if a.key[0] == 1 and a.key[1] not in occupancy.ultraservers and a.room < size
-    ]
-    order = network_order(occupancy.places, [a.key[1] for a in growable], {})
+    own = occupancy.job_nodes(job)
+    growable = [a for a in held if a.key[0] == 1 and a.key[1] not in occupancy.ultraservers]
+    order = network_order(occupancy.places, [a.key[1] for a in growable])
     rank = {node: index for index, node in enumerate(order)}
     growable.sort(key=lambda a: (-own.get(a.key[1], 0), rank[a.key[1]]))
     grown: dict[UnitKey, Atom[UnitKey]] = {}
@@ -916,10 +916,7 @@ def decide(
     rank's node that is not a candidate)."""
     job = member.job
     claimed = occupancy.claimed(job) if occupancy.complete(job) else set()
-    own: dict[str, int] = {}
-    for u, w in occupancy.workers.items():
-        if w.job == job and u != uid:
-            own[w.node] = own.get(w.node, 0) + 1
+    own = occupancy.job_nodes(job, uid)
     decision = UnitChoice([], {})
     shown = ", ".join(sorted(claimed)[:4]) + (" ..." if len(claimed) > 4 else "")
     for name in candidates:

@@ -463,12 +463,13 @@ class Reservations:
         wrote is undone. Whether it claimed them."""
         now = self.wall_clock()
         scheduler = first.pod.spec.schedulerName
+        held = self.occupancy.claimed(job)
         writes: list[tuple[NodeClaim, NodeClaim | None]] = [
             (self._new_claim(node, job, planned.config, size, now, scheduler, slots), None)
             for node, slots in planned.slots.items()
-            if node not in self.occupancy.claimed(job)  # (held: what a crash left half written)
+            if node not in held  # (held: what a crash left half written)
         ]
-        for node in sorted(self.occupancy.claimed(job)):
+        for node in sorted(held):
             mine = self.occupancy.claims[node]
             slots = max(mine.slots, planned.slots.get(node, 0))
             if mine.size < size or slots > mine.slots:  # the job grew: anew on what it holds
