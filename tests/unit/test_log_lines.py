@@ -141,3 +141,13 @@ def test_a_filter_logs_one_line_for_its_nodes_at_info_and_a_line_per_node_at_deb
     extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n0", "n1", "n2"]))
     fits = [r.getMessage() for r in written.records if "fits in Node" in r.getMessage()]
     assert fits == [f"POD default/asking fits in Node:n{i}" for i in range(3)]
+
+
+def test_the_format_writes_each_records_time_as_the_standard_formatter_does() -> None:
+    """OneLineFormatter formats the date once a second (issue 50): records within a second, across
+    one and back in time still get their own time, to the millisecond."""
+    ours, standard = OneLineFormatter(LOG_FORMAT), logging.Formatter(LOG_FORMAT)
+    for created in (1_800_000_000.001, 1_800_000_000.999, 1_800_000_001.0, 1_700_000_000.5):
+        record = logging.LogRecord("neuron_scheduler", logging.INFO, "", 0, "m", (), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.format(record) == standard.format(record)

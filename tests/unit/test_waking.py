@@ -60,6 +60,7 @@ class World:
             **waker,
         )
         self.ledger.on_freed = self.occupancy.on_freed = self.waker.node_changed
+        self.ledger.on_deadline = self.waker.deadline_changed
         self.judge = Judge(
             self.ledger,
             Metrics(self.ledger),
@@ -145,6 +146,53 @@ async def test_a_pod_kube_scheduler_asked_about_after_the_room_freed_is_not_woke
     assert world.filter(waiter) == [RING]  # kube-scheduler retried it: it fits
     await world.run(1.0)
     assert world.woken() == []
+
+
+async def test_room_freed_while_no_pod_waits_is_not_kept() -> None:
+    """Only pods refused before a change are woken for it: with none waiting the change is not
+    kept (every bind changes its node twice, issue 50), and changes after a refusal still wake."""
+    world = World()
+    await world.run(1.0)
+    holders = world.fill(RING, list(range(0, 12, 2)))  # every other device busy
+    world.delete(holders[0])  # devices 0,1 free; nobody waits
+    assert world.waker.changes == {}
+    waiter = world.add("waiter", 4)
+    assert world.filter(waiter) == []  # no 4 in a row
+    world.delete(holders[1])  # devices 0-3 free
+    assert list(world.waker.changes) == [RING]
+    await world.run(1.0)
+    assert world.woken() == ["waiter"]
+
+
+def _announced(world: World, name: str, ends_in: float) -> None:
+    """A pending pod with the ids a bind wrote, held for `ends_in` more seconds."""
+    written = int((world.clock.now + ends_in - 90) * 1e9)
+    world.add(
+        name,
+        1,
+        scheduler="nobody",
+        annotations={
+            "AWS_NEURON_IDS": "0",
+            "NEURON_NODE": RING,
+            ALLOC_TIME: str(written),
+            "NEURON_RESOURCE_TYPE": NEURON,
+        },
+    )
+
+
+async def test_a_new_hold_wakes_the_loop_only_when_it_ends_before_the_next_step() -> None:
+    world = World()
+    waker = world.waker
+    task = asyncio.get_running_loop().create_task(waker.run())
+    try:
+        await asyncio.sleep(0.05)  # the loop has stepped and waits (up to 5 s) for its next step
+        assert not waker._signal.is_set()
+        _announced(world, "bind-90s", 90.0)  # a bind's hold: a step comes long before it ends
+        assert not waker._signal.is_set()
+        _announced(world, "bind-2s", 2.0)  # ends before the next step: the loop is woken
+        assert waker._signal.is_set()
+    finally:
+        task.cancel()
 
 
 async def test_a_hold_that_ends_silently_wakes_at_once() -> None:

@@ -193,6 +193,7 @@ class Waker:
         self._sequence = itertools.count(1)  # orders refusals and changes, whatever the clock
         self._bucket = TokenBucket(rate, clock) if rate > 0 else None
         self._signal = asyncio.Event()
+        self._step_at = float("-inf")  # clock() of the next step while the loop waits for it
         self._seeded = False
         # Pending pods kube-scheduler marked unschedulable (from the watch): what a replica
         # that becomes leader seeds, as the previous leader's refusals died with it.
@@ -262,6 +263,10 @@ class Waker:
 
     def node_changed(self, nodes: Iterable[str], cause: str) -> None:
         """Room freed on these nodes (or may have: a pod's holding changed)."""
+        if not self.waiting:
+            # Only pods refused before a change are woken for it, and none are: every bind
+            # changes its node twice, and a step for each was most of the waker's cost (issue 50).
+            return
         seq = next(self._sequence)
         due_at = self.clock() + self._grace(cause)
         for node in nodes:
@@ -272,8 +277,14 @@ class Waker:
         self._signal.set()
 
     def deadline_changed(self) -> None:
-        """A keeper holds something new until a deadline: the next step comes by then."""
-        self._signal.set()
+        """A keeper holds something new until a deadline: the next step comes by then (a step
+        is already due sooner for the holds of binds: they last 90 s, steps come every 5 s)."""
+        now = self.clock()
+        for keeper in self.keepers:
+            wait = keeper.seconds_to_next_expiry()
+            if wait is not None and now + wait < self._step_at:
+                self._signal.set()
+                return
 
     def replace_nodes(self, nodes: Iterable[object]) -> None:
         pass
@@ -335,7 +346,9 @@ class Waker:
             except Exception:  # a bug must not end the loop: holds would never end
                 log.exception("waker step failed; trying again in %.0fs", MAX_STEP)
                 delay = MAX_STEP
+            self._step_at = self.clock() + delay
             await wait_signal(self._signal, delay)
+            self._step_at = float("-inf")  # (stepping now: what changes meanwhile it sees)
             self._signal.clear()
 
     def step(self) -> float:

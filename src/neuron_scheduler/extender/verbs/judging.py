@@ -11,7 +11,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from itertools import repeat
+from itertools import filterfalse, repeat
 
 from neuron_scheduler.core.allocation import (
     Decision,
@@ -148,12 +148,12 @@ class Judge:
         if not fits.issuperset(names):
             self.ledger.fill_verdicts(names, request, self.policy, claimant)
             if not fits.issuperset(names):
-                unfit = [name for name in names if name not in fits]
+                unfit = list(filterfalse(fits.__contains__, names))  # (in C, as issuperset)
         if not unfit:
             result = FilterResult(list(names), {}, {})
             outcomes["fits"] = len(names)
         else:
-            result = FilterResult([name for name in names if name in fits], {}, {})
+            result = FilterResult(list(filter(fits.__contains__, names)), {}, {})
             outcomes["fits"] = len(result.passed)
             # The slow path, only for nodes that do not fit (or that the cache does not know).
             late_fits = set()
