@@ -28,11 +28,17 @@ class FakeLeases:
         self.version = 0
         self.down = False
         self.calls: list[str] = []
+        self.timeouts, self.landed = 0, False
 
     def _call(self, verb: str) -> None:
         self.calls.append(verb)
         if self.down:
             raise OSError("connection refused")
+
+    def time_out(self, puts: int, landed: bool) -> None:
+        """The next `puts` writes time out on the client; `landed`: each was stored all the same
+        (a loaded API server finishing it after the client gave up)."""
+        self.timeouts, self.landed = puts, landed
 
     async def get_lease(self, namespace: str, name: str) -> Lease:
         self._call("GET")
@@ -54,6 +60,11 @@ class FakeLeases:
         assert self.lease is not None
         if lease.metadata.resourceVersion != self.lease["metadata"]["resourceVersion"]:
             raise api_error("PUT", lease.metadata.name, 409, b'{"reason": "Conflict"}')
+        if self.timeouts:
+            self.timeouts -= 1
+            if self.landed:
+                self._store(lease)
+            raise TimeoutError()
         return self._store(lease)
 
     def _store(self, lease: Lease) -> Lease:
@@ -162,6 +173,36 @@ async def test_release_hands_over_at_once() -> None:
     assert api.holder == ""
     await b.step()  # no waiting for the lease duration: the holder is empty
     assert b.is_leader
+
+
+@pytest.mark.parametrize("landed", [False, True])
+async def test_a_release_that_timed_out_is_read_back_and_tried_again(landed: bool) -> None:
+    """On a loaded API server the release's write timed out on the client, and the standby waited
+    out the whole lease (tests/e2e/test_election.py failed so)."""
+    api, clock = FakeLeases(), Clock()
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    await a.step()
+    await b.step()
+    api.time_out(1, landed)
+    before = len(api.calls)
+    await a.release()
+    assert api.holder == ""
+    # Landed: the read shows it released; else it is written again on what was read.
+    assert api.calls[before:] == (["PUT", "GET"] if landed else ["PUT", "GET", "PUT"])
+    await b.step()
+    assert b.is_leader
+
+
+async def test_a_release_gives_up_after_its_attempts(caplog: pytest.LogCaptureFixture) -> None:
+    api, clock = FakeLeases(), Clock()
+    a = elector(api, clock, "a")
+    await a.step()
+    api.time_out(5, landed=False)
+    await a.release()
+    assert not a.is_leader
+    assert api.holder == "a"  # the lease runs out in its own time
+    assert api.calls.count("PUT") == 3
+    assert "gave up releasing Lease ns/lease" in caplog.text
 
 
 async def test_release_without_leadership_writes_nothing() -> None:

@@ -76,6 +76,9 @@ def micro_time(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+RELEASE_ATTEMPTS = 3  # writes of the released Lease at most, each after reading it back
+
+
 class LeaderElector:
     """Holds or watches one Lease. `is_leader` is what readiness and bind consult."""
 
@@ -222,12 +225,45 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the Lease up (empty holder, 1 s duration) if we hold it, so a standby takes over
-        at once instead of waiting out the lease duration."""
+        at once instead of waiting out the lease duration. A write that fails is tried again on
+        the Lease as read back (`RELEASE_ATTEMPTS` in all): on a loaded API server one timed out
+        on the client while it still landed, or not, and the standby then waited out the lease."""
         if not self._leading or self._observed is None:
             return
         self._set_leading(False)
-        lease = self._observed
-        body = Lease(
+        lease: Lease | None = self._observed
+        for attempt in range(1, RELEASE_ATTEMPTS + 1):
+            if lease is not None:
+                if lease.spec.holderIdentity != self.config.identity:  # (a write that landed)
+                    log.info("released Lease %s (it names %r now)", self.lease_name, self.holder)
+                    return
+                try:
+                    await self.api.replace_lease(self._released(lease))
+                    log.info("released Lease %s", self.lease_name)
+                    return
+                except API_ERRORS as error:
+                    log.warning(
+                        "could not release Lease %s (attempt %d of %d): %s",
+                        self.lease_name,
+                        attempt,
+                        RELEASE_ATTEMPTS,
+                        loggable(error),
+                    )
+            if attempt == RELEASE_ATTEMPTS:
+                break
+            try:
+                lease = await self.api.get_lease(self.config.namespace, self.config.name)
+                self.holder = lease.spec.holderIdentity or ""
+            except API_ERRORS as error:
+                log.warning("could not read Lease %s: %s", self.lease_name, loggable(error))
+                lease = None
+        log.warning(
+            "gave up releasing Lease %s: a standby takes over once it expires", self.lease_name
+        )
+
+    @staticmethod
+    def _released(lease: Lease) -> Lease:
+        return Lease(
             metadata=lease.metadata,
             spec=LeaseSpec(
                 holderIdentity="",
@@ -237,8 +273,3 @@ class LeaderElector:
                 leaseTransitions=lease.spec.leaseTransitions,
             ),
         )
-        try:
-            await self.api.replace_lease(body)
-            log.info("released Lease %s", self.lease_name)
-        except API_ERRORS as error:
-            log.warning("could not release Lease %s: %s", self.lease_name, loggable(error))
