@@ -134,8 +134,7 @@ class Nomination:
 LOWEST_PRIORITY = -(2**31)
 
 
-@dataclass(frozen=True, slots=True)
-class Claimant:
+class Claimant(NamedTuple):  # (not a frozen dataclass: built at every verb, issue 50)
     """The pod a node's state is read for. Blocks held for nominated pods count against it only
     when their priority is at least its own (kube-scheduler's rule for nominated pods'
     resources), and a nominated pod does not see its own block, nor a replacement the place held
@@ -154,6 +153,9 @@ class Claimant:
         controller = pod.metadata.controller
         owner = controller.uid if controller is not None else ""
         return cls(pod.metadata.uid, pod.spec.priority or 0, owner, request, hold_owner(pod))
+
+
+UNNAMED = Claimant()  # an unnamed pod of the lowest priority: it sees every hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,7 +690,7 @@ class Ledger:
     # --- reading -----------------------------------------------------------------------------
 
     def verdicts(
-        self, request: NeuronRequest, policy: Policy, claimant: Claimant = Claimant()
+        self, request: NeuronRequest, policy: Policy, claimant: Claimant = UNNAMED
     ) -> Verdicts:
         """What is kept for this request shape: every decision in it is current, though it may
         not cover every node yet (`fill_verdicts` fills it in). Claimants that see the same holds
@@ -721,21 +723,38 @@ class Ledger:
         names: Iterable[str],
         request: NeuronRequest,
         policy: Policy,
-        claimant: Claimant = Claimant(),
+        claimant: Claimant = UNNAMED,
     ) -> Verdicts:
         """Decisions for `request` on every named node that is in the cache (others are left
         out of the result's `decisions`)."""
         verdicts = self.verdicts(request, policy, claimant)
         decisions = verdicts.decisions
+        weights = self.demand.weights
+        # A claimant no hold is passed over or kept for sees each node as every pod does: its
+        # kept state (verdicts() has just let go of the holds that expired).
+        own_view = bool(self.nominations or self.plan_holds or claimant.uid in self._announced)
+        # Nodes of one type in the same state get the same decision: the first fills after a
+        # restart or a new shape (hundreds of empty nodes) decide each type once (issue 50).
+        same: dict[tuple[Topology, NodeState], Decision] = {}
         # Only the nodes not decided yet, found in C: a filter names hundreds, few of them new.
         for name in set(names).difference(decisions):
             entry = self.nodes.get(name)
             if entry is None:
                 continue
-            state = self.state_for(claimant, name)
-            decision = allocate(entry.topology, state, request, policy, self.demand.weights)
-            if entry.unhealthy_devices and isinstance(decision, Refusal):
-                decision = self.failed_devices_refusal(name, request, decision)
+            if own_view:
+                state = self.state_for(claimant, name)
+            else:
+                state = self._states.get(name) or self.state(name)
+            if entry.unhealthy_devices:  # (its refusals name the node's failed devices)
+                decision = allocate(entry.topology, state, request, policy, weights)
+                if isinstance(decision, Refusal):
+                    decision = self.failed_devices_refusal(name, request, decision)
+            else:
+                key = (entry.topology, state)
+                found = same.get(key)
+                if found is None:
+                    found = same[key] = allocate(entry.topology, state, request, policy, weights)
+                decision = found
             self.decisions += 1
             decisions[name] = decision
             if isinstance(decision, Placement):
