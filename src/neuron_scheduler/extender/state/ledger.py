@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import NamedTuple
 
 from neuron_scheduler.core import health
@@ -737,7 +738,7 @@ class Ledger:
         # restart or a new shape (hundreds of empty nodes) decide each type once (issue 50).
         same: dict[tuple[Topology, NodeState], Decision] = {}
         # Only the nodes not decided yet, found in C: a filter names hundreds, few of them new.
-        for name in set(names).difference(decisions):
+        for name in list(filterfalse(decisions.__contains__, names)):
             entry = self.nodes.get(name)
             if entry is None:
                 continue
