@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 
@@ -114,27 +113,3 @@ def test_restart_rebuilds_the_same_allocations(scenario: Scenario) -> None:
     second = ids(scenario.wait_bound("second"))
     assert not set(first) & set(second)
     wait_for(lambda: extender.metric("neuron_scheduler_cached_pods") >= 2, "cache rebuilt")
-
-
-def test_a_new_node_is_decided_ahead_while_filter_is_idle(scenario: Scenario) -> None:
-    """The shapes asked for are decided on a node as it arrives, before any filter asks about it
-    (extender/loops/prefilling: kube-scheduler then finds the decisions kept)."""
-    extender = scenario.stack.extender
-    # A pod no scheduler of ours places: the cluster asks for its shape, nobody filters for it.
-    scenario.create_pod("asked", {NEURONCORE: 2}, scheduler="nobody")
-    filters = 'neuron_scheduler_request_seconds_count{verb="filter"}'
-    before = extender.metric(filters)
-    wait_for(lambda: extender.metric("neuron_scheduler_demand_weight") > 0, "a shape asked for")
-
-    def settled() -> tuple[float] | None:  # every node known so far decided ahead
-        made = extender.metric("neuron_scheduler_decisions_total")
-        time.sleep(1.5)  # (the loop looks again every second once all is decided)
-        return (made,) if extender.metric("neuron_scheduler_decisions_total") == made else None
-
-    (decided,) = wait_for(settled, "the nodes known so far decided")
-    scenario.add_node("inf2.48xlarge")
-    wait_for(
-        lambda: extender.metric("neuron_scheduler_decisions_total") > decided,
-        "decisions made on the new node",
-    )
-    assert extender.metric(filters) == before

@@ -164,8 +164,9 @@ async def test_room_freed_while_no_pod_waits_is_not_kept() -> None:
     assert world.woken() == ["waiter"]
 
 
-def _announced(world: World, name: str, ends_in: float) -> None:
-    """A pending pod with the ids a bind wrote, held for `ends_in` more seconds."""
+def _announced(world: World, name: str, ends_in: float, node: str = RING) -> None:
+    """A pending pod of another scheduler with the ids a bind wrote on `node`, held for `ends_in`
+    more seconds."""
     written = int((world.clock.now + ends_in - 90) * 1e9)
     world.add(
         name,
@@ -173,7 +174,7 @@ def _announced(world: World, name: str, ends_in: float) -> None:
         scheduler="nobody",
         annotations={
             "AWS_NEURON_IDS": "0",
-            "NEURON_NODE": RING,
+            "NEURON_NODE": node,
             ALLOC_TIME: str(written),
             "NEURON_RESOURCE_TYPE": NEURON,
         },
@@ -201,18 +202,7 @@ async def test_a_hold_that_ends_silently_wakes_at_once() -> None:
     world = World()
     await world.run(1.0)  # the nodes' own changes examined
     assert world.waker.step() == 5.0  # nothing held: the next look is the safety net's
-    written = int((world.clock.now - 85) * 1e9)  # held for 5 more seconds
-    world.add(
-        "failed-bind",
-        1,
-        scheduler="nobody",
-        annotations={
-            "AWS_NEURON_IDS": "0",
-            "NEURON_NODE": ONE,
-            ALLOC_TIME: str(written),
-            "NEURON_RESOURCE_TYPE": NEURON,
-        },
-    )
+    _announced(world, "failed-bind", 5.0, ONE)
     waiter = world.add("waiter", 1)
     assert world.filter(waiter, [ONE]) == []
     assert world.waker.step() == pytest.approx(5.0)  # the next step comes when the hold ends

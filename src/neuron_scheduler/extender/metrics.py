@@ -179,9 +179,8 @@ class _NodeCollector(Collector):
         )
         decisions = CounterMetricFamily(
             "neuron_scheduler_decisions",
-            "Placement decisions computed, by filter and prioritize or ahead while they are idle"
-            " (the others came from those kept per request shape, until their node or the demand"
-            " snapshot changes)",
+            "Placement decisions filter and prioritize computed (the others came from those kept"
+            " per request shape, until their node or the demand snapshot changes)",
         )
         snapshots = CounterMetricFamily(
             "neuron_scheduler_demand_snapshots",

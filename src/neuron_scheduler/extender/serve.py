@@ -552,7 +552,6 @@ async def serve(options: ExtenderOptions) -> None:
         lag = sample_loop_lag(extender.metrics.loop_lag.observe)
         tasks.append(asyncio.get_running_loop().create_task(lag))
         tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
-        tasks.append(asyncio.get_running_loop().create_task(extender.prefiller.run()))
         tasks.append(asyncio.get_running_loop().create_task(extender.reservations.run()))
         if extender.admissions is not None:
             tasks.append(asyncio.get_running_loop().create_task(extender.admissions.run()))

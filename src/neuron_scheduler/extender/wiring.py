@@ -15,7 +15,6 @@ from neuron_scheduler.extender.loops.admitting import Admissions
 from neuron_scheduler.extender.loops.consolidating import DEFAULT_LIMITS, Consolidator, Limits
 from neuron_scheduler.extender.loops.devicefailures import Action, DeviceFailures
 from neuron_scheduler.extender.loops.evictionbudget import EvictionBudget
-from neuron_scheduler.extender.loops.prefilling import Prefiller
 from neuron_scheduler.extender.loops.protecting import Protector
 from neuron_scheduler.extender.loops.requesting import (
     DEFAULT_CAPACITY,
@@ -72,7 +71,6 @@ class Extender:
     placeholders: Placeholders
     requester: CapacityRequester  # its loop runs in `serve` once synced, leader only
     protector: Protector  # karpenter.sh/do-not-disrupt marks: its loop likewise
-    prefiller: Prefiller  # decides ahead while filter is idle: its loop runs in `serve`
     dra: DraNodes | None = None  # our DRA driver's nodes and claims (prioritize-claims)
     # The placement admission check for Kueue (its loop runs in `serve`, leader only), and the
     # Kueue objects it reads (fed by watches); None when it is off.
@@ -216,7 +214,6 @@ def wire(
             pods=kueue_pods,
         )
         kueue.on_change = admissions.changed
-    judge = Judge(ledger, metrics, policy, filters=[units], listener=waker, dra=dra_nodes)
     return Extender(
         ledger,
         metrics,
@@ -239,7 +236,7 @@ def wire(
             *(kueue_views if admissions is not None else []),
         ),
         budgets,
-        judge,
+        Judge(ledger, metrics, policy, filters=[units], listener=waker, dra=dra_nodes),
         Binder(
             api,
             ledger,
@@ -263,7 +260,6 @@ def wire(
         placeholders,
         requester,
         protector,
-        Prefiller(ledger, policy, lambda: judge.last_call),
         dra_nodes,
         admissions,
         kueue,

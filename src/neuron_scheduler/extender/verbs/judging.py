@@ -72,7 +72,6 @@ class Judge:
         self.policy = policy
         self.filters = tuple(filters)
         self.listener = listener
-        self.last_call = float("-inf")  # clock() of the last filter or prioritize call
 
     def _strangers(
         self, args: ExtenderArgs, request: NeuronRequest, body: bytes | None
@@ -125,7 +124,6 @@ class Judge:
     def filter(self, args: ExtenderArgs, body: bytes | None = None) -> FilterResult:
         """`body`: the request's JSON, needed when it sends a NodeList (`args.Nodes` holds only
         names; a node the cache has not seen is read from the body)."""
-        self.last_call = self.clock()
         names = node_names(args, body)
         try:
             pod, request = self._request(args)
@@ -222,7 +220,6 @@ class Judge:
             log.info("Failed nodes for POD %s: map[%s]%s", key, text, more)
 
     def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
-        self.last_call = self.clock()
         names = node_names(args, body)
         try:
             pod, request = self._request(args)
