@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import msgspec
@@ -176,7 +177,9 @@ async def test_release_hands_over_at_once() -> None:
 
 
 @pytest.mark.parametrize("landed", [False, True])
-async def test_a_release_that_timed_out_is_read_back_and_tried_again(landed: bool) -> None:
+async def test_a_release_that_timed_out_is_read_back_and_tried_again(
+    landed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """On a loaded API server the release's write timed out on the client, and the standby waited
     out the whole lease (tests/e2e/test_election.py failed so)."""
     api, clock = FakeLeases(), Clock()
@@ -184,11 +187,13 @@ async def test_a_release_that_timed_out_is_read_back_and_tried_again(landed: boo
     await a.step()
     await b.step()
     api.time_out(1, landed)
+    caplog.set_level(logging.INFO, "neuron_scheduler")
     before = len(api.calls)
     await a.release()
     assert api.holder == ""
     # Landed: the read shows it released; else it is written again on what was read.
     assert api.calls[before:] == (["PUT", "GET"] if landed else ["PUT", "GET", "PUT"])
+    assert "released Lease ns/lease" in caplog.text
     await b.step()
     assert b.is_leader
 

@@ -234,8 +234,13 @@ class LeaderElector:
         lease: Lease | None = self._observed
         for attempt in range(1, RELEASE_ATTEMPTS + 1):
             if lease is not None:
-                if lease.spec.holderIdentity != self.config.identity:  # (a write that landed)
-                    log.info("released Lease %s (it names %r now)", self.lease_name, self.holder)
+                if lease.spec.holderIdentity != self.config.identity:
+                    if self.holder:  # taken over meanwhile: nothing of ours to give up
+                        log.info(
+                            "Lease %s is held by %s now", self.lease_name, loggable(self.holder)
+                        )
+                    else:  # a write that timed out landed after all
+                        log.info("released Lease %s", self.lease_name)
                     return
                 try:
                     await self.api.replace_lease(self._released(lease))
