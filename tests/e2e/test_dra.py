@@ -229,10 +229,17 @@ def test_a_claim_that_cannot_fit_stays_pending_with_the_schedulers_reason(
 
     message = wait_for(reason, "a FailedScheduling event")
     assert "cannot allocate all claims" in message, message
-    pod = work.cp.request("GET", "/api/v1/namespaces/dra-work/pods/five-on-torus")
-    assert not pod["spec"].get("nodeName")
-    (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
-    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+
+    def condition() -> dict[str, str] | None:
+        # kube-scheduler writes the event and the pod's status apart: under load the event came
+        # first and the pod had no conditions yet (a full run failed so).
+        pod = work.cp.request("GET", "/api/v1/namespaces/dra-work/pods/five-on-torus")
+        assert not pod["spec"].get("nodeName")
+        found = [c for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled"]
+        return found[0] if found else None
+
+    scheduled = wait_for(condition, "the pod's PodScheduled condition")
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
     assert not work.get_claim("five-on-torus").get("status", {}).get("allocation")
 
 
