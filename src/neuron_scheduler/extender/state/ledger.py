@@ -730,32 +730,15 @@ class Ledger:
         out of the result's `decisions`)."""
         verdicts = self.verdicts(request, policy, claimant)
         decisions = verdicts.decisions
-        weights = self.demand.weights
-        # A claimant no hold is passed over or kept for sees each node as every pod does: its
-        # kept state (verdicts() has just let go of the holds that expired).
-        own_view = bool(self.nominations or self.plan_holds or claimant.uid in self._announced)
-        # Nodes of one type in the same state get the same decision: the first fills after a
-        # restart or a new shape (hundreds of empty nodes) decide each type once (issue 50).
-        same: dict[tuple[Topology, NodeState], Decision] = {}
         # Only the nodes not decided yet, found in C: a filter names hundreds, few of them new.
         for name in list(filterfalse(decisions.__contains__, names)):
             entry = self.nodes.get(name)
             if entry is None:
                 continue
-            if own_view:
-                state = self.state_for(claimant, name)
-            else:
-                state = self._states.get(name) or self.state(name)
-            if entry.unhealthy_devices:  # (its refusals name the node's failed devices)
-                decision = allocate(entry.topology, state, request, policy, weights)
-                if isinstance(decision, Refusal):
-                    decision = self.failed_devices_refusal(name, request, decision)
-            else:
-                key = (entry.topology, state)
-                found = same.get(key)
-                if found is None:
-                    found = same[key] = allocate(entry.topology, state, request, policy, weights)
-                decision = found
+            state = self.state_for(claimant, name)
+            decision = allocate(entry.topology, state, request, policy, self.demand.weights)
+            if entry.unhealthy_devices and isinstance(decision, Refusal):
+                decision = self.failed_devices_refusal(name, request, decision)
             self.decisions += 1
             decisions[name] = decision
             if isinstance(decision, Placement):
