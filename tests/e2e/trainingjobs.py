@@ -276,7 +276,22 @@ class Gangs:
         if self.namespace:
             listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
             self.delete([p["metadata"]["name"] for p in listed["items"]])
+            wait_for(lambda: not self.pods(), "this test's pods gone", 60)
         wait_for(lambda: not self.claims(), "every claim to end once its job is gone", 60)
+
+    def pods(self) -> list[str]:
+        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        return [p["metadata"]["name"] for p in listed]
+
+    def job_log(self) -> str:
+        """The extender's lines about this test's jobs (claims, shortfalls), for a failure."""
+        path = self.stack.extender.process.log_path
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError as error:
+            return f"(no extender log: {error})"
+        mine = [line for line in lines if self.namespace in line and "Filtered" not in line]
+        return "\n".join(line for line in mine if "Failed nodes" not in line)[-6000:]
 
 
 def election_rbac(cp: ControlPlane) -> None:
