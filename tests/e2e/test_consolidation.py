@@ -66,12 +66,15 @@ class World:
                 *extra,
             ],
         )
+        # A failed test's report prints it with the stack's own logs (a restart appends to it).
+        self.stack.extra_logs["extender-consolidation"] = self.process.process.log_path
         self.process.start(timeout=120)
         return self.process
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.process.stop()
+        self.stack.extra_logs.pop("extender-consolidation", None)
         delete_deployments(self.scenario)
         self.scenario.cleanup()
 
