@@ -72,6 +72,8 @@ from tests.testbed.process import ManagedProcess, free_port
 # an extender that learns from the API which devices are taken): not run unless asked for
 # (bench/nullextender.py).
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
+# null-writes-twin: null-writes again, the same code as a configuration of its own: the ratio of the
+# two in a round is what this machine cannot tell apart (an A/A measure of the run's resolution).
 # null-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency; bench/h2serve.py).
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
 # default 50 (its binds go through that limit; an extender's do not).
@@ -81,6 +83,7 @@ CONFIGS = (
     "null",
     "ours",
     "null-writes",
+    "null-writes-twin",
     "null-watch",
     "null-one-write",
     "null-h2",
@@ -359,6 +362,7 @@ class NullExtender:
         writes: str = "binding",
         http2: bool = False,
         watch_pods: bool = False,
+        twin: bool = False,
     ) -> None:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -376,7 +380,8 @@ class NullExtender:
                 *(["--watch-pods"] if watch_pods else []),
             ],
             cp.log_dir
-            / f"null-extender-{writes}{'-h2' if http2 else ''}{'-watch' if watch_pods else ''}.log",
+            / f"null-extender-{writes}{'-h2' if http2 else ''}{'-watch' if watch_pods else ''}"
+            f"{'-twin' if twin else ''}.log",
         )
 
     def start(self) -> None:
@@ -628,6 +633,11 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"null-watch / null-writes = {rates['null-watch'] / rates['null-writes']:.2f}  "
             "(what watching the pods costs any extender)"
         )
+    if rates.get("null-writes-twin") and rates.get("null-writes"):
+        print(
+            f"null-writes-twin / null-writes = "
+            f"{rates['null-writes-twin'] / rates['null-writes']:.2f}  (the same code twice)"
+        )
     for name in ("null-writes", "null-watch", "null-one-write", "null-h2", "ours-h2", "baseline"):
         if rates.get(name) and rates.get("null"):
             print(f"{name} / null = {rates[name] / rates['null']:.2f}")
@@ -738,6 +748,7 @@ def main() -> int:
         nulls = {
             "null": NullExtender(cp, stack),
             "null-writes": NullExtender(cp, stack, "ours"),
+            "null-writes-twin": NullExtender(cp, stack, "ours", twin=True),
             "null-watch": NullExtender(cp, stack, "ours", watch_pods=True),
             "null-one-write": NullExtender(cp, stack, "one-write"),
             "null-h2": NullExtender(cp, stack, http2=True),
