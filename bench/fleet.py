@@ -4,6 +4,7 @@ checkout on sys.path (the testbed and the object builders live in tests/)."""
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "TYPES",
     "cpu_seconds",
     "cpu_ticks",
+    "machine_line",
     "rss_mb",
     "standard_pods",
 ]
@@ -70,3 +72,17 @@ def cpu_ticks() -> tuple[int, int]:
     hypervisor gave this VM's vCPUs to someone else: the neighbours' share of a slow run."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def machine_line() -> str:
+    """The machine a figure was measured on: CPUs, their model, the load before, Python."""
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPUs ({model}), load average at start {load}, "
+        f"Python {platform.python_version()}"
+    )

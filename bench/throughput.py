@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import shutil
 import signal
@@ -58,7 +57,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, rss_mb
+from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, machine_line, rss_mb
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
@@ -551,16 +550,7 @@ def _idle_ticks() -> int:
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    return (
-        f"{platform.machine()}, {os.cpu_count()} CPUs ({model}), load average at start {load}, "
-        f"Python {platform.python_version()}, Kubernetes {binary_version(find_kubebin(ROOT))}"
-    )
+    return f"{machine_line()}, Kubernetes {binary_version(find_kubebin(ROOT))}"
 
 
 def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:

@@ -66,6 +66,11 @@ SMOKES = (
     Smoke("autoscaling.py", ("--seeds", "1", "--pods", "30", "--out", "{tmp}"), r"\| both,"),
     Smoke("extender.py", SMALL_CACHE, r"bind, own work under the node lock"),
     Smoke("extender.py", (*SMALL_CACHE, "--tls"), r"HTTPS, client certificate", "tls"),
+    Smoke(
+        "extender_cpu.py",
+        ("--nodes", "20", "--pods", "10", "--window", "10", "--repeats", "1", "--profile", "p"),
+        r"^\| all \| [\d.]+ \|\n(.*\n)*.*function calls",
+    ),
     # With the real kube-apiserver and kube-scheduler (tools/kube), and helm for dra_scale.py.
     Smoke(
         "throughput.py",
@@ -84,11 +89,12 @@ SMOKES = (
         "throughput.py",
         (
             *("--nodes", "5", "--pods", "8", "--stall-seconds", "60"),
-            *("--configs", "null-writes,null-watch", "--rounds", "2", "--alternate"),
+            *("--configs", "null-writes,null-watch,null-writes-twin", "--rounds", "2"),
+            "--alternate",
         ),
         # (round 2 in the reverse order)
-        r"all configurations, round 2\n\n.*\n.*\nnull-watch +8 .*\nnull-writes +8 (.*\n)*"
-        r"null-watch / null-writes = ",
+        r"all configurations, round 2\n\n.*\n.*\nnull-writes-twin +8 .*\nnull-watch +8 .*\n"
+        r"null-writes +8 (.*\n)*null-watch / null-writes = .*\nnull-writes-twin / null-writes = ",
         "watch-alternate",
     ),
     Smoke(
