@@ -1099,6 +1099,8 @@ class UnitPlacement:
     def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
         """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
         claims, rejected = self.occupancy.claims, self.occupancy.rejected
+        if not claims and not rejected:
+            return passed, {}  # the usual case: no job holds a node (a filter names 500)
         failed = {
             n: f"{_node_word(self.occupancy, n)} reserved for job {claims[n].job_text}"
             if n in claims

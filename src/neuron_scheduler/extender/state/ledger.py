@@ -804,6 +804,8 @@ class Ledger:
         self, claimant: Claimant, node: str, request: NeuronRequest, policy: Policy
     ) -> str | None:
         """Why a pod that fits but for blocks held on the node does not: who they are held for."""
+        if not self.nominations and not self.plan_holds:
+            return None  # nothing is held (the usual case; asked for each node that refused)
         entry = self.nodes.get(node)
         passed = self._passed_holds(claimant, node)
         holders = [(key, n) for key, n in self.holds() if n.node == node and key not in passed]
