@@ -152,7 +152,10 @@ class Judge:
             result = FilterResult(list(names), {}, {})
             outcomes["fits"] = len(names)
         else:
-            result = FilterResult(list(filter(fits.__contains__, names)), {}, {})
+            # Against the few that do not fit, which are the request's own strings: looking
+            # names up in `fits` again compares each with the cache's copy, a cache miss apiece.
+            refused = frozenset(unfit)
+            result = FilterResult(list(filterfalse(refused.__contains__, names)), {}, {})
             outcomes["fits"] = len(result.passed)
             # The slow path, only for nodes that do not fit (or that the cache does not know).
             late_fits = set()
