@@ -78,6 +78,7 @@ bench: sync $(KUBE_BIN)
 	$(UV) run python bench/allocator.py
 	$(UV) run python bench/simulate.py
 	$(UV) run python bench/extender.py
+	$(UV) run python bench/extender_cpu.py
 	$(UV) run python bench/throughput.py
 	$(UV) run python bench/throughput.py --full-node-list
 	$(UV) run python bench/preemption.py
