@@ -162,12 +162,12 @@ class Replay:
         self.router = PodRouter(self.extender.views, self.extender.placeholders)
         self.router.replace_pods([msgspec.json.decode(b, type=Pod) for b in self.pod_bodies])
         self.extender.synced.set()
-        self.filter_args = msgspec.json.Decoder(ExtenderArgs)
-        self.bodies_start = 0
+        self.args_decoder = msgspec.json.Decoder(ExtenderArgs)
+        self.window_start = 0
 
     def _names(self) -> list[str]:
-        start, count = self.bodies_start, len(self.names)
-        self.bodies_start = (start + self.window) % count
+        start, count = self.window_start, len(self.names)
+        self.window_start = (start + self.window) % count
         return [self.names[(start + k) % count] for k in range(self.window)]
 
     async def run(self) -> Run:
@@ -181,7 +181,7 @@ class Replay:
             names = self._names()
             body = b'{"Pod":' + pod_body + b',"NodeNames":' + msgspec.json.encode(names) + b"}"
             start = clock()
-            result = judge.filter(self.filter_args.decode(body), body)
+            result = judge.filter(self.args_decoder.decode(body), body)
             msgspec.json.encode(result)
             cpu["filter"] += clock() - start
             if not result.passed:
@@ -191,7 +191,7 @@ class Replay:
                 b'{"Pod":' + pod_body + b',"NodeNames":' + msgspec.json.encode(result.passed) + b"}"
             )
             start = clock()
-            scores = judge.prioritize(self.filter_args.decode(body), body)
+            scores = judge.prioritize(self.args_decoder.decode(body), body)
             msgspec.json.encode(scores)
             cpu["prioritize"] += clock() - start
             best = max(scores, key=lambda h: h.Score)
