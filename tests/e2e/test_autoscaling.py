@@ -69,8 +69,9 @@ class World:
                 *extra,
             ],
         )
-        self.process.start(timeout=120)
+        # A failed test's report prints it (registered first: a start that fails is reported too).
         self.stack.extra_logs["extender-autoscaling"] = self.process.process.log_path
+        self.process.start(timeout=120)
         return self.process
 
     def node_pool(self) -> None:
@@ -96,6 +97,7 @@ class World:
     def stop(self) -> None:
         if self.process is not None:
             self.process.process.stop()
+        self.stack.extra_logs.pop("extender-autoscaling", None)
         self.scenario.cleanup()
         for placeholder in self.placeholders():
             with contextlib.suppress(KubeError):
