@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from fleet import CORE, NEURON, TYPES, machine_line
+from fleet import TYPES, machine_line, neuron_pod
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.state.placeholders import PodRouter
@@ -63,56 +63,41 @@ PHASES = ("filter", "prioritize", "bind", "watch")
 
 def pod_as_served(index: int, rng: random.Random, version: int) -> dict[str, Any]:
     """throughput.py's pod `index`, with what kube-apiserver adds before anyone reads it."""
-    limits = {CORE: str(rng.choice([1, 2, 4]))} if rng.random() < 0.7 else {NEURON: "1"}
-    name = f"p{index:05d}"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"00000000-0000-4000-8000-{index:012d}",
-            "resourceVersion": str(version),
-            "creationTimestamp": "2026-11-29T12:00:00Z",
-        },
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": limits, "requests": limits},
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-            ],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "serviceAccount": "default",
-            "securityContext": {},
-            "priority": 0,
-            "enableServiceLinks": True,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-                {
-                    "key": "node.kubernetes.io/unreachable",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-            ],
-        },
-        "status": {"phase": "Pending", "qosClass": "BestEffort"},
-    }
+    body = neuron_pod(f"p{index:05d}", NAMESPACE, SCHEDULER, rng)
+    body["metadata"].update(
+        uid=f"00000000-0000-4000-8000-{index:012d}",
+        resourceVersion=str(version),
+        creationTimestamp="2026-11-29T12:00:00Z",
+    )
+    (container,) = body["spec"]["containers"]
+    container["resources"]["requests"] = dict(container["resources"]["limits"])
+    container.update(
+        terminationMessagePath="/dev/termination-log",
+        terminationMessagePolicy="File",
+        imagePullPolicy="IfNotPresent",
+    )
+    body["spec"].update(
+        restartPolicy="Always",
+        terminationGracePeriodSeconds=30,
+        dnsPolicy="ClusterFirst",
+        serviceAccountName="default",
+        serviceAccount="default",
+        securityContext={},
+        priority=0,
+        enableServiceLinks=True,
+        preemptionPolicy="PreemptLowerPriority",
+        tolerations=[
+            {
+                "key": f"node.kubernetes.io/{taint}",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            }
+            for taint in ("not-ready", "unreachable")
+        ],
+    )
+    body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    return body
 
 
 class CollectorTime:

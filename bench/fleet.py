@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -37,6 +39,7 @@ __all__ = [
     "cpu_seconds",
     "cpu_ticks",
     "machine_line",
+    "neuron_pod",
     "rss_mb",
     "standard_pods",
 ]
@@ -86,3 +89,24 @@ def machine_line() -> str:
         f"{platform.machine()}, {os.cpu_count()} CPUs ({model}), load average at start {load}, "
         f"Python {platform.python_version()}"
     )
+
+
+def neuron_pod(name: str, namespace: str, scheduler: str, rng: random.Random) -> dict[str, Any]:
+    """A pod of the throughput benchmarks, as created: 70% ask for 1, 2 or 4 cores, 30% for one
+    device (the draws from `rng`, so a seed gives the same pods to every configuration)."""
+    limits = {CORE: str(rng.choice([1, 2, 4]))} if rng.random() < 0.7 else {NEURON: "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }

@@ -57,7 +57,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import CORE, NEURON, ROOT, TYPES, cpu_seconds, cpu_ticks, machine_line, rss_mb
+from fleet import ROOT, TYPES, cpu_seconds, cpu_ticks, machine_line, neuron_pod, rss_mb
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
@@ -100,25 +100,6 @@ ALGORITHM_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
 STALL_SECONDS = 180.0  # no new binding for this long: the run is reported as it stands
 
 
-def pod(name: str, namespace: str, rng: random.Random) -> dict[str, Any]:
-    limits = {CORE: str(rng.choice([1, 2, 4]))} if rng.random() < 0.7 else {NEURON: "1"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
-
-
 def create_nodes(cp: ControlPlane, nodes: int) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
@@ -135,7 +116,7 @@ def create_pods(cp: ControlPlane, namespace: str, pods: int) -> None:
     """The same pods for every configuration (one seed), in a namespace of its own."""
     cp.client.ensure_namespace(namespace)
     rng = random.Random(36)
-    bodies = [pod(f"p{i:05d}", namespace, rng) for i in range(pods)]
+    bodies = [neuron_pod(f"p{i:05d}", namespace, SCHEDULER, rng) for i in range(pods)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(
             pool.map(
