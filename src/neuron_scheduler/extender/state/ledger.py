@@ -399,7 +399,7 @@ class Ledger:
     def _announce_holds(self) -> None:
         """A nominated pod hears which block it will get as soon as its victims are leaving
         (holds are otherwise worked out only when someone reads the node)."""
-        if self.report is None or not (self.nominations or self.plan_holds):
+        if self.report is None or not self.holds_anything():
             return
         for node in {n.node for uid, n in self.holds() if uid not in self._held}:
             self.state(node)
@@ -485,6 +485,10 @@ class Ledger:
             if uid not in plans:
                 yield uid, nomination
         yield from plans.items()
+
+    def holds_anything(self) -> bool:
+        """Whether any block is held (usually none: every check of holds starts here)."""
+        return bool(self.nominations or self.plan_holds)
 
     def holds_on(self, node: str) -> bool:
         return any(n.node == node for _, n in self.holds())
@@ -769,7 +773,7 @@ class Ledger:
         return self._state(node, passed) if passed else self.state(node)
 
     def _passed_holds(self, claimant: Claimant, node: str) -> frozenset[str]:
-        if not self.nominations and not self.plan_holds:
+        if not self.holds_anything():
             return frozenset()
         return frozenset(
             key for key, n in self.holds() if n.node == node and self._passes(claimant, key, n)
@@ -804,7 +808,7 @@ class Ledger:
         self, claimant: Claimant, node: str, request: NeuronRequest, policy: Policy
     ) -> str | None:
         """Why a pod that fits but for blocks held on the node does not: who they are held for."""
-        if not self.nominations and not self.plan_holds:
+        if not self.holds_anything():
             return None  # nothing is held (the usual case; asked for each node that refused)
         entry = self.nodes.get(node)
         passed = self._passed_holds(claimant, node)
