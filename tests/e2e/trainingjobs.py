@@ -188,10 +188,9 @@ class Gangs:
 
     def nodes(self, pods: list[str]) -> dict[str, str]:
         """pod -> node, for the bound ones."""
-        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
         return {
             p["metadata"]["name"]: p["spec"]["nodeName"]
-            for p in listed
+            for p in self.listed()
             if p["metadata"]["name"] in pods and p["spec"].get("nodeName")
         }
 
@@ -259,9 +258,8 @@ class Gangs:
 
     def leaving(self) -> list[str]:
         """The pods of this test's namespace that are terminating (deleted, not gone yet)."""
-        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
         return sorted(
-            p["metadata"]["name"] for p in listed if p["metadata"].get("deletionTimestamp")
+            p["metadata"]["name"] for p in self.listed() if p["metadata"].get("deletionTimestamp")
         )
 
     def delete(self, pods: list[str]) -> None:
@@ -274,14 +272,16 @@ class Gangs:
     def clear(self) -> None:
         """This test's pods gone, and with them every claim (the loop ends a gone job's)."""
         if self.namespace:
-            listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
-            self.delete([p["metadata"]["name"] for p in listed["items"]])
-            wait_for(lambda: not self.pods(), "this test's pods gone", 60)
+            self.delete([p["metadata"]["name"] for p in self.listed()])
+            wait_for(lambda: not self.listed(), "this test's pods gone", 60)
         wait_for(lambda: not self.claims(), "every claim to end once its job is gone", 60)
 
-    def pods(self) -> list[str]:
-        listed = self.cp.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
-        return [p["metadata"]["name"] for p in listed]
+    def listed(self) -> list[dict[str, Any]]:
+        """This test's pods as the API server lists them."""
+        found: list[dict[str, Any]] = self.cp.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods"
+        )["items"]
+        return found
 
     def job_log(self) -> str:
         """The extender's lines about this test's jobs (claims, shortfalls), for a failure."""
