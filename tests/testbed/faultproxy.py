@@ -51,7 +51,9 @@ class Faults:
     """Fractions of requests that get each fault (0 everywhere: a plain proxy)."""
 
     cut: float = 0.0  # a non-watch answer cut off mid-body (after the request was forwarded)
-    watch_cut: float = 0.0  # a watch dropped after `watch_seconds`
+    # A watch dropped after `watch_seconds`; while none has been, every watch is (a client
+    # opens few watches, so a share alone may drop none in a whole run).
+    watch_cut: float = 0.0
     watch_seconds: tuple[float, float] = (1.0, 15.0)
     delay: float = 0.0  # an answer delayed by `delay_seconds` (before or after forwarding)
     delay_seconds: tuple[float, float] = (1.0, 10.0)
@@ -277,7 +279,8 @@ class FaultProxy:
     ) -> bool:
         faults, rng = self.faults, self.random
         cut_at = None
-        if rng.random() < faults.watch_cut:
+        first = faults.watch_cut > 0 and not self.counts["watch-cut"]
+        if first or rng.random() < faults.watch_cut:
             cut_at = asyncio.get_running_loop().time() + rng.uniform(*faults.watch_seconds)
         lines = [
             f"HTTP/1.1 {answer.status} {answer.reason or ''}",
