@@ -101,6 +101,26 @@ def test_annotation_ids_are_bounded_before_anything_is_built() -> None:
     assert elsewhere is not None and "not on devices 0" in (misfit(elsewhere, topology) or "")
 
 
+def test_annotations_decoded_once_are_read_again_from_the_memo_and_errors_are_not_kept() -> None:
+    """The watch shows a pod's annotations at each change: the same texts give the same
+    Assignment; other keys do not matter, any key read does, and a bad set fails every time."""
+    base = {"AWS_NEURON_IDS": "2,3", "NEURON_RESOURCE_TYPE": NEURONCORE, "NEURON_NODE": "n1"}
+    first = decode({**base, "unrelated": "a"}, 2)
+    assert first is not None and first.cores == (2, 3) and first.devices == (1,)
+    assert decode({**base, "unrelated": "b"}, 2) is first
+    assert decode({**base, "NEURON_ALLOCATED": "true"}, 2) is not first
+    assert decode(base, 4) is not first and decode(base, 4).devices == (0,)  # type: ignore[union-attr]
+    for _ in range(2):
+        with pytest.raises(AnnotationError, match="repeats"):
+            decode({**base, "NEURON_CORES": "1,1"})
+    # A set too long to keep is decoded each time, to the same result.
+    containers = '{"' + "c" * 3000 + '":"2,3"}'
+    long = {**base, "NEURON_CONTAINER_IDS": containers}
+    once, again = decode(long, 2), decode(long, 2)
+    assert once is not None and once == again and once is not again
+    assert once.containers == {"c" * 3000: (2, 3)}
+
+
 def hostile_ids(node_name: str, cores: str) -> dict[str, str]:
     return {
         "AWS_NEURON_IDS": "0",

@@ -11,6 +11,7 @@ Compatible with the upstream device plugin (`AWS_NEURON_IDS`, `NEURON_RESOURCE_T
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -173,6 +174,15 @@ def removal() -> dict[str, None]:
     return dict.fromkeys(OURS)
 
 
+# The keys `decode` reads, which its memo is keyed by.
+_READ = (IDS, RESOURCE_TYPE, CORES, DEVS, CONTAINER_IDS, NODE, ALLOCATED)
+# The pod watch shows a pod's annotations again at each change of the pod (the bind's patch, the
+# pod bound, each status change): a set is decoded once. Only short sets are kept (ours for a
+# whole node are a few hundred characters), so the memo stays within a few MB.
+_MEMO_TEXT = 2048
+_MEMO_SIZE = 2048
+
+
 def decode(
     annotations: Mapping[str, str], cores_per_device: int | None = None
 ) -> Assignment | None:
@@ -180,9 +190,23 @@ def decode(
 
     `NEURON_CORES` is authoritative for which cores are held; when it is missing (a pod annotated by
     the upstream extension), cores are derived from `AWS_NEURON_IDS` and `cores_per_device`.
+    The same annotations give the same Assignment, shared: its `containers` is not to be changed.
     """
     if IDS not in annotations:
         return None
+    texts = tuple(map(annotations.get, _READ))
+    if sum(len(text) for text in texts if text is not None) > _MEMO_TEXT:
+        return _decode(annotations, cores_per_device)
+    return _remembered(texts, cores_per_device)
+
+
+@functools.lru_cache(maxsize=_MEMO_SIZE)
+def _remembered(texts: tuple[str | None, ...], cores_per_device: int | None) -> Assignment:
+    read = {key: text for key, text in zip(_READ, texts, strict=True) if text is not None}
+    return _decode(read, cores_per_device)
+
+
+def _decode(annotations: Mapping[str, str], cores_per_device: int | None) -> Assignment:
     resource = annotations.get(RESOURCE_TYPE) or "aws.amazon.com/neuron"
     if resource not in RESOURCE_UNITS:
         raise AnnotationError(f"{RESOURCE_TYPE}={resource!r} is not a Neuron resource")
