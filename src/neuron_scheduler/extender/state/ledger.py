@@ -18,7 +18,6 @@ The ledger is a `ClusterView` (the watches feed it) and a `Reserver` (bind holds
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -599,32 +598,33 @@ class Ledger:
             return None
         if request is None:
             return None  # the device plugin's own pod, and every non-Neuron pod
-        by_request = Holding(
-            node,
-            unknown_count=request.count,
-            unknown_unit=request.unit,
-            priority=pod.spec.priority or 0,
-            started=pod.status.startTime or pod.metadata.creationTimestamp or "",
-            terminating=pod.metadata.deletionTimestamp is not None,
-            leaving_by=pod.metadata.deletionTimestamp or "",
-            labels=pod.metadata.labels,
-        )
         entry = self.nodes.get(node)
         try:
             found = assignment(pod, entry.topology.cores_per_device if entry else None)
         except AnnotationError as error:
             if entry is not None:  # without the node, its cores per device may be what is missing
                 self._reject(pod.metadata.uid, pod.key, node, request, str(error))
-            return by_request
-        if found is None:
-            # Placed by another scheduler: its ids are unknown, but its size still counts.
-            return by_request
-        problem = misfit(found, entry.topology) if entry is not None else None
-        if problem is not None:
-            self._reject(pod.metadata.uid, pod.key, node, request, problem)
-            return by_request
-        # On a node not listed yet, the ids are checked against its topology when it is (state).
-        return dataclasses.replace(by_request, cores=found.core_mask, ours=True)
+            found = None
+        if found is not None and entry is not None:
+            problem = misfit(found, entry.topology)
+            if problem is not None:
+                self._reject(pod.metadata.uid, pod.key, node, request, problem)
+                found = None
+        # Without our ids (placed by another scheduler, or ids that cannot be read) the pod's size
+        # still counts; on a node not listed yet, ids are checked against its topology when it is
+        # (state).
+        return Holding(
+            node,
+            cores=found.core_mask if found is not None else 0,
+            unknown_count=request.count,
+            unknown_unit=request.unit,
+            ours=found is not None,
+            priority=pod.spec.priority or 0,
+            started=pod.status.startTime or pod.metadata.creationTimestamp or "",
+            terminating=pod.metadata.deletionTimestamp is not None,
+            leaving_by=pod.metadata.deletionTimestamp or "",
+            labels=pod.metadata.labels,
+        )
 
     def _reject(self, uid: str, key: str, node: str, request: NeuronRequest, problem: str) -> None:
         """Ids that cannot be this node's: reported once per pod; the pod counts by its size."""
