@@ -71,6 +71,12 @@ SMOKES = (
         ("--nodes", "20", "--pods", "10", "--window", "10", "--repeats", "1", "--profile", "p"),
         r"^\| all \| [\d.]+ \|\n(.*\n)*.*function calls",
     ),
+    Smoke(
+        "extender_cpu.py",
+        ("--nodes", "20", "--pods", "10", "--window", "10", "--repeats", "1", "--evict-mb", "1"),
+        r"caches written over \(1 MB\) before each phase(.*\n)*^\| all \| [\d.]+ \|",
+        "evict",
+    ),
     # With the real kube-apiserver and kube-scheduler (tools/kube), and helm for dra_scale.py.
     Smoke(
         "throughput.py",
