@@ -150,6 +150,43 @@ def test_filter_two_devices_fit_rings_not_tori(extender: tuple[str, Extender], m
     assert "largest free contiguous run is 1" in result["FailedNodes"]["inf2-a"]
 
 
+def test_filter_passes_in_the_request_order_around_refusals(
+    extender: tuple[str, Extender],
+) -> None:
+    """The nodes that pass are found against the few refused (judging.filter): they keep the
+    request's order whatever falls between them, unknown names included, and each refusal is
+    counted under its own outcome."""
+    base, ext = extender
+
+    def counted() -> dict[str, float]:
+        registry = ext.metrics.registry
+        return {
+            outcome: registry.get_sample_value(
+                "neuron_scheduler_filter_nodes_total", {"outcome": outcome}
+            )
+            or 0.0
+            for outcome in ("fits", "no_fit", "unresolvable", "not_in_cache")
+        }
+
+    before = counted()
+    names = ["trn1-b", "inf2-a", "inf1-a", "ghost", "trn1-a"]
+    result = post(base, "/filter", cache_args(pod_json("two", {DEV: 2}), names))
+    # Two devices: rings only (inf1-a); inf2-a has no two contiguous free; tori take 1/4/8/16.
+    assert result["NodeNames"] == ["inf1-a"]
+    assert set(result["FailedAndUnresolvableNodes"]) == {"trn1-a", "trn1-b"}
+    assert set(result["FailedNodes"]) == {"inf2-a", "ghost"}
+    four = post(base, "/filter", cache_args(pod_json("four", {DEV: 4}), names))
+    assert four["NodeNames"] == ["trn1-b", "inf1-a", "trn1-a"]  # inf2-a, ghost between them
+    assert (
+        set(four["FailedNodes"]) == {"inf2-a", "ghost"} and not four["FailedAndUnresolvableNodes"]
+    )
+    after = counted()
+    assert after["fits"] - before["fits"] == 1 + 3
+    assert after["no_fit"] - before["no_fit"] == 2  # inf2-a, twice
+    assert after["unresolvable"] - before["unresolvable"] == 2  # the tori, for two devices
+    assert after["not_in_cache"] - before["not_in_cache"] == 2
+
+
 def test_filter_without_neuron_request_passes_everything(extender: tuple[str, Extender]) -> None:
     base, _ = extender
     result = post(base, "/filter", cache_args(pod_json("web", {"cpu": 1}), ALL))
