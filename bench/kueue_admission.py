@@ -53,8 +53,8 @@ from tests.e2e.harness import Scenario, ids, wait_for
 from tests.testbed import ControlPlane, KubeError, Stack, find_kubebin
 from tests.testbed.controlplane import ControllerManager
 from tests.testbed.kueue import Kueue, find_kueue_bin
+from tests.testbed.kueuequeues import KUEUE, cluster_queue, local_queue, resource_flavor
 
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 CHECK = "neuron-placement"
 TYPES = ("inf2.48xlarge", "trn1.32xlarge")
 # Devices of a workload's pod, by the instance type its nodeSelector names (a seeded draw): the
@@ -151,58 +151,15 @@ class Fleet:
 
     def queues(self) -> None:
         for kind, flavor in self.flavors.items():
-            self.cp.request(
-                "POST",
-                f"{KUEUE}/resourceflavors",
-                {
-                    "apiVersion": "kueue.x-k8s.io/v1beta2",
-                    "kind": "ResourceFlavor",
-                    "metadata": {"name": flavor},
-                    "spec": {
-                        "nodeLabels": {
-                            "neuron-test": self.id,
-                            "node.kubernetes.io/instance-type": kind,
-                        }
-                    },
-                },
-            )
-        strategy = {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}
-        self.cp.request(
-            "POST",
-            f"{KUEUE}/clusterqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": self.cluster_queue},
-                "spec": {
-                    "namespaceSelector": {},
-                    **(strategy if self.checked else {}),
-                    "resourceGroups": [
-                        {
-                            "coveredResources": [NEURON],
-                            "flavors": [
-                                {
-                                    "name": flavor,
-                                    "resources": [
-                                        {"name": NEURON, "nominalQuota": str(self.free[kind])}
-                                    ],
-                                }
-                                for kind, flavor in self.flavors.items()
-                            ],
-                        }
-                    ],
-                },
-            },
-        )
+            labels = {"neuron-test": self.id, "node.kubernetes.io/instance-type": kind}
+            self.cp.request("POST", f"{KUEUE}/resourceflavors", resource_flavor(flavor, labels))
+        quotas = {flavor: self.free[kind] for kind, flavor in self.flavors.items()}
+        queue = cluster_queue(self.cluster_queue, quotas, check=CHECK if self.checked else "")
+        self.cp.request("POST", f"{KUEUE}/clusterqueues", queue)
         self.cp.request(
             "POST",
             f"{KUEUE}/namespaces/{self.namespace}/localqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": "team"},
-                "spec": {"clusterQueue": self.cluster_queue},
-            },
+            local_queue("team", self.cluster_queue),
         )
         path = f"{KUEUE}/namespaces/{self.namespace}/localqueues/team"
         wait_for(lambda: true(self.cp.request("GET", path), "Active"), "the LocalQueue", 120)

@@ -52,10 +52,10 @@ from tests.e2e.harness import (
 from tests.testbed import ControlPlane, KubeError, Stack
 from tests.testbed.controlplane import ControllerManager
 from tests.testbed.kueue import JobSetController, Kueue, find_kueue_bin
+from tests.testbed.kueuequeues import KUEUE, cluster_queue, local_queue, resource_flavor
 
 pytestmark = pytest.mark.e2e
 
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 JOBSET = "/apis/jobset.x-k8s.io/v1alpha2"
 CLAIMS = "/apis/neuron-scheduler.io/v1alpha1/ultraserverclaims"
 PREFIX = "neuron.amazonaws.com/ultraserver-"
@@ -153,58 +153,22 @@ class World:
                     "spec": {"levels": [{"nodeLabel": HOSTNAME}]},
                 },
             )
+        labels = {"neuron-test": self.id}
         self.cp.request(
-            "POST",
-            f"{KUEUE}/resourceflavors",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": self.flavor},
-                "spec": {
-                    "nodeLabels": {"neuron-test": self.id},
-                    **({"topologyName": self.topology} if tas else {}),
-                },
-            },
+            "POST", f"{KUEUE}/resourceflavors", resource_flavor(self.flavor, labels, self.topology)
         )
-        self.cp.request(
-            "POST",
-            f"{KUEUE}/clusterqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": self.cluster_queue},
-                "spec": {
-                    "namespaceSelector": {},
-                    # Kueue's own preemption, within the queue by WorkloadPriorityClass.
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    **(
-                        {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}
-                        if checked
-                        else {}
-                    ),
-                    "resourceGroups": [
-                        {
-                            "coveredResources": [NEURON],
-                            "flavors": [
-                                {
-                                    "name": self.flavor,
-                                    "resources": [{"name": NEURON, "nominalQuota": str(quota)}],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
+        # Kueue's own preemption, within the queue by WorkloadPriorityClass.
+        queue = cluster_queue(
+            self.cluster_queue,
+            {self.flavor: quota},
+            check=CHECK if checked else "",
+            preemption={"withinClusterQueue": "LowerPriority"},
         )
+        self.cp.request("POST", f"{KUEUE}/clusterqueues", queue)
         self.cp.request(
             "POST",
             f"{KUEUE}/namespaces/{self.namespace}/localqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": self.queue},
-                "spec": {"clusterQueue": self.cluster_queue},
-            },
+            local_queue(self.queue, self.cluster_queue),
         )
         wait_for(self._queue_active, "the LocalQueue active", PATIENCE)
 
