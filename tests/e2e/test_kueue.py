@@ -657,6 +657,13 @@ def test_with_the_check_an_ultraserver_job_is_admitted_when_a_unit_frees_holds_i
     ), retried
     assert all(p["spec"].get("schedulingGates") for p in world.pods_of("queued-"))
     assert f"{world.namespace}/queued" not in world.claims().values()
+    # `why` on a member reads its Workload: quota reserved, and the check's own words.
+    story = world.why("queued-0")["kueue_workload_status"]
+    assert story["unread"] is None and story["admitted"] is False, story
+    assert story["quota"] == f"reserved in ClusterQueue {world.cluster_queue}", story
+    (check,) = [c for c in story["admission_checks"] if c["name"] == CHECK]
+    assert check["state"] == "Retry", story
+    assert "needs 1 free UltraServer of 4 nodes for its 4 members" in check["message"], story
     for name in outside:
         world.scenario.delete_pod(name)
     ready = wait_for(

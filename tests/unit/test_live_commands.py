@@ -4,6 +4,7 @@ docs/operations.md documents. Against the real cluster: tests/e2e/test_status.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -23,6 +24,7 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.handoff import encode
 from neuron_scheduler.core.resources import NEURON, NeuronRequest
 from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.kube.kueue import Workload
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_TOPOLOGY_GATE
 from neuron_scheduler.live import commands, snapshot
@@ -30,6 +32,7 @@ from neuron_scheduler.live.diagnosis import diagnose, diagnosis_json
 from neuron_scheduler.live.dranodes import DraNode, dra_json
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.gated import gated_json, gated_view
+from neuron_scheduler.live.workloadstatus import workload_report
 from tests.builders import node, node_json, pod, pod_json
 from tests.testbed.process import free_port
 
@@ -306,6 +309,74 @@ def test_why_and_status_name_the_gates_kueues_workload_and_its_queue(tmp_path: P
     assert "scheduling gate example.com/wait (namespace ml): 1 pod, 1 aws.amazon.com/neuron" in flat
 
 
+def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> None:
+    """For a pod Kueue holds back, `why` reads its Workload: quota, admission, and each
+    admission check's state and message (the placement check's Retry says which block is
+    missing). What the Workload says is escaped and bounded; a Workload that cannot be read is
+    said so, and the rest of the answer stands."""
+    labels = {
+        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
+    }
+    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    retry = "job ml/train needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "w1"},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+            "admissionChecks": [
+                {"name": "neuron-placement", "state": "Retry", "message": retry},
+                {"name": "other", "state": "Pending", "message": "line\n\x1b[31mred" + "x" * 900},
+            ],
+        },
+    }
+    # A pod names its Workload in an annotation anyone may write: never a path to follow.
+    forged = pod_json(
+        "forged",
+        {NEURON: 1},
+        namespace="ml",
+        annotations={"kueue.x-k8s.io/workload": "../../../../api/v1/namespaces/ml/secrets/x"},
+        gates=[KUEUE_ADMISSION_GATE],
+    )
+    served = cluster_answer(nodes, [*kueue_group(), forged])
+    path = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/train"
+    asked_for: list[str] = []
+
+    def answer(asked: str) -> tuple[int, bytes]:
+        asked_for.append(asked)
+        return (200, json.dumps(workload).encode()) if asked == path else served(asked)
+
+    with api_server(answer) as url:
+        config = str(kubeconfig(tmp_path, url))
+        why = run("why", "member-0", "-n", "ml", "--json", "--kubeconfig", config)
+        text = run("why", "member-0", "-n", "ml", "--kubeconfig", config)
+        not_followed = run("why", "forged", "-n", "ml", "--json", "--kubeconfig", config)
+    assert not_followed.exit_code == 0, not_followed.stderr
+    refused = json.loads(not_followed.stdout)["kueue_workload_status"]
+    assert refused["unread"] == "that is not a Workload's name", refused
+    assert not [a for a in asked_for if "secrets" in a or "workloads/.." in a], asked_for
+    with api_server(served) as url:  # no such Workload (404)
+        config = str(kubeconfig(tmp_path, url))
+        unread = run("why", "member-0", "-n", "ml", "--json", "--kubeconfig", config)
+    assert why.exit_code == 0, why.stderr
+    status = json.loads(why.stdout)["kueue_workload_status"]
+    assert status["workload"] == "ml/train" and status["unread"] is None
+    assert status["admitted"] is False and status["quota"] == "reserved in ClusterQueue cq"
+    placement, other = status["admission_checks"]
+    assert placement == {"name": "neuron-placement", "state": "Retry", "message": retry}
+    assert other["message"].startswith("line \\x1b[31mred") and "\n" not in other["message"]
+    assert other["message"].endswith("more characters)") and len(other["message"]) < 700
+    flat = " ".join(text.stdout.split())
+    assert "Kueue's Workload ml/train: not admitted; quota reserved in ClusterQueue cq" in flat
+    assert f"admission check neuron-placement: Retry: {retry}" in flat, flat
+    assert unread.exit_code == 0, unread.stderr
+    missing = json.loads(unread.stdout)["kueue_workload_status"]
+    assert missing["unread"] and missing["admission_checks"] == [], missing
+
+
 def test_report_writes_the_simulators_pictures_and_the_json(tmp_path: Path) -> None:
     nodes = [node_json("trn-a", "trn1.32xlarge"), node_json("a/../../x", "inf2.48xlarge")]
     with api_server(cluster_answer(nodes, [])) as url:
@@ -353,6 +424,15 @@ def test_every_json_field_is_documented() -> None:
     fields = keys(fleet_json(fleet_view(ledger))) | keys(diagnosis)
     gated = [msgspec.convert(p, Pod) for p in kueue_group()]
     fields |= keys(diagnosis_json(diagnose(ledger, gated[0])))
+    checked = msgspec.convert(
+        {
+            "metadata": {"name": "train", "namespace": "ml"},
+            "status": {"admissionChecks": [{"name": "c", "state": "Retry", "message": "m"}]},
+        },
+        Workload,
+    )
+    report = workload_report(checked)
+    fields |= keys(diagnosis_json(dataclasses.replace(diagnose(ledger, gated[0]), workload=report)))
     fields |= keys({"gated": gated_json(gated_view(gated))})
     dra = dra_json((DraNode("n", 40, (5,)),), None, "neuron.neuron-scheduler.io")
     fields |= keys({"dra": dra})

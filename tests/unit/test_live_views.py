@@ -18,6 +18,7 @@ from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.jobs.claims import PENDING, NodeClaim
 from neuron_scheduler.jobs.placement import Occupancy
 from neuron_scheduler.jobs.units import MODE_LABEL, server_id_label
+from neuron_scheduler.kube.kueue import Workload
 from neuron_scheduler.kube.objects import Node, Pod
 from neuron_scheduler.live.devicemap import FREE, USED, draw, layout, pod_colours
 from neuron_scheduler.live.diagnosis import (
@@ -33,6 +34,7 @@ from neuron_scheduler.live.dranodes import HealthSlice, dra_nodes, dra_text
 from neuron_scheduler.live.fleet import fleet_json, fleet_view
 from neuron_scheduler.live.terminal import shown, status_view, why_view
 from neuron_scheduler.live.ultraservers import ultraserver_view
+from neuron_scheduler.live.workloadstatus import report_json, unread_report, workload_report
 from tests.builders import node, node_json, pod, pod_json
 
 TRN1 = Catalog.builtin().resolve("trn1.32xlarge", 16).topology  # 4x4 torus, 2 cores a device
@@ -388,3 +390,44 @@ def test_dra_nodes_name_the_failed_devices_their_taints_name_and_nothing_else() 
         "2 nodes served by DRA; failed devices, never allocated (their sets are tainted): "
         "trn1-b (devices 12,13)"
     )
+
+
+# --- what Kueue says of a gated pod's Workload -----------------------------------------------
+
+
+def test_a_workload_without_quota_says_kueues_reason_and_checks_beyond_eight_are_counted() -> None:
+    workload = msgspec.convert(
+        {
+            "metadata": {"name": "train", "namespace": "ml"},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "QuotaReserved",
+                        "status": "False",
+                        "reason": "Pending",
+                        "message": "couldn't assign flavors to pod set main: insufficient\n"
+                        "quota for aws.amazon.com/neuron",
+                    }
+                ],
+                "admissionChecks": [
+                    {"name": f"check-{i}", "state": "Pending", "message": ""} for i in range(10)
+                ],
+            },
+        },
+        Workload,
+    )
+    report = workload_report(workload)
+    assert report.quota == (
+        "not reserved: couldn't assign flavors to pod set main: insufficient quota for "
+        "aws.amazon.com/neuron"
+    )
+    assert [c.name for c in report.checks] == [f"check-{i}" for i in range(8)]
+    assert report.lines[0] == "Kueue's Workload ml/train: not admitted; " + (
+        f"quota {report.quota}"
+    )
+    assert report.lines[-1] == "... and 2 more admission checks"
+    gone = unread_report("ml/train", 'workloads.kueue.x-k8s.io "train" is forbidden')
+    assert gone.lines == [
+        'Kueue\'s Workload ml/train: not read (workloads.kueue.x-k8s.io "train" is forbidden)'
+    ]
+    assert report_json(gone)["unread"] and report_json(gone)["admission_checks"] == []

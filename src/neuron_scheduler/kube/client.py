@@ -12,6 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
+from neuron_scheduler.kube.kueue import Workload
 from neuron_scheduler.kube.objects import JobClaim, Lease, Node, ObjectRef, Pod, PodList
 
 
@@ -442,7 +443,11 @@ class KubeAPI:
             },
         )
 
-    # --- kueue.x-k8s.io/v1beta2: the placement admission check's writes ------------------------
+    # --- kueue.x-k8s.io/v1beta2: a Workload read (`why`), the placement check's writes --------
+
+    async def get_workload(self, namespace: str, name: str) -> Workload:
+        path = f"{KUEUE}/namespaces/{namespace}/workloads/{name}"
+        return msgspec.json.decode(await self.request("GET", path), type=Workload)
 
     async def apply_check_state(
         self, namespace: str, name: str, uid: str, resource_version: str, state: dict[str, Any]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import dataclasses
 import json
 import logging
 import re
@@ -225,6 +226,11 @@ def why(
     from neuron_scheduler.live.dranodes import dra_text
     from neuron_scheduler.live.snapshot import read_cluster, read_dra_nodes
     from neuron_scheduler.live.terminal import why_view
+    from neuron_scheduler.live.workloadstatus import (
+        WorkloadReport,
+        unread_report,
+        workload_report,
+    )
 
     with user_errors():
         name = _pod_name(pod)
@@ -258,6 +264,17 @@ def why(
             "DRA plugin places it (`kubectl describe pod` shows its reason), on connected "
             f"devices our driver publishes and never on a tainted one. {where}"
         )
+
+    async def workload_of(namespace: str, workload: str) -> WorkloadReport:
+        """What Kueue says of the gated pod's Workload (not being able to read it is said too:
+        the rest of the answer stands without it)."""
+        if not SUBDOMAIN.fullmatch(workload):  # from the pod's labels: anyone's to write
+            return unread_report(f"{namespace}/{workload}", "that is not a Workload's name")
+        async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
+            try:
+                return workload_report(await api.get_workload(namespace, workload))
+            except READ_ERRORS as error:
+                return unread_report(f"{namespace}/{workload}", error_text(error))
 
     async def failed_on(bound: Pod) -> tuple[int, ...]:
         """The failed devices the bound pod runs on; none when its node cannot be read."""
@@ -301,6 +318,11 @@ def why(
         catalog=catalog,
         now=time.time(),
     )
+    gate = diagnosis.gating
+    if gate is not None and gate.workload:
+        diagnosis = dataclasses.replace(
+            diagnosis, workload=asyncio.run(workload_of(gate.namespace, gate.workload))
+        )
     if as_json:
         print(json.dumps(diagnosis_json(diagnosis), indent=2))
         return

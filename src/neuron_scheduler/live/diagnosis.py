@@ -71,6 +71,7 @@ from neuron_scheduler.kube.reading import (
     unhealthy_devices,
 )
 from neuron_scheduler.live.fleet import JSON_VERSION
+from neuron_scheduler.live.workloadstatus import WorkloadReport, report_json
 
 # Above every PriorityClass value (int32): every pod on the node counts as evictable.
 ANY_PRIORITY = 2**31
@@ -133,6 +134,9 @@ class Diagnosis:
     # Its scheduling gates (Kueue's, with its Workload and LocalQueue): kube-scheduler does not
     # try it, and the extender does nothing for it, until they are gone.
     gating: Gating | None = None
+    # For a pod gated by Kueue: what its Workload says (quota, admission checks), when `why`
+    # read it (diagnose does no I/O).
+    workload: WorkloadReport | None = None
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for n in self.nodes if n.verdict is verdict)
@@ -533,6 +537,9 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "capacity": diagnosis.capacity or None,
         "job": diagnosis.job or None,
         "scheduling_gates": _gating_json(diagnosis.gating),
+        "kueue_workload_status": (
+            report_json(diagnosis.workload) if diagnosis.workload is not None else None
+        ),
     }
 
 

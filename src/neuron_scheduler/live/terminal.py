@@ -385,6 +385,9 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
             ". kube-scheduler does not try to place it, and neuron-scheduler reserves nothing "
             "for it, until every gate is removed; below, what each node would answer then.",
         )
+        if diagnosis.workload is not None:
+            for line in diagnosis.workload.lines:
+                yield Text(f"  {shown(line, 2 * REASON_LIMIT)}")
     if diagnosis.request_error is not None:
         yield Text.assemble(
             ("no node can take it: ", "red"), shown(diagnosis.request_error, REASON_LIMIT)

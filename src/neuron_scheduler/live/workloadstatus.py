@@ -1,0 +1,95 @@
+"""What Kueue says of a gated pod's Workload, for `why`: whether it has quota (and in which
+ClusterQueue), whether it is admitted, and each admission check's state and message: a pod gated
+by Kueue waits on exactly these, and the placement check's Retry names the block that is missing.
+Pure: the Workload goes in. It is read from the API, so what it says is bounded here (how many
+checks, how long a message) before it reaches a terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_scheduler.core.logtext import loggable
+from neuron_scheduler.kube.kueue import (
+    MAX_CHECKS,
+    Workload,
+    admitted,
+    condition,
+    quota_reserved,
+)
+
+MESSAGE_LIMIT = 600  # characters of a check's or a condition's message shown
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    name: str
+    state: str  # Pending, Ready, Retry, Rejected (Kueue's CheckState)
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadReport:
+    workload: str  # namespace/name
+    quota: str  # "reserved in ClusterQueue q", or why not (Kueue's QuotaReserved condition)
+    admitted: bool
+    checks: tuple[CheckReport, ...] = ()  # the first MAX_CHECKS, in the Workload's order
+    more_checks: int = 0
+    unread: str = ""  # why the Workload could not be read (then nothing else is known)
+
+    @property
+    def lines(self) -> list[str]:
+        if self.unread:
+            return [f"Kueue's Workload {self.workload}: not read ({self.unread})"]
+        state = "admitted" if self.admitted else "not admitted"
+        lines = [f"Kueue's Workload {self.workload}: {state}; quota {self.quota}"]
+        lines += [f"admission check {c.name}: {c.state}: {c.message}" for c in self.checks]
+        if self.more_checks:
+            lines.append(f"... and {self.more_checks} more admission checks")
+        return lines
+
+
+def _text(value: str, limit: int = MESSAGE_LIMIT) -> str:
+    return loggable(" ".join(value.split()), limit)
+
+
+def workload_report(workload: Workload) -> WorkloadReport:
+    status = workload.status
+    if quota_reserved(workload):
+        assert status.admission is not None  # (quota_reserved says so)
+        quota = f"reserved in ClusterQueue {_text(status.admission.clusterQueue, 253)}"
+    else:
+        reserved = condition(status.conditions, "QuotaReserved")
+        why = f": {_text(reserved.message)}" if reserved is not None and reserved.message else ""
+        quota = f"not reserved{why}"
+    checks = tuple(
+        CheckReport(_text(c.name, 253), _text(c.state, 32), _text(c.message))
+        for c in status.admissionChecks[:MAX_CHECKS]
+    )
+    return WorkloadReport(
+        workload=_text(workload.key, 2 * 253 + 1),
+        quota=quota,
+        admitted=admitted(workload),
+        checks=checks,
+        more_checks=max(len(status.admissionChecks) - MAX_CHECKS, 0),
+    )
+
+
+def unread_report(workload: str, reason: str) -> WorkloadReport:
+    return WorkloadReport(
+        _text(workload, 2 * 253 + 1), quota="", admitted=False, unread=_text(reason)
+    )
+
+
+def report_json(report: WorkloadReport) -> dict[str, Any]:
+    return {
+        "workload": report.workload,
+        "unread": report.unread or None,
+        "admitted": report.admitted,
+        "quota": report.quota or None,
+        "admission_checks": [
+            {"name": c.name, "state": c.state, "message": c.message} for c in report.checks
+        ],
+        "more_admission_checks": report.more_checks,
+    }
