@@ -5,10 +5,23 @@ from __future__ import annotations
 
 import pytest
 
+from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import CapacityError, Catalog
-from neuron_scheduler.core.handoff import AnnotationError, decode, misfit
+from neuron_scheduler.core.handoff import (
+    ALLOCATED,
+    CONTAINER_IDS,
+    CORES,
+    DEVS,
+    IDS,
+    NODE,
+    RESOURCE_TYPE,
+    AnnotationError,
+    decode,
+    encode,
+    misfit,
+)
 from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_quantity
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.jobs.members import MembershipError, member_of
@@ -101,21 +114,36 @@ def test_annotation_ids_are_bounded_before_anything_is_built() -> None:
     assert elsewhere is not None and "not on devices 0" in (misfit(elsewhere, topology) or "")
 
 
-def test_annotations_decoded_once_are_read_again_from_the_memo_and_errors_are_not_kept() -> None:
-    """The watch shows a pod's annotations at each change: the same texts give the same
-    Assignment; other keys do not matter, any key read does, and a bad set fails every time."""
-    base = {"AWS_NEURON_IDS": "2,3", "NEURON_RESOURCE_TYPE": NEURONCORE, "NEURON_NODE": "n1"}
-    first = decode({**base, "unrelated": "a"}, 2)
+def test_our_annotations_decoded_once_are_read_again_from_the_memo() -> None:
+    """The watch shows a pod's annotations at each change: a set as bind writes it gives the same
+    Assignment each time. Other keys do not matter; a change of any key decode reads does."""
+    ours = encode("n1", NeuronRequest(NEURONCORE, 2), Placement((1,), (2, 3), 0), ["main"], 5)
+    first = decode({**ours, "unrelated": "a"}, 2)
     assert first is not None and first.cores == (2, 3) and first.devices == (1,)
-    assert decode({**base, "unrelated": "b"}, 2) is first
-    assert decode({**base, "NEURON_ALLOCATED": "true"}, 2) is not first
-    assert decode(base, 4) is not first and decode(base, 4).devices == (0,)  # type: ignore[union-attr]
-    for _ in range(2):
-        with pytest.raises(AnnotationError, match="repeats"):
-            decode({**base, "NEURON_CORES": "1,1"})
-    # A set too long to keep is decoded each time, to the same result.
-    containers = '{"' + "c" * 3000 + '":"2,3"}'
-    long = {**base, "NEURON_CONTAINER_IDS": containers}
+    assert decode({**ours, "unrelated": "b"}, 2) is first
+    changed = {
+        IDS: "2",
+        RESOURCE_TYPE: NEURON,
+        CORES: "2",
+        DEVS: "0,1",
+        CONTAINER_IDS: '{"main":"2"}',
+        NODE: "n2",
+        ALLOCATED: "true",
+    }
+    for key, value in changed.items():
+        assert decode({**ours, key: value}, 2) != first, key
+    assert decode(ours, 4) is not first  # cores per device is part of the key too
+
+
+def test_sets_that_could_decode_to_much_more_than_their_text_are_not_kept() -> None:
+    """Any pod may carry these keys: a set without its cores or devices (derived: many times the
+    text, for device ids) or a long one is decoded each time, to the same result, never kept."""
+    derived = {IDS: "2,3", RESOURCE_TYPE: NEURONCORE, NODE: "n1"}
+    once, again = decode(derived, 2), decode(derived, 2)
+    assert once is not None and once == again and once is not again
+    assert once.devices == (1,)
+    ours = encode("n1", NeuronRequest(NEURONCORE, 2), Placement((1,), (2, 3), 0), ["main"], 5)
+    long = {**ours, CONTAINER_IDS: '{"' + "c" * 3000 + '":"2,3"}'}
     once, again = decode(long, 2), decode(long, 2)
     assert once is not None and once == again and once is not again
     assert once.containers == {"c" * 3000: (2, 3)}

@@ -177,10 +177,12 @@ def removal() -> dict[str, None]:
 # The keys `decode` reads, which its memo is keyed by.
 _READ = (IDS, RESOURCE_TYPE, CORES, DEVS, CONTAINER_IDS, NODE, ALLOCATED)
 # The pod watch shows a pod's annotations again at each change of the pod (the bind's patch, the
-# pod bound, each status change): a set is decoded once. Only short sets are kept (ours for a
-# whole node are a few hundred characters), so the memo stays within a few MB.
-_MEMO_TEXT = 2048
-_MEMO_SIZE = 2048
+# pod bound, each status change): a set is decoded once. Any pod may carry such a set, so only
+# sets that name their cores and devices (ours always do: derived ones can be many times the
+# text) and are short (ours for a whole trn2 node in cores: ~1,300 characters) are kept; what one
+# of them decodes to is then at most ~20 KB, and the memo at most ~10 MB.
+_MEMO_TEXT = 1536
+_MEMO_SIZE = 512
 
 
 def decode(
@@ -195,7 +197,11 @@ def decode(
     if IDS not in annotations:
         return None
     texts = tuple(map(annotations.get, _READ))
-    if sum(len(text) for text in texts if text is not None) > _MEMO_TEXT:
+    if (
+        CORES not in annotations
+        or DEVS not in annotations
+        or sum(len(text) for text in texts if text is not None) > _MEMO_TEXT
+    ):
         return _decode(annotations, cores_per_device)
     return _remembered(texts, cores_per_device)
 
