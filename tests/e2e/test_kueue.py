@@ -28,6 +28,7 @@ import msgspec
 import pytest
 
 from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.kube.client import KUEUE
 from neuron_scheduler.kube.kueue import CONTROLLER_NAME, WORKLOAD_UID_ANNOTATION
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import (
@@ -52,7 +53,7 @@ from tests.e2e.harness import (
 from tests.testbed import ControlPlane, KubeError, Stack
 from tests.testbed.controlplane import ControllerManager
 from tests.testbed.kueue import JobSetController, Kueue, find_kueue_bin
-from tests.testbed.kueuequeues import KUEUE, cluster_queue, local_queue, resource_flavor
+from tests.testbed.kueuequeues import cluster_queue, local_queue, resource_flavor
 
 pytestmark = pytest.mark.e2e
 
@@ -660,7 +661,7 @@ def test_with_the_check_an_ultraserver_job_is_admitted_when_a_unit_frees_holds_i
     # `why` on a member reads its Workload: quota reserved, and the check's own words.
     story = world.why("queued-0")["kueue_workload_status"]
     assert story["unread"] is None and story["admitted"] is False, story
-    assert story["quota"] == f"reserved in ClusterQueue {world.cluster_queue}", story
+    assert story["quota_reserved"] and story["cluster_queue"] == world.cluster_queue, story
     (check,) = [c for c in story["admission_checks"] if c["name"] == CHECK]
     assert check["state"] == "Retry", story
     assert "needs 1 free UltraServer of 4 nodes for its 4 members" in check["message"], story

@@ -361,10 +361,26 @@ def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> 
     with api_server(served) as url:  # no such Workload (404)
         config = str(kubeconfig(tmp_path, url))
         unread = run("why", "member-0", "-n", "ml", "--json", "--kubeconfig", config)
+    forbidden = {"kind": "Status", "reason": "Forbidden", "message": "workloads is forbidden"}
+    for status_code, body in ((403, json.dumps(forbidden).encode()), (200, b"<html>proxy</html>")):
+
+        def odd(asked: str, code: int = status_code, text: bytes = body) -> tuple[int, bytes]:
+            return (code, text) if asked == path else served(asked)
+
+        with api_server(odd) as url:
+            config = str(kubeconfig(tmp_path, url))
+            result = run("why", "member-0", "-n", "ml", "--json", "--kubeconfig", config)
+            shown_text = run("why", "member-0", "-n", "ml", "--kubeconfig", config)
+        assert result.exit_code == 0 and shown_text.exit_code == 0, result.stderr
+        said = json.loads(result.stdout)["kueue_workload_status"]
+        assert said["unread"] and said["admission_checks"] == [], said
+        assert "Traceback" not in result.stderr + shown_text.stderr
+        assert "Kueue's Workload ml/train: not read (" in " ".join(shown_text.stdout.split())
     assert why.exit_code == 0, why.stderr
     status = json.loads(why.stdout)["kueue_workload_status"]
     assert status["workload"] == "ml/train" and status["unread"] is None
-    assert status["admitted"] is False and status["quota"] == "reserved in ClusterQueue cq"
+    assert status["admitted"] is False and status["quota_reserved"] is True
+    assert status["cluster_queue"] == "cq" and status["quota_message"] is None
     placement, other = status["admission_checks"]
     assert placement == {"name": "neuron-placement", "state": "Retry", "message": retry}
     assert other["message"].startswith("line \\x1b[31mred") and "\n" not in other["message"]

@@ -417,13 +417,13 @@ def test_a_workload_without_quota_says_kueues_reason_and_checks_beyond_eight_are
         Workload,
     )
     report = workload_report(workload)
-    assert report.quota == (
-        "not reserved: couldn't assign flavors to pod set main: insufficient quota for "
-        "aws.amazon.com/neuron"
+    assert not report.quota_reserved and report.cluster_queue == ""
+    assert report.quota_message == (
+        "couldn't assign flavors to pod set main: insufficient quota for aws.amazon.com/neuron"
     )
     assert [c.name for c in report.checks] == [f"check-{i}" for i in range(8)]
-    assert report.lines[0] == "Kueue's Workload ml/train: not admitted; " + (
-        f"quota {report.quota}"
+    assert report.lines[0] == (
+        f"Kueue's Workload ml/train: not admitted; no quota reserved: {report.quota_message}"
     )
     assert report.lines[-1] == "... and 2 more admission checks"
     gone = unread_report("ml/train", 'workloads.kueue.x-k8s.io "train" is forbidden')

@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
-from neuron_scheduler.kube.kueue import Workload
+from neuron_scheduler.kube.kueue import Workload, WorkloadState
 from neuron_scheduler.kube.objects import JobClaim, Lease, Node, ObjectRef, Pod, PodList
 
 
@@ -22,6 +22,10 @@ def pod_path(namespace: str, name: str) -> str:
 
 def node_path(name: str) -> str:
     return f"/api/v1/nodes/{name}"
+
+
+def workload_path(namespace: str, name: str) -> str:
+    return f"{KUEUE}/namespaces/{namespace}/workloads/{name}"
 
 
 def leases_path(namespace: str) -> str:
@@ -445,9 +449,11 @@ class KubeAPI:
 
     # --- kueue.x-k8s.io/v1beta2: a Workload read (`why`), the placement check's writes --------
 
-    async def get_workload(self, namespace: str, name: str) -> Workload:
-        path = f"{KUEUE}/namespaces/{namespace}/workloads/{name}"
-        return msgspec.json.decode(await self.request("GET", path), type=Workload)
+    async def get_workload_state(self, namespace: str, name: str) -> Workload:
+        """The Workload's metadata and status; its spec is left empty (WorkloadState)."""
+        answer = await self.request("GET", workload_path(namespace, name))
+        read = msgspec.json.decode(answer, type=WorkloadState)
+        return Workload(metadata=read.metadata, status=read.status)
 
     async def apply_check_state(
         self, namespace: str, name: str, uid: str, resource_version: str, state: dict[str, Any]
@@ -458,7 +464,7 @@ class KubeAPI:
         preconditions (a Conflict when the workload changed since it was read)."""
         await self.request(
             "PATCH",
-            f"{KUEUE}/namespaces/{namespace}/workloads/{name}/status",
+            workload_path(namespace, name) + "/status",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
             body={
                 "apiVersion": "kueue.x-k8s.io/v1beta2",

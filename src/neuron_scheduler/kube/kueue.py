@@ -150,6 +150,14 @@ class Workload(msgspec.Struct):
         return f"{self.metadata.namespace}/{self.metadata.name}"
 
 
+class WorkloadState(msgspec.Struct):
+    """A Workload read without its pod sets: what `why` shows of it (a pod template our PodSpec
+    cannot read does not keep its status from being shown)."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    status: WorkloadStatus = msgspec.field(default_factory=WorkloadStatus)
+
+
 class CheckSpec(msgspec.Struct):
     controllerName: str = ""
 

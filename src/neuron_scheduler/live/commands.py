@@ -272,7 +272,7 @@ def why(
             return unread_report(f"{namespace}/{workload}", "that is not a Workload's name")
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
             try:
-                return workload_report(await api.get_workload(namespace, workload))
+                return workload_report(await api.get_workload_state(namespace, workload))
             except READ_ERRORS as error:
                 return unread_report(f"{namespace}/{workload}", error_text(error))
 

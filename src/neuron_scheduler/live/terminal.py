@@ -387,7 +387,7 @@ def why_view(diagnosis: Diagnosis) -> Iterator[RenderableType]:
         )
         if diagnosis.workload is not None:
             for line in diagnosis.workload.lines:
-                yield Text(f"  {shown(line, 2 * REASON_LIMIT)}")
+                yield Text(f"  {shown(line, 3 * REASON_LIMIT)}")  # (a message: 600)
     if diagnosis.request_error is not None:
         yield Text.assemble(
             ("no node can take it: ", "red"), shown(diagnosis.request_error, REASON_LIMIT)

@@ -13,6 +13,7 @@ from typing import Any
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.kueue import (
     MAX_CHECKS,
+    MAX_NAME,
     Workload,
     admitted,
     condition,
@@ -32,7 +33,9 @@ class CheckReport:
 @dataclass(frozen=True, slots=True)
 class WorkloadReport:
     workload: str  # namespace/name
-    quota: str  # "reserved in ClusterQueue q", or why not (Kueue's QuotaReserved condition)
+    quota_reserved: bool
+    cluster_queue: str  # where quota is reserved ("" when it is not)
+    quota_message: str  # when it is not: Kueue's QuotaReserved message, if any
     admitted: bool
     checks: tuple[CheckReport, ...] = ()  # the first MAX_CHECKS, in the Workload's order
     more_checks: int = 0
@@ -43,7 +46,11 @@ class WorkloadReport:
         if self.unread:
             return [f"Kueue's Workload {self.workload}: not read ({self.unread})"]
         state = "admitted" if self.admitted else "not admitted"
-        lines = [f"Kueue's Workload {self.workload}: {state}; quota {self.quota}"]
+        if self.quota_reserved:
+            quota = f"quota reserved in ClusterQueue {self.cluster_queue}"
+        else:
+            quota = "no quota reserved" + (f": {self.quota_message}" if self.quota_message else "")
+        lines = [f"Kueue's Workload {self.workload}: {state}; {quota}"]
         lines += [f"admission check {c.name}: {c.state}: {c.message}" for c in self.checks]
         if self.more_checks:
             lines.append(f"... and {self.more_checks} more admission checks")
@@ -56,20 +63,18 @@ def _text(value: str, limit: int = MESSAGE_LIMIT) -> str:
 
 def workload_report(workload: Workload) -> WorkloadReport:
     status = workload.status
-    if quota_reserved(workload):
-        assert status.admission is not None  # (quota_reserved says so)
-        quota = f"reserved in ClusterQueue {_text(status.admission.clusterQueue, 253)}"
-    else:
-        reserved = condition(status.conditions, "QuotaReserved")
-        why = f": {_text(reserved.message)}" if reserved is not None and reserved.message else ""
-        quota = f"not reserved{why}"
+    reserved = quota_reserved(workload)
+    queue = status.admission.clusterQueue if status.admission is not None and reserved else ""
+    why_not = condition(status.conditions, "QuotaReserved")
     checks = tuple(
-        CheckReport(_text(c.name, 253), _text(c.state, 32), _text(c.message))
+        CheckReport(_text(c.name, MAX_NAME), _text(c.state, 32), _text(c.message))
         for c in status.admissionChecks[:MAX_CHECKS]
     )
     return WorkloadReport(
-        workload=_text(workload.key, 2 * 253 + 1),
-        quota=quota,
+        workload=_text(workload.key, 2 * MAX_NAME + 1),
+        quota_reserved=reserved,
+        cluster_queue=_text(queue, MAX_NAME),
+        quota_message=_text(why_not.message) if why_not is not None and not reserved else "",
         admitted=admitted(workload),
         checks=checks,
         more_checks=max(len(status.admissionChecks) - MAX_CHECKS, 0),
@@ -78,7 +83,12 @@ def workload_report(workload: Workload) -> WorkloadReport:
 
 def unread_report(workload: str, reason: str) -> WorkloadReport:
     return WorkloadReport(
-        _text(workload, 2 * 253 + 1), quota="", admitted=False, unread=_text(reason)
+        _text(workload, 2 * MAX_NAME + 1),
+        quota_reserved=False,
+        cluster_queue="",
+        quota_message="",
+        admitted=False,
+        unread=_text(reason),
     )
 
 
@@ -87,7 +97,9 @@ def report_json(report: WorkloadReport) -> dict[str, Any]:
         "workload": report.workload,
         "unread": report.unread or None,
         "admitted": report.admitted,
-        "quota": report.quota or None,
+        "quota_reserved": report.quota_reserved,
+        "cluster_queue": report.cluster_queue or None,
+        "quota_message": report.quota_message or None,
         "admission_checks": [
             {"name": c.name, "state": c.state, "message": c.message} for c in report.checks
         ],
