@@ -254,6 +254,8 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.nodes, args.pods, args.window, args.repeats) < 1:
         parser.error("--nodes, --pods, --window and --repeats must be at least 1")
+    if args.evict_mb < 0:
+        parser.error("--evict-mb must be 0 or more")
     print(f"machine: {machine_line()}")
     setup_logging("info")
     devnull = open("/dev/null", "w")  # noqa: SIM115 (the handler keeps it for the run)

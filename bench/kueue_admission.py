@@ -47,13 +47,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleet import NEURON, ROOT
+from neuron_scheduler.kube.client import KUEUE
 from neuron_scheduler.kube.kueue import CONTROLLER_NAME
 from tests.builders import neuron_capacity, node_json
 from tests.e2e.harness import Scenario, ids, wait_for
 from tests.testbed import ControlPlane, KubeError, Stack, find_kubebin
 from tests.testbed.controlplane import ControllerManager
 from tests.testbed.kueue import Kueue, find_kueue_bin
-from tests.testbed.kueuequeues import KUEUE, cluster_queue, local_queue, resource_flavor
+from tests.testbed.kueuequeues import cluster_queue, local_queue, resource_flavor
 
 CHECK = "neuron-placement"
 TYPES = ("inf2.48xlarge", "trn1.32xlarge")

@@ -10,7 +10,6 @@ from typing import Any
 
 from neuron_scheduler.core.resources import NEURON
 
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"  # the API paths' prefix
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 
 
