@@ -13,7 +13,8 @@ kube-scheduler and the API server make the extender do:
 - filter: the JSON body kube-scheduler sends (the pod, and `--window` node names, the next ones
   after the last window, as kube-scheduler's percentageOfNodesToScore asks 500 of 5,000),
   decoded by the verb's own decoder, judged, the answer encoded;
-- prioritize: the same, for the nodes that passed;
+- prioritize: the same, for the nodes that passed (answered from what filter kept, as the verb
+  does, when it can);
 - bind: to the best-scored node (the first of equal ones), through the binder;
 - watch: the pod watch's two events (annotations patched, pod bound), each decoded from JSON
   into a Pod and applied to every view.
@@ -55,7 +56,7 @@ from fleet import TYPES, machine_line, neuron_pod
 from neuron_scheduler.commandline import setup_logging
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.state.placeholders import PodRouter
-from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs, HostPriority
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.objects import Node, Pod
 from tests.builders import node_json
@@ -192,9 +193,11 @@ class Replay:
             )
             evict()
             start = clock()
-            scores = judge.prioritize(self.args_decoder.decode(body), body)
-            msgspec.json.encode(scores)
+            answer = judge.answer_as_filtered(body)
+            if answer is None:
+                answer = msgspec.json.encode(judge.prioritize(self.args_decoder.decode(body), body))
             cpu["prioritize"] += clock() - start
+            scores = msgspec.json.decode(answer, type=list[HostPriority])
             best = max(scores, key=lambda h: h.Score)
             pod = msgspec.json.decode(pod_body, type=Pod)
             meta = pod.metadata

@@ -288,7 +288,8 @@ def scheduler_figures(text: str) -> dict[str, float]:
 def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     """Our extender during the timed run (the difference of two /metrics pages): time in its
     handlers, decoding and applying watch events, and waiting for its event loop, in ms per pod;
-    decisions computed per pod; demand snapshots taken."""
+    decisions computed per pod; prioritize calls answered from filter's, per pod; demand
+    snapshots taken."""
     m0, m1 = families(before), families(after)
 
     def delta(name: str, **labels: str) -> float:
@@ -304,6 +305,7 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     samples = delta("neuron_scheduler_loop_lag_seconds_count")
     figures["loop lag"] = 1000 * delta("neuron_scheduler_loop_lag_seconds_sum") / max(samples, 1)
     figures["decisions"] = delta("neuron_scheduler_decisions_total") / pods
+    figures["from filter"] = delta("neuron_scheduler_prioritize_from_filter_total") / pods
     figures["demand snapshots"] = delta("neuron_scheduler_demand_snapshots_total")
     return figures
 
@@ -575,8 +577,11 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
             for verb in ("filter", "prioritize", "bind")
         )
-        work = e["bind work"]
-        print(f"\n{o.name}, ms per pod in its handlers: {verbs}; bind's own work {work:.3f}")
+        work, kept = e["bind work"], e["from filter"]
+        print(
+            f"\n{o.name}, ms per pod in its handlers: {verbs}; bind's own work {work:.3f}; "
+            f"prioritize answered from filter's {kept:.2f} a pod"
+        )
         print(
             f"{o.name}, watch events {e['watch']:.2f} ms per pod ({e['watch events']:.1f} events); "
             f"event loop lag {e['loop lag']:.2f} ms on average; {e['decisions']:.1f} decisions "

@@ -49,6 +49,25 @@ def test_ring_three_device_stream_is_always_contiguous(scenario: Scenario) -> No
         per_node[pod["spec"]["nodeName"]] |= taken
 
 
+def test_prioritize_after_a_filter_is_answered_from_it(scenario: Scenario, mode: bool) -> None:
+    """kube-scheduler sends prioritize the pod's text and the passed nodes' names exactly as
+    filter's answer listed them (issue 50: the extender then answers from what filter kept).
+    Pods one at a time, so no bind lands between a pod's two calls. With whole NodeLists
+    (nodeCacheCapable false) every prioritize is judged."""
+    for _ in range(2):
+        scenario.add_node("inf2.48xlarge")
+    extender = scenario.stack.extender
+    calls = 'neuron_scheduler_request_seconds_count{verb="prioritize"}'
+    before = extender.metric(calls)
+    kept = extender.metric("neuron_scheduler_prioritize_from_filter_total")
+    for i in range(3):
+        scenario.create_pod(f"one-{i}", {NEURON: 2})
+        scenario.wait_bound(f"one-{i}")
+    assert extender.metric(calls) - before >= 3
+    answered = extender.metric("neuron_scheduler_prioritize_from_filter_total") - kept
+    assert answered >= 1 if mode else answered == 0
+
+
 def test_torus_rows_and_halves(scenario: Scenario) -> None:
     scenario.add_node("trn1.32xlarge")
     scenario.create_pod("half", {NEURON: 8})

@@ -4,6 +4,7 @@ changes, what `judge` answers equals a fresh decision on the node's current stat
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import msgspec
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -11,8 +12,11 @@ from neuron_scheduler.core.allocation import Decision, Placement, Policy, alloca
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
+from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
-from tests.builders import node, pod
+from neuron_scheduler.extender.verbs.judging import Judge
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from tests.builders import node, pod, pod_json
 
 NODES = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "inf1": "inf1.6xlarge"}
 REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
@@ -142,3 +146,35 @@ class SettledDemandMachine(LedgerMachine):
 
 TestLedgerVerdictsSettledDemand = SettledDemandMachine.TestCase
 TestLedgerVerdictsSettledDemand.settings = TestLedgerVerdicts.settings
+
+
+class FilterThenPrioritizeMachine(SettledDemandMachine):
+    """prioritize asked about the nodes a filter passed, for the same pod, answers what judging
+    the request now would, whatever changed in between: the answer kept from the filter is
+    given only while no decision it was read from has been dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.judge = Judge(self.ledger, Metrics(self.ledger))
+        self.next_ask: bytes = b""
+
+    @rule(request=st.sampled_from(REQUESTS))
+    def filter(self, request: NeuronRequest) -> None:
+        limits = {NEURON if request.unit is Unit.DEVICE else NEURONCORE: request.count}
+        asker = pod_json("asker", limits)
+        body = msgspec.json.encode({"Pod": asker, "NodeNames": list(NODES)})
+        passed = self.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body).passed
+        self.next_ask = msgspec.json.encode({"Pod": asker, "NodeNames": passed})
+
+    @invariant()
+    def prioritize_answers_as_judging_does(self) -> None:
+        if not self.next_ask:
+            return
+        answer = self.judge.answer_as_filtered(self.next_ask)
+        if answer is not None:
+            args = msgspec.json.decode(self.next_ask, type=ExtenderArgs)
+            assert answer == msgspec.json.encode(self.judge.prioritize(args, self.next_ask))
+
+
+TestFilterThenPrioritize = FilterThenPrioritizeMachine.TestCase
+TestFilterThenPrioritize.settings = TestLedgerVerdicts.settings

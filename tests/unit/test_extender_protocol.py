@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import msgspec
 import pytest
 import uvicorn
 
@@ -25,6 +26,7 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.extender.http import build_apps
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
@@ -245,6 +247,26 @@ def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> 
     # or fewer scores no higher than best-fit does, and 4 of a free 16 is a loose fit.
     assert by_host["trn1-a"] == 2
     assert all(0 <= s <= 10 for s in by_host.values())
+
+
+def test_prioritize_after_filter_is_answered_from_it_over_http(
+    extender: tuple[str, Extender],
+) -> None:
+    """The prioritize verb asks the judge for filter's kept answer before decoding (issue 50):
+    the same answer as judged, counted; a request for other nodes is judged."""
+    base, ext = extender
+    counted = ext.metrics.prioritize_from_filter
+    before = counted._value.get()
+    asker = pod_json("again", {DEV: 1})
+    # Encoded as Go encodes them (no spaces): the names are matched as text.
+    passed = post(base, "/filter", msgspec.json.encode(cache_args(asker, ALL)))["NodeNames"]
+    assert passed == ["inf1-a", "inf2-a", "trn1-a", "trn1-b"]
+    kept = post(base, "/prioritize", msgspec.json.encode(cache_args(asker, passed)))
+    assert counted._value.get() == before + 1
+    judged = ext.judge.prioritize(msgspec.convert(cache_args(asker, passed), ExtenderArgs))
+    assert kept == msgspec.to_builtins(judged)
+    post(base, "/prioritize", msgspec.json.encode(cache_args(asker, passed[:2])))
+    assert counted._value.get() == before + 1
 
 
 def test_prioritize_claims_answers_every_node_and_zero_for_pods_without_our_claims(

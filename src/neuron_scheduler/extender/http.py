@@ -88,11 +88,20 @@ class Verb:
     requests are 4xx with a JSON `Error`; a bug is a logged 500 and the server keeps serving."""
 
     def __init__(
-        self, name: str, kind: type[Any], handler: VerbHandler, metrics: Metrics, body_limit: int
+        self,
+        name: str,
+        kind: type[Any],
+        handler: VerbHandler,
+        metrics: Metrics,
+        body_limit: int,
+        answered: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
+        """`answered`: the encoded answer to a request answered already, from its body alone
+        (None: decode it and ask the handler)."""
         self.name = name
         self.decoder = msgspec.json.Decoder(kind)
         self.handler = handler
+        self.answered = answered
         self.timer = metrics.latency.labels(name)
         self.body_limit = body_limit
 
@@ -101,6 +110,10 @@ class Verb:
         if scope["method"] != "POST":
             raise Refused(405, f"{name}: use POST (kube-scheduler's extender protocol)")
         body = await read_body(scope, receive, self.body_limit)
+        if self.answered is not None:
+            answer = self.answered(body)
+            if answer is not None:
+                return 200, answer
         try:
             args = self.decoder.decode(body)
         except msgspec.ValidationError as error:
@@ -215,7 +228,14 @@ def build_apps(
 
     verbs = {
         "/filter": Verb("filter", ExtenderArgs, do_filter, metrics, body_limit),
-        "/prioritize": Verb("prioritize", ExtenderArgs, do_prioritize, metrics, body_limit),
+        "/prioritize": Verb(
+            "prioritize",
+            ExtenderArgs,
+            do_prioritize,
+            metrics,
+            body_limit,
+            answered=judge.answer_as_filtered,
+        ),
         # Pods with our DRA claims (prioritize-only extender entries without managedResources).
         "/prioritize-claims": Verb(
             "prioritize-claims", ExtenderArgs, do_prioritize_claims, metrics, body_limit

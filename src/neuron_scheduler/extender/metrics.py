@@ -32,6 +32,12 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.prioritize_from_filter = Counter(
+            "neuron_scheduler_prioritize_from_filter",
+            "prioritize calls answered from the filter just before (the same pod and nodes, no "
+            "decision changed since): no node looked up again",
+            registry=self.registry,
+        )
         self.binds = Counter(
             "neuron_scheduler_binds",
             "Bind requests, by result",

@@ -173,17 +173,21 @@ class Verdicts:
     when a pod lands on it or leaves, so decisions are kept until their node changes.
     """
 
-    __slots__ = ("decisions", "fits", "scores")
+    __slots__ = ("decisions", "fits", "forgotten", "scores")
 
     def __init__(self) -> None:
         self.decisions: dict[str, Decision] = {}
         self.fits: set[str] = set()  # the nodes whose decision is a Placement
         self.scores: dict[str, int] = {}  # prioritize's answer: the fit score, 0 when refused
+        # How many decisions were dropped so far: while it stays the same, every answer read
+        # from these verdicts still stands (decisions are only ever added in between).
+        self.forgotten = 0
 
     def forget(self, node: str) -> None:
         if self.decisions.pop(node, None) is not None:
             self.fits.discard(node)
             del self.scores[node]
+            self.forgotten += 1
 
 
 # How long the ids a bind wrote on a pod that is not bound (yet) stay held: its Binding may still

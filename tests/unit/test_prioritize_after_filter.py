@@ -1,0 +1,121 @@
+"""prioritize after a filter answers from what the filter kept (issue 50), and only while that
+still stands: the same pod, exactly the nodes that passed, and no decision dropped in between (a
+bind, a pod landing); any other request is decoded and judged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.catalog import Catalog
+from neuron_scheduler.core.resources import NEURON as DEV
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from neuron_scheduler.extender.wiring import Extender, wire
+from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.config import KubeConfig
+from tests.builders import node, pod, pod_json
+
+NO_API = KubeAPI(KubeConfig("http://127.0.0.1:9"))
+NAMES = ["inf2-a", "inf2-b", "inf2-c"]
+
+
+POD = pod_json("p", {DEV: 2})  # (each pod_json has a uid of its own)
+
+
+def body_of(names: list[str], asker: dict[str, Any] = POD, **fields: Any) -> bytes:
+    """A request as kube-scheduler encodes one with nodeCacheCapable."""
+    sent = {"Pod": asker, "Nodes": None, "NodeNames": names, **fields}
+    return msgspec.json.encode(sent)
+
+
+@pytest.fixture
+def extender() -> Extender:
+    ext = wire(NO_API, Catalog.builtin())
+    ext.ledger.replace_nodes([node(name, "inf2.48xlarge") for name in NAMES])
+    return ext
+
+
+def filtered(ext: Extender, body: bytes) -> list[str]:
+    return ext.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body).passed
+
+
+def judged(ext: Extender, body: bytes) -> bytes:
+    """prioritize's answer the long way: the request decoded and judged."""
+    args = msgspec.json.decode(body, type=ExtenderArgs)
+    return msgspec.json.encode(ext.judge.prioritize(args, body))
+
+
+def from_filter(ext: Extender) -> float:
+    value: float = ext.metrics.prioritize_from_filter._value.get()
+    return value
+
+
+def test_after_a_filter_every_node_passed_the_answer_is_the_judged_one(
+    extender: Extender,
+) -> None:
+    body = body_of(NAMES)
+    assert filtered(extender, body) == NAMES
+    decisions = extender.ledger.decisions
+    answer = extender.judge.answer_as_filtered(body)
+    assert answer is not None
+    assert extender.ledger.decisions == decisions  # nothing decided again
+    assert from_filter(extender) == 1
+    assert answer == judged(extender, body)
+    assert [h["Host"] for h in msgspec.json.decode(answer)] == NAMES
+
+
+def test_after_a_filter_some_nodes_failed_the_passed_ones_are_answered(
+    extender: Extender,
+) -> None:
+    full = pod("full", {DEV: 12})
+    extender.ledger.reserve(full, "inf2-c", Placement(tuple(range(12)), tuple(range(24)), 0))
+    assert filtered(extender, body_of(NAMES)) == ["inf2-a", "inf2-b"]
+    prioritized = body_of(["inf2-a", "inf2-b"])  # what kube-scheduler sends next
+    answer = extender.judge.answer_as_filtered(prioritized)
+    assert answer is not None
+    assert answer == judged(extender, prioritized)
+    # The nodes filter was asked about are not the ones that passed: judged.
+    assert extender.judge.answer_as_filtered(body_of(NAMES)) is None
+
+
+def test_a_bind_between_filter_and_prioritize_is_seen(extender: Extender) -> None:
+    """A bind on inf2-b (10 of its 12 devices) between the two calls: the free pair left there
+    now fits the pod exactly; prioritize must say so, not what filter saw."""
+    body = body_of(NAMES)
+    assert filtered(extender, body) == NAMES
+    before = {h["Host"]: h["Score"] for h in msgspec.json.decode(judged(extender, body))}
+    big = pod("big", {DEV: 10})
+    extender.ledger.reserve(big, "inf2-b", Placement(tuple(range(10)), tuple(range(20)), 0))
+    assert extender.judge.answer_as_filtered(body) is None
+    after = {h["Host"]: h["Score"] for h in msgspec.json.decode(judged(extender, body))}
+    assert after["inf2-b"] != before["inf2-b"]  # (else this test could not fail)
+    assert from_filter(extender) == 0
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        body_of(NAMES, pod_json("q", {DEV: 2})),  # another pod
+        body_of(NAMES, {**POD, "metadata": {**POD["metadata"], "resourceVersion": "9"}}),
+        body_of(list(reversed(NAMES))),  # the same nodes in another order
+        body_of(NAMES[:2]),  # fewer nodes
+        body_of(NAMES, Nodes={"metadata": {}, "items": []}),  # a NodeList too
+        b'{"Pod": nul',  # not JSON
+        b'{"Pod": 7}',  # JSON of another shape
+    ],
+)
+def test_any_other_request_is_judged(extender: Extender, other: bytes) -> None:
+    assert filtered(extender, body_of(NAMES)) == NAMES
+    assert extender.judge.answer_as_filtered(other) is None
+
+
+def test_a_filter_without_a_neuron_request_keeps_nothing(extender: Extender) -> None:
+    body = body_of(NAMES)
+    assert filtered(extender, body) == NAMES
+    plain = msgspec.json.encode({"Pod": pod_json("plain", {}), "NodeNames": NAMES})
+    assert filtered(extender, plain) == NAMES
+    assert extender.judge.answer_as_filtered(body) is None  # the last filter was another's
+    assert extender.judge.answer_as_filtered(plain) is None
