@@ -148,10 +148,10 @@ TestLedgerVerdictsSettledDemand = SettledDemandMachine.TestCase
 TestLedgerVerdictsSettledDemand.settings = TestLedgerVerdicts.settings
 
 
-class FilterThenPrioritizeMachine(SettledDemandMachine):
+class _FilterThenPrioritize(LedgerMachine):
     """prioritize asked about the nodes a filter passed, for the same pod, answers what judging
     the request now would, whatever changed in between: the answer kept from the filter is
-    given only while no decision it was read from has been dropped."""
+    given only while its verdicts are still the ledger's and have dropped no decision."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -162,9 +162,11 @@ class FilterThenPrioritizeMachine(SettledDemandMachine):
     def filter(self, request: NeuronRequest) -> None:
         limits = {NEURON if request.unit is Unit.DEVICE else NEURONCORE: request.count}
         asker = pod_json("asker", limits)
-        body = msgspec.json.encode({"Pod": asker, "NodeNames": list(NODES)})
+        body = msgspec.json.encode({"Pod": asker, "Nodes": None, "NodeNames": list(NODES)})
         passed = self.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body).passed
-        self.next_ask = msgspec.json.encode({"Pod": asker, "NodeNames": passed})
+        self.next_ask = msgspec.json.encode({"Pod": asker, "Nodes": None, "NodeNames": passed})
+        if passed:  # nothing changed since: kept (else this machine tests nothing)
+            assert self.judge.answer_as_filtered(self.next_ask) is not None
 
     @invariant()
     def prioritize_answers_as_judging_does(self) -> None:
@@ -176,5 +178,15 @@ class FilterThenPrioritizeMachine(SettledDemandMachine):
             assert answer == msgspec.json.encode(self.judge.prioritize(args, self.next_ask))
 
 
+class FilterThenPrioritizeMachine(_FilterThenPrioritize, SettledDemandMachine):
+    """Decisions dropped one node at a time (Verdicts.forgotten)."""
+
+
+class FilterThenPrioritizeMovingDemandMachine(_FilterThenPrioritize):
+    """And with the demand moving, every kept verdict replaced at once (other objects)."""
+
+
 TestFilterThenPrioritize = FilterThenPrioritizeMachine.TestCase
 TestFilterThenPrioritize.settings = TestLedgerVerdicts.settings
+TestFilterThenPrioritizeMovingDemand = FilterThenPrioritizeMovingDemandMachine.TestCase
+TestFilterThenPrioritizeMovingDemand.settings = TestLedgerVerdicts.settings

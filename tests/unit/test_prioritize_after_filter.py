@@ -4,6 +4,7 @@ bind, a pod landing); any other request is decoded and judged."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -12,6 +13,8 @@ import pytest
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEV
+from neuron_scheduler.core.resources import NEURONCORE as CORE
+from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import KubeAPI
@@ -103,13 +106,32 @@ def test_a_bind_between_filter_and_prioritize_is_seen(extender: Extender) -> Non
         body_of(list(reversed(NAMES))),  # the same nodes in another order
         body_of(NAMES[:2]),  # fewer nodes
         body_of(NAMES, Nodes={"metadata": {}, "items": []}),  # a NodeList too
+        json.dumps({"Pod": POD, "Nodes": None, "NodeNames": NAMES}).encode(),  # spaces
+        b'{"Pod":7,' + body_of(NAMES)[1:],  # the same, after a "Pod" of the wrong type
         b'{"Pod": nul',  # not JSON
         b'{"Pod": 7}',  # JSON of another shape
     ],
 )
 def test_any_other_request_is_judged(extender: Extender, other: bytes) -> None:
+    """Only the very bytes kube-scheduler sends are answered from filter's: anything else is
+    decoded and judged (and answered 400 if it does not decode, as before)."""
     assert filtered(extender, body_of(NAMES)) == NAMES
+    assert extender.judge.answer_as_filtered(body_of(NAMES)) is not None
     assert extender.judge.answer_as_filtered(other) is None
+
+
+def test_new_demand_between_filter_and_prioritize_is_seen(extender: Extender) -> None:
+    """A pod of a shape not seen before changes the demand weights placement goes by: the
+    ledger drops all kept verdicts (other objects now, none of their decisions dropped). A
+    one-core pod then keeps whole the devices 8-device pods need."""
+    body = body_of(NAMES, pod_json("one", {CORE: 1}))
+    assert filtered(extender, body) == NAMES
+    before = judged(extender, body)
+    version = extender.ledger.demand.version
+    extender.ledger.demand.record(Unit.DEVICE, 8)
+    assert extender.ledger.demand.version != version
+    assert extender.judge.answer_as_filtered(body) is None
+    assert judged(extender, body) != before  # (else this test could not fail)
 
 
 def test_a_filter_without_a_neuron_request_keeps_nothing(extender: Extender) -> None:

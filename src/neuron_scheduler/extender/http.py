@@ -94,14 +94,14 @@ class Verb:
         handler: VerbHandler,
         metrics: Metrics,
         body_limit: int,
-        answered: Callable[[bytes], bytes | None] | None = None,
+        kept_answer: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
-        """`answered`: the encoded answer to a request answered already, from its body alone
-        (None: decode it and ask the handler)."""
+        """`kept_answer`: the answer, encoded, to a request answered already, from its body
+        alone (None: decode it and ask the handler)."""
         self.name = name
         self.decoder = msgspec.json.Decoder(kind)
         self.handler = handler
-        self.answered = answered
+        self.kept_answer = kept_answer
         self.timer = metrics.latency.labels(name)
         self.body_limit = body_limit
 
@@ -110,8 +110,8 @@ class Verb:
         if scope["method"] != "POST":
             raise Refused(405, f"{name}: use POST (kube-scheduler's extender protocol)")
         body = await read_body(scope, receive, self.body_limit)
-        if self.answered is not None:
-            answer = self.answered(body)
+        if self.kept_answer is not None:
+            answer = self.kept_answer(body)
             if answer is not None:
                 return 200, answer
         try:
@@ -234,7 +234,7 @@ def build_apps(
             do_prioritize,
             metrics,
             body_limit,
-            answered=judge.answer_as_filtered,
+            kept_answer=judge.answer_as_filtered,
         ),
         # Pods with our DRA claims (prioritize-only extender entries without managedResources).
         "/prioritize-claims": Verb(

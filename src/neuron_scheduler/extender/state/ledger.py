@@ -179,8 +179,9 @@ class Verdicts:
         self.decisions: dict[str, Decision] = {}
         self.fits: set[str] = set()  # the nodes whose decision is a Placement
         self.scores: dict[str, int] = {}  # prioritize's answer: the fit score, 0 when refused
-        # How many decisions were dropped so far: while it stays the same, every answer read
-        # from these verdicts still stands (decisions are only ever added in between).
+        # How many decisions were dropped so far: while it stays the same, and these are still
+        # the ledger's verdicts for their request (Ledger.verdicts), every answer read from them
+        # stands (decisions are only ever added in between).
         self.forgotten = 0
 
     def forget(self, node: str) -> None:

@@ -37,13 +37,11 @@ from neuron_scheduler.extender.state.dranodes import DraNodes
 from neuron_scheduler.extender.state.ledger import Claimant, Ledger, Verdicts
 from neuron_scheduler.extender.state.plugins import NodeFilter, RefusalListener
 from neuron_scheduler.extender.verbs.wire import (
-    NULL,
-    RAW_ARGS,
-    UNREADABLE,
     BadRequest,
     ExtenderArgs,
     FilterResult,
     HostPriority,
+    next_request,
     node_names,
     sent_nodes,
 )
@@ -57,15 +55,15 @@ NOT_NEURON = "node advertises no Neuron resources"
 UNUSABLE = "node is unusable for Neuron pods"
 
 
-class Scored(NamedTuple):
+class FilterAnswer(NamedTuple):
     """prioritize's answer for the nodes a filter passed, made while filter had their verdicts
     in the CPU's caches: kube-scheduler asks prioritize about those nodes next, for the same
-    pod, by the time the caches hold other programs' data (issue 50: decoding the pod again and
-    looking the names up again, cold, was most of prioritize's cost). A request with the same
-    pod text and these names gets it while the verdicts it was read from drop no decision."""
+    pod, by when the caches hold the control plane's data (issue 50: decoding the pod again and
+    looking the names up again, cold, was most of prioritize's cost). It answers exactly the
+    request kube-scheduler sends then, while the verdicts it was read from are still the ledger's
+    for that request and have dropped no decision."""
 
-    pod: msgspec.Raw  # the pod's JSON, as filter's request had it
-    names: msgspec.Raw  # the nodes that passed, as JSON
+    request_text: bytes  # prioritize's request, byte for byte (wire.next_request)
     request: NeuronRequest
     claimant: Claimant
     verdicts: Verdicts
@@ -94,7 +92,7 @@ class Judge:
         self.policy = policy
         self.filters = tuple(filters)
         self.listener = listener
-        self._scored: Scored | None = None  # for prioritize, from the last filter
+        self._kept: FilterAnswer | None = None  # for prioritize, from the last filter
 
     def _strangers(
         self, args: ExtenderArgs, request: NeuronRequest, body: bytes | None
@@ -147,7 +145,7 @@ class Judge:
     def filter(self, args: ExtenderArgs, body: bytes | None = None) -> FilterResult:
         """`body`: the request's JSON, needed when it sends a NodeList (`args.Nodes` holds only
         names; a node the cache has not seen is read from the body)."""
-        self._scored = None
+        self._kept = None
         names = node_names(args, body)
         try:
             pod, request = self._request(args)
@@ -209,7 +207,7 @@ class Judge:
                 outcomes["fits"] -= len(narrowed)
                 outcomes[node_filter.outcome] += len(narrowed)
         if args.NodeNames is not None and body is not None and result.passed:
-            self._scored = self._scored_for(body, result.passed, request, claimant, verdicts)
+            self._kept = self._answer_next(body, names, result.passed, request, claimant, verdicts)
         for outcome, count in outcomes.items():
             self.metrics.filter_outcomes.labels(outcome).inc(count)
         if self.listener is not None:
@@ -221,44 +219,38 @@ class Judge:
         return result
 
     @staticmethod
-    def _scored_for(
+    def _answer_next(
         body: bytes,
+        names: list[str],
         passed: list[str],
         request: NeuronRequest,
         claimant: Claimant,
         verdicts: Verdicts,
-    ) -> Scored | None:
-        """What prioritize will be asked next, answered now (None: a node that passed has no
-        kept score, having been judged from the request's own copy of it)."""
+    ) -> FilterAnswer | None:
+        """prioritize's answer for the nodes that passed, made now (None: a node that passed
+        has no kept score, having been judged from the request's own copy of it; or the request
+        is not in kube-scheduler's form)."""
         scores = list(map(verdicts.scores.get, passed))
         if None in scores:
             return None
-        try:
-            pod = RAW_ARGS.decode(body).Pod
-        except UNREADABLE:  # (filter read it already: not reached)
+        text = next_request(body, names, passed)
+        if text is None:
             return None
         answer = msgspec.json.encode(list(map(HostPriority, passed, cast(list[int], scores))))
-        names = msgspec.Raw(msgspec.json.encode(passed))
-        return Scored(pod, names, request, claimant, verdicts, verdicts.forgotten, answer)
+        return FilterAnswer(text, request, claimant, verdicts, verdicts.forgotten, answer)
 
     def answer_as_filtered(self, body: bytes) -> bytes | None:
-        """prioritize's answer, encoded, when the request asks about the nodes the last filter
-        passed for the same pod and none of their decisions has changed since; else None (the
-        request is then decoded and judged)."""
-        scored = self._scored
-        if scored is None:
+        """prioritize's answer, encoded, when `body` is the request the last filter expected
+        next and none of its decisions has changed since; else None (the request is then
+        decoded and judged)."""
+        kept = self._kept
+        if kept is None or body != kept.request_text:
             return None
-        try:
-            sent = RAW_ARGS.decode(body)
-        except UNREADABLE:
-            return None  # (answered as any unreadable request is)
-        if sent.Nodes != NULL or sent.NodeNames != scored.names or sent.Pod != scored.pod:
-            return None
-        verdicts = self.ledger.verdicts(scored.request, self.policy, scored.claimant)
-        if verdicts is not scored.verdicts or verdicts.forgotten != scored.forgotten:
+        verdicts = self.ledger.verdicts(kept.request, self.policy, kept.claimant)
+        if verdicts is not kept.verdicts or verdicts.forgotten != kept.forgotten:
             return None
         self.metrics.prioritize_from_filter.inc()
-        return scored.answer
+        return kept.answer
 
     @staticmethod
     def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
