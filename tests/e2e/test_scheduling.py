@@ -50,9 +50,9 @@ def test_ring_three_device_stream_is_always_contiguous(scenario: Scenario) -> No
 
 
 def test_prioritize_after_a_filter_is_answered_from_it(scenario: Scenario, mode: bool) -> None:
-    """kube-scheduler sends prioritize the pod's text and the passed nodes' names exactly as
-    filter's answer listed them (issue 50: the extender then answers from what filter kept).
-    Pods one at a time, so no bind lands between a pod's two calls. With whole NodeLists
+    """kube-scheduler's prioritize is, byte for byte, its filter request with the nodes that
+    passed (wire.next_request; issue 50: the extender then answers from what filter kept). Pods
+    one at a time, so no bind lands between a pod's two calls. With whole NodeLists
     (nodeCacheCapable false) every prioritize is judged."""
     for _ in range(2):
         scenario.add_node("inf2.48xlarge")
