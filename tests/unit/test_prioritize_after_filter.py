@@ -15,7 +15,7 @@ from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON as DEV
 from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import Unit
-from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from neuron_scheduler.extender.verbs.wire import ExtenderArgs, next_request
 from neuron_scheduler.extender.wiring import Extender, wire
 from neuron_scheduler.kube.client import KubeAPI
 from neuron_scheduler.kube.config import KubeConfig
@@ -141,3 +141,12 @@ def test_a_filter_without_a_neuron_request_keeps_nothing(extender: Extender) -> 
     assert filtered(extender, plain) == NAMES
     assert extender.judge.answer_as_filtered(body) is None  # the last filter was another's
     assert extender.judge.answer_as_filtered(plain) is None
+
+
+def test_the_next_request_is_the_filter_request_with_the_passed_names() -> None:
+    body = body_of(NAMES)
+    assert next_request(body, NAMES, list(NAMES)) is body
+    assert next_request(body, NAMES, NAMES[:2]) == body_of(NAMES[:2])
+    spaced = json.dumps({"Pod": POD, "Nodes": None, "NodeNames": NAMES}).encode()
+    assert next_request(spaced, NAMES, list(NAMES)) is spaced  # the same bytes decode the same
+    assert next_request(spaced, NAMES, NAMES[:2]) is None  # not a form whose names it can replace

@@ -228,8 +228,8 @@ class Judge:
         verdicts: Verdicts,
     ) -> FilterAnswer | None:
         """prioritize's answer for the nodes that passed, made now (None: a node that passed
-        has no kept score, having been judged from the request's own copy of it; or the request
-        is not in kube-scheduler's form)."""
+        has no kept score, having been judged from the request's own copy of it; or some failed
+        and the request is not in kube-scheduler's form)."""
         scores = list(map(verdicts.scores.get, passed))
         if None in scores:
             return None

@@ -58,14 +58,15 @@ _NAMES_LAST = b',"Nodes":null,"NodeNames":'
 
 def next_request(body: bytes, names: list[str], passed: list[str]) -> bytes | None:
     """The request, byte for byte, that asks about `passed` for the pod of the request `body`
-    asked about `names` with: kube-scheduler's prioritize after a filter (None: `body` is not
-    in the form kube-scheduler writes). Only the names differ, so it decodes as `body` does
-    but for them."""
+    asked about `names` with: kube-scheduler's prioritize after a filter. When every node
+    passed, `body` itself (whatever its form: the same bytes decode the same); else `body` with
+    the names replaced, which only kube-scheduler's form allows (None otherwise), and which
+    decodes as `body` does but for them."""
+    if passed == names:
+        return body
     tail = _NAMES_LAST + msgspec.json.encode(names) + b"}"
     if not (body.startswith(_POD_FIRST) and body.endswith(tail)):
         return None
-    if passed == names:
-        return body
     return body[: len(body) - len(tail)] + _NAMES_LAST + msgspec.json.encode(passed) + b"}"
 
 
