@@ -21,6 +21,7 @@ include tools/helm.mk
 include tools/image.mk
 include tools/autoscaler.mk
 include tools/kueue.mk
+include tools/tlsdial.mk
 
 demo: sync
 	$(UV) run neuron-scheduler simulate --report report
@@ -38,7 +39,7 @@ typecheck: sync
 # after another fails here; the seed is printed first and last. Replay an order with
 # PYTEST_ARGS=--random-order-seed=N; RANDOM_ORDER= runs the tests in file order.
 RANDOM_ORDER ?= --random-order-bucket=module
-test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) $(KUEUE_STAMP) image
+test: lint typecheck $(KUBE_BIN) $(KUBELETPEER_BIN) $(SSHD_STAMP) $(HELM_BIN) $(AUTOSCALER_STAMP) $(KUEUE_STAMP) $(TLSDIAL_BIN) image
 	$(UV) run pytest $(RANDOM_ORDER) $(PYTEST_ARGS)
 
 # The compatibility run on another Kubernetes minor version, e.g. `make test-kube KUBE_MINOR=1.33`:

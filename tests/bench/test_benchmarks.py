@@ -2,11 +2,11 @@
 `make test` rather than the next person who follows BENCHMARKS.md.
 
 Each runs as a person runs it (`python bench/X.py ARGS`, a process of its own, with the Kubernetes
-binaries and helm that `make test` builds first), and must exit 0 and print its table. Nothing is
-timed and no figure is asserted: a benchmark's own checks say whether every pod it creates is
-bound or accounted for (throughput.py and dra_scale.py fail a run that leaves pods unbound,
-extender.py one whose binds are refused; the others report every pod they create, placed or
-pending, in their table).
+binaries, helm and tlsdial that `make test` builds first), and must exit 0 and print its table.
+Nothing is timed and no figure is asserted: a benchmark's own checks say whether every pod it
+creates is bound or accounted for (throughput.py and dra_scale.py fail a run that leaves pods
+unbound, extender.py one whose binds are refused; the others report every pod they create, placed
+or pending, in their table).
 """
 
 from __future__ import annotations
@@ -129,6 +129,12 @@ SMOKES = (
         r"\| 1,2,4,8,16 \| [\d,]+ \|",
     ),
     Smoke("dra_republish.py", ("--rounds", "2"), r"\| trn2\.48xlarge \|"),
+    # With helm (the chart's certificates) and tools/tlsdial (kube-scheduler's side).
+    Smoke(
+        "tls_handshake.py",
+        ("--requests", "3", "--rounds", "1"),
+        r"^\| ecdsa \| [\d.]+ \|(.*\n)*^\| rsa \| [\d.]+ \|",
+    ),
     # With real Kueue (tools/kueue.mk) as well: one node of each type, four workloads.
     Smoke(
         "kueue_admission.py",

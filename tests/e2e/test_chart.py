@@ -6,9 +6,11 @@ Neuron pod through our extender, both running with the chart's ServiceAccounts a
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -1255,6 +1257,44 @@ def test_generated_certificates_are_kept_across_upgrades(kubebin: Path, tmp_path
         helm_release("upgrade")
         for name, data in first.items():
             assert cp.request("GET", path + name)["data"] == data, name
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "shown"),
+    [(None, ("id-ecPublicKey", "NIST CURVE: P-256")), ("rsa", ("rsaEncryption", "(2048 bit)"))],
+)
+def test_certificates_are_of_the_key_type_asked_for(
+    algorithm: str | None, shown: tuple[str, str], tmp_path: Path
+) -> None:
+    """The certificates the chart makes have ECDSA P-256 keys unless scheduler.tls.keyAlgorithm
+    says rsa (each new connection from kube-scheduler is a full handshake, which signs with both
+    keys: BENCHMARKS.md), and each is signed by the one CA; cert-manager is asked for the same."""
+    tls: Doc = {} if algorithm is None else {"keyAlgorithm": algorithm}
+    docs = render({"scheduler": {"tls": tls}})
+    for name in ("k8s-neuron-scheduler-tls", "k8s-neuron-scheduler-client-tls"):
+        data = find(docs, "Secret", name)["data"]
+        for key in ("tls.crt", "ca.crt", "tls.key"):
+            (tmp_path / f"{name}-{key}").write_bytes(base64.b64decode(data[key]))
+        for key in ("tls.crt", "ca.crt"):
+            text = openssl("x509", "-noout", "-text", "-in", str(tmp_path / f"{name}-{key}"))
+            assert all(part in text for part in shown), (name, key, text)
+        ca, cert = (str(tmp_path / f"{name}-{k}") for k in ("ca.crt", "tls.crt"))
+        assert openssl("verify", "-CAfile", ca, cert).strip().endswith(": OK")
+        key_file = str(tmp_path / f"{name}-tls.key")
+        key_of_cert = openssl("x509", "-noout", "-pubkey", "-in", cert)
+        assert openssl("pkey", "-pubout", "-in", key_file) == key_of_cert
+    expected = (
+        {"algorithm": "RSA", "size": 2048} if algorithm else {"algorithm": "ECDSA", "size": 256}
+    )
+    managed = render({"scheduler": {"tls": {**tls, "certManager": CERT_MANAGER}}})
+    for name in ("k8s-neuron-scheduler-tls", "k8s-neuron-scheduler-client-tls"):
+        assert find(managed, "Certificate", name)["spec"]["privateKey"] == expected
+
+
+def openssl(*args: str) -> str:
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"openssl {' '.join(args)}: {result.stderr}"
+    return result.stdout
 
 
 @pytest.mark.parametrize(

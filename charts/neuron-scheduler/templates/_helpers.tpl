@@ -191,6 +191,17 @@ in default-scheduler mode, next to the extender (an operator copies it onto the 
 {{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.scheduler.clusterDomain) | toJson -}}
 {{- end -}}
 
+{{/* cert-manager's privateKey for both certificates: the type scheduler.tls.keyAlgorithm names. */}}
+{{- define "ns.certManagerKey" -}}
+{{- if eq .Values.scheduler.tls.keyAlgorithm "rsa" -}}
+algorithm: RSA
+size: 2048
+{{- else -}}
+algorithm: ECDSA
+size: 256
+{{- end -}}
+{{- end -}}
+
 {{/* The kube-scheduler profile whose binds the extender serves. */}}
 {{- define "ns.profile" -}}
 {{- if .Values.scheduler.defaultScheduler.enabled -}}

@@ -1,0 +1,3 @@
+module github.com/neuron-scheduler/tools/tlsdial
+
+go 1.26.0
