@@ -12,7 +12,7 @@ import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
 from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
-from neuron_scheduler.kube.kueue import Workload, WorkloadState
+from neuron_scheduler.kube.kueue import WorkloadState
 from neuron_scheduler.kube.objects import JobClaim, Lease, Node, ObjectRef, Pod, PodList
 
 
@@ -449,11 +449,10 @@ class KubeAPI:
 
     # --- kueue.x-k8s.io/v1beta2: a Workload read (`why`), the placement check's writes --------
 
-    async def get_workload_state(self, namespace: str, name: str) -> Workload:
-        """The Workload's metadata and status; its spec is left empty (WorkloadState)."""
+    async def get_workload_state(self, namespace: str, name: str) -> WorkloadState:
+        """The Workload's metadata and status (its pod sets are not read)."""
         answer = await self.request("GET", workload_path(namespace, name))
-        read = msgspec.json.decode(answer, type=WorkloadState)
-        return Workload(metadata=read.metadata, status=read.status)
+        return msgspec.json.decode(answer, type=WorkloadState)
 
     async def apply_check_state(
         self, namespace: str, name: str, uid: str, resource_version: str, state: dict[str, Any]

@@ -157,6 +157,10 @@ class WorkloadState(msgspec.Struct):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     status: WorkloadStatus = msgspec.field(default_factory=WorkloadStatus)
 
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
 
 class CheckSpec(msgspec.Struct):
     controllerName: str = ""
@@ -198,13 +202,13 @@ def is_true(conditions: list[Condition], kind: str) -> bool:
     return found is not None and found.status == "True"
 
 
-def quota_reserved(workload: Workload) -> bool:
+def quota_reserved(workload: Workload | WorkloadState) -> bool:
     """Kueue reserved quota for it in a ClusterQueue (and says which flavors)."""
     status = workload.status
     return status.admission is not None and is_true(status.conditions, "QuotaReserved")
 
 
-def admitted(workload: Workload) -> bool:
+def admitted(workload: Workload | WorkloadState) -> bool:
     return is_true(workload.status.conditions, "Admitted")
 
 

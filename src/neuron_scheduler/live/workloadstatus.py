@@ -15,6 +15,7 @@ from neuron_scheduler.kube.kueue import (
     MAX_CHECKS,
     MAX_NAME,
     Workload,
+    WorkloadState,
     admitted,
     condition,
     quota_reserved,
@@ -61,7 +62,7 @@ def _text(value: str, limit: int = MESSAGE_LIMIT) -> str:
     return loggable(" ".join(value.split()), limit)
 
 
-def workload_report(workload: Workload) -> WorkloadReport:
+def workload_report(workload: Workload | WorkloadState) -> WorkloadReport:
     status = workload.status
     reserved = quota_reserved(workload)
     queue = status.admission.clusterQueue if status.admission is not None and reserved else ""
