@@ -393,6 +393,89 @@ def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> 
     assert missing["unread"] and missing["admission_checks"] == [], missing
 
 
+def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> None:
+    """`status` lists Kueue's gated groups with their Workloads' states, as `why` shows one:
+    quota, admission, each admission check (the placement check's Retry names the missing
+    block), escaped and bounded. A Workload not listed is said to be not found; when the
+    Workloads cannot be listed, each group says why, and the rest of `status` stands."""
+    labels = {
+        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
+        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
+    }
+    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    retry = "job ml/train needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
+    workload = {
+        "metadata": {"name": "train", "namespace": "ml", "uid": "w1"},
+        "spec": {"podSets": [{"name": "main", "count": 4, "template": {"spec": 7}}]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+            "admissionChecks": [
+                {"name": "neuron-placement", "state": "Retry", "message": retry},
+                {"name": "other", "state": "Pending", "message": "line\n\x1b[31mred" + "x" * 900},
+            ],
+        },
+    }
+    other_group = [
+        {
+            **p,
+            "metadata": {
+                **p["metadata"],
+                "name": f"other-{i}",
+                "labels": {
+                    "kueue.x-k8s.io/queue-name": "team-b",
+                    "kueue.x-k8s.io/pod-group-name": "absent",
+                },
+            },
+        }
+        for i, p in enumerate(kueue_group(2))
+    ]
+    served = cluster_answer(nodes, [*kueue_group(), *other_group])
+    listed = "/apis/kueue.x-k8s.io/v1beta2/workloads"
+
+    def answer(asked: str) -> tuple[int, bytes]:
+        return (200, listing([workload])) if asked.startswith(listed) else served(asked)
+
+    with api_server(answer) as url:
+        config = str(kubeconfig(tmp_path, url))
+        status = run("status", "--json", "--kubeconfig", config)
+        text = run("status", "--kubeconfig", config)
+    assert status.exit_code == 0 and text.exit_code == 0, status.stderr + text.stderr
+    groups = {g["kueue_workload"]: g for g in json.loads(status.stdout)["gated"]["groups"]}
+    said = groups["train"]["kueue_workload_status"]
+    assert (said["quota_reserved"], said["cluster_queue"], said["admitted"]) == (True, "cq", False)
+    assert said["admission_checks"][0] == {
+        "name": "neuron-placement",
+        "state": "Retry",
+        "message": retry,
+    }
+    escaped = said["admission_checks"][1]["message"]
+    assert escaped.startswith("line \\x1b[31mred") and "\n" not in escaped, escaped
+    assert escaped.endswith("more characters)") and len(escaped) < 700, escaped
+    assert groups["absent"]["kueue_workload_status"]["unread"] == "not found"
+    flat = " ".join(text.stdout.split())
+    assert "Kueue's Workload ml/train: not admitted; quota reserved in ClusterQueue cq" in flat
+    assert f"admission check neuron-placement: Retry: {retry}" in flat
+    assert "Kueue's Workload ml/absent: not read (not found)" in flat
+
+    forbidden = {"kind": "Status", "reason": "Forbidden", "message": "workloads is forbidden"}
+    for code, body in ((403, json.dumps(forbidden).encode()), (200, b"<html>proxy</html>")):
+
+        def odd(asked: str, code: int = code, body: bytes = body) -> tuple[int, bytes]:
+            return (code, body) if asked.startswith(listed) else served(asked)
+
+        with api_server(odd) as url:
+            config = str(kubeconfig(tmp_path, url))
+            status = run("status", "--json", "--kubeconfig", config)
+            text = run("status", "--kubeconfig", config)
+        assert status.exit_code == 0 and text.exit_code == 0, status.stderr + text.stderr
+        assert "Traceback" not in status.stderr + text.stderr
+        groups = json.loads(status.stdout)["gated"]["groups"]
+        reasons = {g["kueue_workload_status"]["unread"] for g in groups}
+        assert len(reasons) == 1 and reasons.pop().startswith("cannot list Kueue's Workloads: ")
+        assert "Kueue's Workload ml/train: not read (cannot list" in " ".join(text.stdout.split())
+
+
 def test_report_writes_the_simulators_pictures_and_the_json(tmp_path: Path) -> None:
     nodes = [node_json("trn-a", "trn1.32xlarge"), node_json("a/../../x", "inf2.48xlarge")]
     with api_server(cluster_answer(nodes, [])) as url:

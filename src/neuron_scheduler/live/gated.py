@@ -1,17 +1,26 @@
 """Pending Neuron pods held back by scheduling gates, by what holds them: Kueue's Workloads (with
-their LocalQueue), or other gates. Nothing is reserved, planned or asked for them until the gates
-are removed (kube.reading.gated), so `status` lists them apart from the jobs that wait for room.
-Pure: the listed pods go in.
+their LocalQueue, and what Kueue says of each: quota, admission, its checks' states), or other
+gates. Nothing is reserved, planned or asked for them until the gates are removed
+(kube.reading.gated), so `status` lists them apart from the jobs that wait for room.
+Pure: the listed pods and Workloads go in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_scheduler.kube.kueue import WorkloadState
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import Gating, gating, servable_request
+from neuron_scheduler.live.workloadstatus import (
+    WorkloadReport,
+    report_json,
+    unread_report,
+    workload_report,
+)
 
 MAX_GROUPS = 200  # listed; the rest are counted
 
@@ -21,6 +30,8 @@ class GatedGroup:
     gating: Gating  # the gates, and Kueue's Workload and LocalQueue, shared by its pods
     pods: int
     requests: tuple[tuple[str, int], ...]  # (resource, total asked by its pods), by resource
+    # What Kueue says of its Workload (with_workloads); None without one, or before it is read.
+    workload: WorkloadReport | None = None
 
     @property
     def text(self) -> str:
@@ -60,6 +71,27 @@ def gated_view(pods: Iterable[Pod], limit: int = MAX_GROUPS) -> GatedPods:
     return GatedPods(groups, total, max(len(ordered) - limit, 0))
 
 
+def with_workloads(
+    view: GatedPods, workloads: Mapping[tuple[str, str], WorkloadState] | str
+) -> GatedPods:
+    """Each Kueue group with what Kueue says of its Workload: `workloads` are the Workloads
+    listed, by namespace and name, or why none could be listed."""
+    groups = []
+    for group in view.groups:
+        held = group.gating
+        if held.workload:
+            name = f"{held.namespace}/{held.workload}"
+            if isinstance(workloads, str):
+                report = unread_report(name, workloads)
+            elif (state := workloads.get((held.namespace, held.workload))) is not None:
+                report = workload_report(state)
+            else:  # (Kueue makes it after the pods, from their labels)
+                report = unread_report(name, "not found")
+            group = dataclasses.replace(group, workload=report)
+        groups.append(group)
+    return dataclasses.replace(view, groups=tuple(groups))
+
+
 def gated_json(view: GatedPods) -> dict[str, Any]:
     return {
         "pods": view.pods,
@@ -72,6 +104,7 @@ def gated_json(view: GatedPods) -> dict[str, Any]:
                 "kueue_queue": g.gating.queue or None,
                 "pods": g.pods,
                 "requests": [{"resource": r, "count": c} for r, c in g.requests],
+                "kueue_workload_status": report_json(g.workload) if g.workload else None,
             }
             for g in view.groups
         ],

@@ -32,12 +32,15 @@ from neuron_scheduler.kube.client import (
     POD_GROUP_PATHS,
     PODS,
     RESOURCE_SLICES,
+    WORKLOADS,
     KubeAPI,
+    ListTooLong,
 )
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
+from neuron_scheduler.kube.kueue import WorkloadState
 from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
 from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
-from neuron_scheduler.live.gated import GatedPods, gated_view
+from neuron_scheduler.live.gated import GatedPods, gated_view, with_workloads
 
 PAGE = 500
 # Far above Kubernetes' tested limits (5,000 nodes, 150,000 pods): a list longer than this is
@@ -45,6 +48,7 @@ PAGE = 500
 MOST_NODES = 50_000
 MOST_PODS = 1_000_000
 MOST_SLICES = 200_000  # our driver writes a few per node
+MOST_WORKLOADS = 200_000  # Kueue's, one per job
 # Finished pods hold nothing (the extender's pod watch leaves them out the same way).
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -119,6 +123,9 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
             occupancy.replace_pod_groups(groups)
     names = frozenset(n.metadata.name for n in nodes)
     dra, dra_unread = await read_dra_nodes(api, dra_driver)
+    gated = gated_view(pods)
+    if any(group.gating.workload for group in gated.groups):
+        gated = with_workloads(gated, await read_workloads(api))
     return Snapshot(
         ledger,
         occupancy,
@@ -129,8 +136,19 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
         unread,
         dra,
         dra_unread,
-        gated_view(pods),
+        gated,
     )
+
+
+async def read_workloads(api: KubeAPI) -> dict[tuple[str, str], WorkloadState] | str:
+    """Kueue's Workloads (their metadata and status), by namespace and name; or why they could
+    not be read (the rest of `status` stands without them)."""
+    unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
+    try:
+        listed = await api.list_all(WORKLOADS, WorkloadState, page=PAGE, most=MOST_WORKLOADS)
+    except unreadable as error:
+        return f"cannot list Kueue's Workloads: {error_text(error)}"
+    return {(w.metadata.namespace, w.metadata.name): w for w in listed}
 
 
 async def read_dra_nodes(

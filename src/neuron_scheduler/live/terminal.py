@@ -312,6 +312,8 @@ def gated_lines(view: GatedPods) -> Iterator[RenderableType]:
     )
     for group in view.groups:
         yield Text(f"  {shown(group.text, REASON_LIMIT)}")
+        for line in group.workload.lines if group.workload else ():
+            yield Text(f"    {shown(line, REASON_LIMIT)}")
     if view.more_groups:
         yield Text(f"  ... and {view.more_groups} more")
 
