@@ -644,6 +644,59 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         print(f"NOT EVERY POD BOUND: {', '.join(short)}")
 
 
+# The pairs a sitting's summary compares (contender, floor), when both ran.
+PAIRS = (
+    ("ours", "null-writes"),
+    ("ours", "null-watch"),
+    ("null-watch", "null-writes"),
+    ("null-writes-twin", "null-writes"),
+    ("ours", "null"),
+    ("baseline", "ours"),
+)
+COMPONENTS = ("kube-scheduler", "kube-apiserver", "etcd", "extender")
+
+
+def summary(rounds: list[list[Outcome]]) -> None:
+    """Over the rounds of a sitting: each pair's ratio of mean rates, the ratio its mean CPU a pod
+    predicts (the machine is CPU-bound: rate ~ CPU / CPU a pod), and where the difference in CPU
+    goes, component by component. A round's ratio moves with the machine's speed from one run to
+    the next (every component of a run costs more or less together); means over rounds that
+    alternate the order are what a difference of a few percent can be read from."""
+    by_name: dict[str, list[Outcome]] = {}
+    for outcomes in rounds:
+        for o in outcomes:
+            if o.bound:
+                by_name.setdefault(o.name, []).append(o)
+
+    def per_pod(runs: list[Outcome], component: str | None = None) -> float:
+        """Mean over the runs of ms of CPU a pod, one component's or all of them."""
+        return sum(
+            1000 * (o.cpu.get(component, 0.0) if component else sum(o.cpu.values())) / o.bound
+            for o in runs
+        ) / len(runs)
+
+    lines = []
+    for contender, floor in PAIRS:
+        a, b = by_name.get(contender), by_name.get(floor)
+        if not a or not b:
+            continue
+        rate = (sum(o.rate for o in a) / len(a)) / (sum(o.rate for o in b) / len(b))
+        predicted = per_pod(b) / per_pod(a)
+        deltas = ", ".join(
+            f"{c} {per_pod(a, c) - per_pod(b, c):+.2f}" for c in COMPONENTS if c != "kube-scheduler"
+        )
+        scheduler = per_pod(a, "kube-scheduler") - per_pod(b, "kube-scheduler")
+        lines.append(
+            f"{contender} / {floor}: {rate:.2f} by mean pods/s, {predicted:.2f} by mean CPU a pod; "
+            f"{contender} - {floor}, ms CPU a pod: kube-scheduler {scheduler:+.2f}, {deltas} "
+            f"({len(a)} and {len(b)} runs)"
+        )
+    if lines:
+        print(f"\n=== over {len(rounds)} rounds")
+        for line in lines:
+            print(line)
+
+
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     parser = argparse.ArgumentParser()
@@ -803,6 +856,8 @@ def main() -> int:
         for number, outcomes in enumerate(rounds, 1):
             print(f"\n=== all configurations{f', round {number}' if args.rounds > 1 else ''}")
             report(outcomes, args)
+        if len(rounds) > 1:
+            summary(rounds)
         stack.stop()
     # A configuration that did not bind every pod measured something else (a refused write, a
     # broken extender): the table is printed, and the run fails.

@@ -100,7 +100,10 @@ SMOKES = (
         ),
         # (round 2 in the reverse order)
         r"all configurations, round 2\n\n.*\n.*\nnull-writes-twin +8 .*\nnull-watch +8 .*\n"
-        r"null-writes +8 (.*\n)*null-watch / null-writes = .*\nnull-writes-twin / null-writes = ",
+        r"null-writes +8 (.*\n)*null-watch / null-writes = .*\nnull-writes-twin / null-writes = "
+        # (and the sitting's summary over both rounds)
+        r"(.*\n)*=== over 2 rounds\nnull-watch / null-writes: [\d.]+ by mean pods/s, [\d.]+ by "
+        r"mean CPU a pod; .*extender [+-][\d.]+ \(2 and 2 runs\)\nnull-writes-twin / null-writes: ",
         "watch-alternate",
     ),
     Smoke(
