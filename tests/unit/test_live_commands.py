@@ -396,8 +396,10 @@ def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> 
 def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> None:
     """`status` lists Kueue's gated groups with their Workloads' states, as `why` shows one:
     quota, admission, each admission check (the placement check's Retry names the missing
-    block), escaped and bounded. A Workload not listed is said to be not found; when the
-    Workloads cannot be listed, each group says why, and the rest of `status` stands."""
+    block), escaped and bounded; each Workload is read by name (never a cluster-wide list: Kueue
+    keeps one per job, pod templates and all). A Workload not there is said to be not found, a
+    name from a pod's labels that is no Workload's is never followed, and a Workload that cannot
+    be read says why: the rest of `status` stands."""
     labels = {
         "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
         "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
@@ -416,31 +418,40 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
             ],
         },
     }
-    other_group = [
-        {
-            **p,
-            "metadata": {
-                **p["metadata"],
-                "name": f"other-{i}",
-                "labels": {
-                    "kueue.x-k8s.io/queue-name": "team-b",
-                    "kueue.x-k8s.io/pod-group-name": "absent",
+
+    def group(name: str, count: int) -> list[dict[str, Any]]:
+        """A Kueue pod group of `count` members whose labels name the Workload `name`."""
+        return [
+            {
+                **p,
+                "metadata": {
+                    **p["metadata"],
+                    "name": f"{name.replace('/', '-')}-{i}",
+                    "labels": {
+                        "kueue.x-k8s.io/queue-name": "team-b",
+                        "kueue.x-k8s.io/pod-group-name": name,
+                    },
                 },
-            },
-        }
-        for i, p in enumerate(kueue_group(2))
-    ]
-    served = cluster_answer(nodes, [*kueue_group(), *other_group])
-    listed = "/apis/kueue.x-k8s.io/v1beta2/workloads"
+            }
+            for i, p in enumerate(kueue_group(count))
+        ]
+
+    forged = "../../../../api/v1/namespaces/ml/secrets/x"
+    served = cluster_answer(nodes, [*kueue_group(), *group("absent", 2), *group(forged, 1)])
+    path = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/"
+    asked_for: list[str] = []
 
     def answer(asked: str) -> tuple[int, bytes]:
-        return (200, listing([workload])) if asked.startswith(listed) else served(asked)
+        asked_for.append(asked)
+        return (200, json.dumps(workload).encode()) if asked == path + "train" else served(asked)
 
     with api_server(answer) as url:
         config = str(kubeconfig(tmp_path, url))
         status = run("status", "--json", "--kubeconfig", config)
         text = run("status", "--kubeconfig", config)
     assert status.exit_code == 0 and text.exit_code == 0, status.stderr + text.stderr
+    assert not [a for a in asked_for if "secrets" in a or ".." in a], asked_for
+    assert not [a for a in asked_for if a.startswith("/apis/kueue.x-k8s.io/v1beta2/workloads")]
     groups = {g["kueue_workload"]: g for g in json.loads(status.stdout)["gated"]["groups"]}
     said = groups["train"]["kueue_workload_status"]
     assert (said["quota_reserved"], said["cluster_queue"], said["admitted"]) == (True, "cq", False)
@@ -453,6 +464,7 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
     assert escaped.startswith("line \\x1b[31mred") and "\n" not in escaped, escaped
     assert escaped.endswith("more characters)") and len(escaped) < 700, escaped
     assert groups["absent"]["kueue_workload_status"]["unread"] == "not found"
+    assert groups[forged]["kueue_workload_status"]["unread"] == "that is not a Workload's name"
     flat = " ".join(text.stdout.split())
     assert "Kueue's Workload ml/train: not admitted; quota reserved in ClusterQueue cq" in flat
     assert f"admission check neuron-placement: Retry: {retry}" in flat
@@ -462,7 +474,7 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
     for code, body in ((403, json.dumps(forbidden).encode()), (200, b"<html>proxy</html>")):
 
         def odd(asked: str, code: int = code, body: bytes = body) -> tuple[int, bytes]:
-            return (code, body) if asked.startswith(listed) else served(asked)
+            return (code, body) if asked.startswith(path) else served(asked)
 
         with api_server(odd) as url:
             config = str(kubeconfig(tmp_path, url))
@@ -470,10 +482,12 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
             text = run("status", "--kubeconfig", config)
         assert status.exit_code == 0 and text.exit_code == 0, status.stderr + text.stderr
         assert "Traceback" not in status.stderr + text.stderr
-        groups = json.loads(status.stdout)["gated"]["groups"]
-        reasons = {g["kueue_workload_status"]["unread"] for g in groups}
-        assert len(reasons) == 1 and reasons.pop().startswith("cannot list Kueue's Workloads: ")
-        assert "Kueue's Workload ml/train: not read (cannot list" in " ".join(text.stdout.split())
+        groups = {g["kueue_workload"]: g for g in json.loads(status.stdout)["gated"]["groups"]}
+        unread = groups["train"]["kueue_workload_status"]["unread"]
+        assert unread.startswith("cannot read it: "), unread
+        assert "Kueue's Workload ml/train: not read (cannot read it: " in " ".join(
+            text.stdout.split()
+        )
 
 
 def test_report_writes_the_simulators_pictures_and_the_json(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from neuron_scheduler.commandline import UsageError, fail, out, user_errors
+from neuron_scheduler.kube.names import LABEL, SUBDOMAIN
 
 if TYPE_CHECKING:
     from neuron_scheduler.core.catalog import Catalog
@@ -47,9 +48,6 @@ TopologyFile = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 RBAC_HINT = "reading needs get and list on nodes and pods (docs/operations.md, 'Access')"
-# RFC 1123: what the API server accepts as a pod name (subdomain) and a namespace (label).
-SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 SERVER_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?", re.IGNORECASE)
 REQUEST_SECONDS = 30.0  # per API call (a page of 500 pods from a busy API server)
 
@@ -138,7 +136,7 @@ def status(
 
     async def read() -> tuple[Snapshot, Budget]:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog), await read_budget(api)
+            return await read_cluster(api, catalog, kueue_workloads=True), await read_budget(api)
 
     try:
         snapshot, budget = asyncio.run(read())

@@ -72,21 +72,17 @@ def gated_view(pods: Iterable[Pod], limit: int = MAX_GROUPS) -> GatedPods:
 
 
 def with_workloads(
-    view: GatedPods, workloads: Mapping[tuple[str, str], WorkloadState] | str
+    view: GatedPods, workloads: Mapping[tuple[str, str], WorkloadState | str]
 ) -> GatedPods:
-    """Each Kueue group with what Kueue says of its Workload: `workloads` are the Workloads
-    listed, by namespace and name, or why none could be listed."""
+    """Each Kueue group with what Kueue says of its Workload: `workloads` holds each Workload
+    read, by namespace and name, or why it could not be read."""
     groups = []
     for group in view.groups:
         held = group.gating
         if held.workload:
+            read = workloads.get((held.namespace, held.workload), "not read")
             name = f"{held.namespace}/{held.workload}"
-            if isinstance(workloads, str):
-                report = unread_report(name, workloads)
-            elif (state := workloads.get((held.namespace, held.workload))) is not None:
-                report = workload_report(state)
-            else:  # (Kueue makes it after the pods, from their labels)
-                report = unread_report(name, "not found")
+            report = unread_report(name, read) if isinstance(read, str) else workload_report(read)
             group = dataclasses.replace(group, workload=report)
         groups.append(group)
     return dataclasses.replace(view, groups=tuple(groups))

@@ -8,6 +8,7 @@ and checks what it reads (capacities, annotations, ids against the node's topolo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
@@ -32,12 +33,11 @@ from neuron_scheduler.kube.client import (
     POD_GROUP_PATHS,
     PODS,
     RESOURCE_SLICES,
-    WORKLOADS,
     KubeAPI,
-    ListTooLong,
 )
 from neuron_scheduler.kube.errors import READ_ERRORS, Forbidden, NotFound, error_text
 from neuron_scheduler.kube.kueue import WorkloadState
+from neuron_scheduler.kube.names import SUBDOMAIN
 from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
 from neuron_scheduler.live.dranodes import DraNode, HealthSlice, dra_nodes
 from neuron_scheduler.live.gated import GatedPods, gated_view, with_workloads
@@ -48,7 +48,7 @@ PAGE = 500
 MOST_NODES = 50_000
 MOST_PODS = 1_000_000
 MOST_SLICES = 200_000  # our driver writes a few per node
-MOST_WORKLOADS = 200_000  # Kueue's, one per job
+WORKLOAD_READS = 8  # Workloads read at once by `status`
 # Finished pods hold nothing (the extender's pod watch leaves them out the same way).
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -89,9 +89,12 @@ class Budget:
     problem: str  # "" when read
 
 
-async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRIVER) -> Snapshot:
+async def read_cluster(
+    api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRIVER, kueue_workloads: bool = False
+) -> Snapshot:
     """Nodes first, then pods (a pod's ids are checked against its node's topology); then the
-    job claims and PodGroups, and our DRA driver's slices, where they can be read."""
+    job claims and PodGroups, and our DRA driver's slices, where they can be read; with
+    `kueue_workloads`, the Workload of each gated group Kueue holds back (`status` shows them)."""
     nodes = await api.list_all(NODES, Node, page=PAGE, most=MOST_NODES)
     pods = await api.list_all(
         PODS, Pod, params={"fieldSelector": UNFINISHED}, page=PAGE, most=MOST_PODS
@@ -124,8 +127,8 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     names = frozenset(n.metadata.name for n in nodes)
     dra, dra_unread = await read_dra_nodes(api, dra_driver)
     gated = gated_view(pods)
-    if any(group.gating.workload for group in gated.groups):
-        gated = with_workloads(gated, await read_workloads(api))
+    if kueue_workloads:
+        gated = with_workloads(gated, await read_workloads(api, gated))
     return Snapshot(
         ledger,
         occupancy,
@@ -140,15 +143,31 @@ async def read_cluster(api: KubeAPI, catalog: Catalog, dra_driver: str = DRA_DRI
     )
 
 
-async def read_workloads(api: KubeAPI) -> dict[tuple[str, str], WorkloadState] | str:
-    """Kueue's Workloads (their metadata and status), by namespace and name; or why they could
-    not be read (the rest of `status` stands without them)."""
-    unreadable: tuple[type[BaseException], ...] = (*READ_ERRORS, ListTooLong)
-    try:
-        listed = await api.list_all(WORKLOADS, WorkloadState, page=PAGE, most=MOST_WORKLOADS)
-    except unreadable as error:
-        return f"cannot list Kueue's Workloads: {error_text(error)}"
-    return {(w.metadata.namespace, w.metadata.name): w for w in listed}
+async def read_workloads(
+    api: KubeAPI, view: GatedPods
+) -> dict[tuple[str, str], WorkloadState | str]:
+    """The Workloads of the groups `view` lists (their metadata and status), by namespace and
+    name, or why one could not be read (the rest of `status` stands without it). One read each,
+    a few at a time: the groups listed are bounded (gated.MAX_GROUPS), while a cluster keeps a
+    Workload for every job Kueue has seen, and each carries its pod templates."""
+    wanted = sorted(
+        {(g.gating.namespace, g.gating.workload) for g in view.groups if g.gating.workload}
+    )
+    reading = asyncio.Semaphore(WORKLOAD_READS)
+
+    async def read(namespace: str, name: str) -> WorkloadState | str:
+        if not SUBDOMAIN.fullmatch(name):  # from the pods' labels: anyone's to write
+            return "that is not a Workload's name"
+        async with reading:
+            try:
+                return await api.get_workload_state(namespace, name)
+            except NotFound:  # (Kueue makes it after the pods, from their labels)
+                return "not found"
+            except READ_ERRORS as error:
+                return f"cannot read it: {error_text(error)}"
+
+    found = await asyncio.gather(*(read(namespace, name) for namespace, name in wanted))
+    return dict(zip(wanted, found, strict=True))
 
 
 async def read_dra_nodes(
