@@ -10,7 +10,6 @@ import base64
 import copy
 import json
 import re
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -64,6 +63,7 @@ from tests.testbed import (
     find_kubebin,
     manifests,
 )
+from tests.testbed.pki import openssl
 
 pytestmark = pytest.mark.e2e
 
@@ -1283,18 +1283,12 @@ def test_certificates_are_of_the_key_type_asked_for(
         key_file = str(tmp_path / f"{name}-tls.key")
         key_of_cert = openssl("x509", "-noout", "-pubkey", "-in", cert)
         assert openssl("pkey", "-pubout", "-in", key_file) == key_of_cert
-    expected = (
-        {"algorithm": "RSA", "size": 2048} if algorithm else {"algorithm": "ECDSA", "size": 256}
-    )
+    key = {"algorithm": "RSA", "size": 2048} if algorithm else {"algorithm": "ECDSA", "size": 256}
+    # (a new key at each issuance: so a key type that changes on upgrade is issued, not stuck)
+    expected = {**key, "rotationPolicy": "Always"}
     managed = render({"scheduler": {"tls": {**tls, "certManager": CERT_MANAGER}}})
     for name in ("k8s-neuron-scheduler-tls", "k8s-neuron-scheduler-client-tls"):
         assert find(managed, "Certificate", name)["spec"]["privateKey"] == expected
-
-
-def openssl(*args: str) -> str:
-    result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"openssl {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 @pytest.mark.parametrize(

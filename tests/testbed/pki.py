@@ -13,10 +13,12 @@ SERVICE = "k8s-neuron-scheduler"
 EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 
 
-def _openssl(*args: str) -> None:
+def openssl(*args: str) -> str:
+    """The openssl CLI's output; RuntimeError with its message when it fails."""
     result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
     if result.returncode:
         raise RuntimeError(f"openssl {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,11 @@ class Pki:
     def create(cls, directory: Path, namespace: str = "kube-system") -> Pki:
         directory.mkdir(parents=True, exist_ok=True)
         ca, ca_key = directory / "ca.crt", directory / "ca.key"
-        _openssl(
+        openssl(
             *("req", "-x509", *EC, "-keyout", str(ca_key), "-out", str(ca), "-days", "2"),
             *("-subj", "/CN=neuron-scheduler-test-ca"),
         )
-        _openssl("x509", "-in", str(ca), "-noout")  # fails early if openssl wrote nothing
+        openssl("x509", "-in", str(ca), "-noout")  # fails early if openssl wrote nothing
         names = [
             "IP:127.0.0.1",
             "DNS:localhost",
@@ -62,8 +64,8 @@ class Pki:
         if names:
             lines.append("subjectAltName=" + ",".join(names))
         extensions.write_text("\n".join(lines) + "\n")
-        _openssl("req", *EC, "-keyout", str(key), "-out", str(csr), "-subj", subject)
-        _openssl(
+        openssl("req", *EC, "-keyout", str(key), "-out", str(csr), "-subj", subject)
+        openssl(
             *("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key)),
             *("-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions)),
         )

@@ -2,10 +2,13 @@
 // Go's net/http and crypto/tls, trusting one CA, presenting a client certificate, checking the
 // server's name (client-go's transport for an extender with tlsConfig). It sends -n requests,
 // each on a new connection (a full handshake) or all on one kept connection, and prints the CPU
-// this process used, so that the difference between the two is what a handshake costs the caller.
+// this process used, so that the difference between the two is what a new connection costs the
+// caller. Between its set-up and its timed requests it prints "ready" and waits for a line on
+// stdin, so that whoever runs it can read the server's CPU at the same two moments.
 package main
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -79,6 +82,10 @@ func main() {
 	}
 	if !*fresh {
 		get() // the kept connection is opened before the clock starts
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		fail("waiting for the go-ahead on stdin: %v", err)
 	}
 	start := cpuSeconds()
 	for i := 0; i < *requests; i++ {

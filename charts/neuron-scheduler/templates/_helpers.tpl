@@ -191,7 +191,10 @@ in default-scheduler mode, next to the extender (an operator copies it onto the 
 {{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.scheduler.clusterDomain) | toJson -}}
 {{- end -}}
 
-{{/* cert-manager's privateKey for both certificates: the type scheduler.tls.keyAlgorithm names. */}}
+{{/* cert-manager's privateKey for both certificates: the type scheduler.tls.keyAlgorithm names.
+A new key at every issuance (rotationPolicy Always, cert-manager's default since 1.18): with Never,
+the default before, a Certificate whose key type changes (on upgrade from a chart that asked for
+none, so RSA) stops being issued until someone deletes its Secret. */}}
 {{- define "ns.certManagerKey" -}}
 {{- if eq .Values.scheduler.tls.keyAlgorithm "rsa" -}}
 algorithm: RSA
@@ -199,7 +202,8 @@ size: 2048
 {{- else -}}
 algorithm: ECDSA
 size: 256
-{{- end -}}
+{{- end }}
+rotationPolicy: Always
 {{- end -}}
 
 {{/* The kube-scheduler profile whose binds the extender serves. */}}
