@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -61,7 +63,7 @@ from fleet import ROOT, TYPES, cpu_seconds, cpu_ticks, machine_line, neuron_pod,
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
-from tests.testbed.client import KubeClient, KubeError, opener
+from tests.testbed.client import KubeClient, KubeError, opener, ssl_context
 from tests.testbed.kubeversion import binary_version
 from tests.testbed.manifests import scheduler_config
 from tests.testbed.process import ManagedProcess, free_port
@@ -146,32 +148,37 @@ class Bindings(threading.Thread):
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
         super().__init__(daemon=True)
         query = "watch=1&fieldSelector=spec.nodeName%21%3D&timeoutSeconds=7200"
-        self.request = urllib.request.Request(
-            f"{cp.server_url}/api/v1/namespaces/{namespace}/pods?{query}",
-            headers={"Authorization": f"Bearer {cp.admin_token}"},
+        self.path = f"/api/v1/namespaces/{namespace}/pods?{query}"
+        self.headers = {"Authorization": f"Bearer {cp.admin_token}"}
+        url = urllib.parse.urlsplit(cp.server_url)
+        # A connection of our own, opened here: stop() shuts its socket down from another thread.
+        self.connection = http.client.HTTPSConnection(
+            url.hostname or "127.0.0.1", url.port, context=ssl_context(cp.ca_path)
         )
-        self.opener = opener(cp.ca_path)
         self.seen: set[str] = set()
         self.times: list[float] = []
         self.error: BaseException | None = None
         self.stopping = threading.Event()
-        self._socket: socket.socket | None = None
 
     def stop(self) -> None:
         """End the watch: left open, it stays on the API server, which then sends every later
         run in the namespace's events to it too (the next round's figures paid for it)."""
         self.stopping.set()
-        if self._socket is not None:
+        if self.connection.sock is not None:
             with contextlib.suppress(OSError):
-                self._socket.shutdown(socket.SHUT_RDWR)  # wakes the blocked read
+                self.connection.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked read
         self.join(10)
+        self.connection.close()
 
     def run(self) -> None:
         try:
-            with self.opener.open(self.request, timeout=None) as stream:
-                self._socket = stream.fp.raw._sock  # http.client's socket, to shut down in stop()
-                if self.stopping.is_set():
-                    return
+            self.connection.connect()
+            if self.stopping.is_set():
+                return
+            self.connection.request("GET", self.path, headers=self.headers)
+            with self.connection.getresponse() as stream:
+                if stream.status != 200:
+                    raise RuntimeError(f"watch: HTTP {stream.status}: {stream.read(2000)!r}")
                 for line in stream:
                     event = json.loads(line)
                     uid = event["object"]["metadata"].get("uid", "")
