@@ -262,15 +262,41 @@ def kueue_group(count: int = 4) -> list[dict[str, Any]]:
     ]
 
 
-def test_why_and_status_name_the_gates_kueues_workload_and_its_queue(tmp_path: Path) -> None:
-    """Issue 48: `why` on a gated pod said its request fitted and it waited for "something else";
-    it names the gates, and for Kueue's, the Workload and its LocalQueue. `status` lists the
-    gated pods apart from the jobs waiting for room."""
+def ultraserver_nodes() -> list[dict[str, Any]]:
+    """One UltraServer of 4 trn2u nodes."""
     labels = {
         "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
         "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
     }
-    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+    return [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
+
+
+RETRY = "job ml/train needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
+
+
+def checked_workload() -> dict[str, Any]:
+    """kueue_group()'s Workload with quota, sent back by the placement check (Retry), and a
+    second check whose message is escaped and cut when shown."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "w1"},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+            "admissionChecks": [
+                {"name": "neuron-placement", "state": "Retry", "message": RETRY},
+                {"name": "other", "state": "Pending", "message": "line\n\x1b[31mred" + "x" * 900},
+            ],
+        },
+    }
+
+
+def test_why_and_status_name_the_gates_kueues_workload_and_its_queue(tmp_path: Path) -> None:
+    """Issue 48: `why` on a gated pod said its request fitted and it waited for "something else";
+    it names the gates, and for Kueue's, the Workload and its LocalQueue. `status` lists the
+    gated pods apart from the jobs waiting for room."""
+    nodes = ultraserver_nodes()
     other = pod_json("lab", {NEURON: 1}, namespace="ml", gates=["example.com/wait"])
     with api_server(cluster_answer(nodes, [*kueue_group(), other])) as url:
         config = str(kubeconfig(tmp_path, url))
@@ -314,25 +340,8 @@ def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> 
     admission check's state and message (the placement check's Retry says which block is
     missing). What the Workload says is escaped and bounded; a Workload that cannot be read is
     said so, and the rest of the answer stands."""
-    labels = {
-        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
-        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
-    }
-    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
-    retry = "job ml/train needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
-    workload = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": "train", "namespace": "ml", "uid": "w1"},
-        "status": {
-            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
-            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
-            "admissionChecks": [
-                {"name": "neuron-placement", "state": "Retry", "message": retry},
-                {"name": "other", "state": "Pending", "message": "line\n\x1b[31mred" + "x" * 900},
-            ],
-        },
-    }
+    nodes = ultraserver_nodes()
+    workload = checked_workload()
     # A pod names its Workload in an annotation anyone may write: never a path to follow.
     forged = pod_json(
         "forged",
@@ -382,12 +391,12 @@ def test_why_on_a_gated_pod_says_what_its_workload_waits_for(tmp_path: Path) -> 
     assert status["admitted"] is False and status["quota_reserved"] is True
     assert status["cluster_queue"] == "cq" and status["quota_message"] is None
     placement, other = status["admission_checks"]
-    assert placement == {"name": "neuron-placement", "state": "Retry", "message": retry}
+    assert placement == {"name": "neuron-placement", "state": "Retry", "message": RETRY}
     assert other["message"].startswith("line \\x1b[31mred") and "\n" not in other["message"]
     assert other["message"].endswith("more characters)") and len(other["message"]) < 700
     flat = " ".join(text.stdout.split())
     assert "Kueue's Workload ml/train: not admitted; quota reserved in ClusterQueue cq" in flat
-    assert f"admission check neuron-placement: Retry: {retry}" in flat, flat
+    assert f"admission check neuron-placement: Retry: {RETRY}" in flat, flat
     assert unread.exit_code == 0, unread.stderr
     missing = json.loads(unread.stdout)["kueue_workload_status"]
     assert missing["unread"] and missing["admission_checks"] == [], missing
@@ -400,23 +409,11 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
     keeps one per job, pod templates and all). A Workload not there is said to be not found, a
     name from a pod's labels that is no Workload's is never followed, and a Workload that cannot
     be read says why: the rest of `status` stands."""
-    labels = {
-        "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
-        "neuron.amazonaws.com/ultraserver-server-id-4": "a" * 16,
-    }
-    nodes = [node_json(f"trn2u-{i}", "trn2u.48xlarge", labels=labels) for i in range(4)]
-    retry = "job ml/train needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
+    nodes = ultraserver_nodes()
+    # (pod sets our PodSpec cannot read: only the Workload's status is read)
     workload = {
-        "metadata": {"name": "train", "namespace": "ml", "uid": "w1"},
+        **checked_workload(),
         "spec": {"podSets": [{"name": "main", "count": 4, "template": {"spec": 7}}]},
-        "status": {
-            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"}],
-            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
-            "admissionChecks": [
-                {"name": "neuron-placement", "state": "Retry", "message": retry},
-                {"name": "other", "state": "Pending", "message": "line\n\x1b[31mred" + "x" * 900},
-            ],
-        },
     }
 
     def group(name: str, count: int) -> list[dict[str, Any]]:
@@ -458,7 +455,7 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
     assert said["admission_checks"][0] == {
         "name": "neuron-placement",
         "state": "Retry",
-        "message": retry,
+        "message": RETRY,
     }
     escaped = said["admission_checks"][1]["message"]
     assert escaped.startswith("line \\x1b[31mred") and "\n" not in escaped, escaped
@@ -467,7 +464,7 @@ def test_status_shows_what_kueue_says_of_each_gated_workload(tmp_path: Path) -> 
     assert groups[forged]["kueue_workload_status"]["unread"] == "that is not a Workload's name"
     flat = " ".join(text.stdout.split())
     assert "Kueue's Workload ml/train: not admitted; quota reserved in ClusterQueue cq" in flat
-    assert f"admission check neuron-placement: Retry: {retry}" in flat
+    assert f"admission check neuron-placement: Retry: {RETRY}" in flat
     assert "Kueue's Workload ml/absent: not read (not found)" in flat
 
     forbidden = {"kind": "Status", "reason": "Forbidden", "message": "workloads is forbidden"}
