@@ -136,7 +136,9 @@ def status(
 
     async def read() -> tuple[Snapshot, Budget]:
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            return await read_cluster(api, catalog, kueue_workloads=True), await read_budget(api)
+            # (the gated groups, and their Workloads, are shown for the whole fleet only)
+            snapshot = await read_cluster(api, catalog, kueue_workloads=node is None)
+            return snapshot, await read_budget(api)
 
     try:
         snapshot, budget = asyncio.run(read())
