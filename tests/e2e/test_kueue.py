@@ -534,7 +534,7 @@ def test_a_gated_pod_group_gets_no_claim_and_a_job_outside_kueue_takes_the_free_
         (g["kueue_workload"], g["kueue_queue"], g["pods"], g["requests"])
         for g in status["gated"]["groups"]
     ] == [("queued", world.queue, 4, [{"resource": NEURON, "count": 64}])]
-    # What Kueue says of it, read by `status` from the Workloads it lists: no quota yet.
+    # What Kueue says of it, as `status` reads its Workload: no quota yet.
     (said,) = [g["kueue_workload_status"] for g in status["gated"]["groups"]]
     assert said["workload"] == f"{world.namespace}/queued" and said["unread"] is None, said
     assert (said["quota_reserved"], said["admitted"]) == (False, False), said
@@ -669,7 +669,7 @@ def test_with_the_check_an_ultraserver_job_is_admitted_when_a_unit_frees_holds_i
     (check,) = [c for c in story["admission_checks"] if c["name"] == CHECK]
     assert check["state"] == "Retry", story
     assert "needs 1 free UltraServer of 4 nodes for its 4 members" in check["message"], story
-    # `status` says the same of the gated group, from the Workloads it lists.
+    # `status` says the same of the gated group, reading its Workload.
     (group,) = world.status()["gated"]["groups"]
     listed = group["kueue_workload_status"]
     (check,) = [c for c in listed["admission_checks"] if c["name"] == CHECK]
