@@ -224,13 +224,9 @@ def why(
         pending_request,
     )
     from neuron_scheduler.live.dranodes import dra_text
-    from neuron_scheduler.live.snapshot import read_cluster, read_dra_nodes
+    from neuron_scheduler.live.snapshot import read_cluster, read_dra_nodes, read_workload
     from neuron_scheduler.live.terminal import why_view
-    from neuron_scheduler.live.workloadstatus import (
-        WorkloadReport,
-        unread_report,
-        workload_report,
-    )
+    from neuron_scheduler.live.workloadstatus import WorkloadReport, report_of
 
     with user_errors():
         name = _pod_name(pod)
@@ -268,13 +264,9 @@ def why(
     async def workload_of(namespace: str, workload: str) -> WorkloadReport:
         """What Kueue says of the gated pod's Workload (not being able to read it is said too:
         the rest of the answer stands without it)."""
-        if not SUBDOMAIN.fullmatch(workload):  # from the pod's labels: anyone's to write
-            return unread_report(f"{namespace}/{workload}", "that is not a Workload's name")
         async with KubeAPI(config, timeout=REQUEST_SECONDS) as api:
-            try:
-                return workload_report(await api.get_workload_state(namespace, workload))
-            except READ_ERRORS as error:
-                return unread_report(f"{namespace}/{workload}", error_text(error))
+            read = await read_workload(api, namespace, workload)
+        return report_of(f"{namespace}/{workload}", read)
 
     async def failed_on(bound: Pod) -> tuple[int, ...]:
         """The failed devices the bound pod runs on; none when its node cannot be read."""

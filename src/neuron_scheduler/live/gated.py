@@ -15,12 +15,7 @@ from typing import Any
 from neuron_scheduler.kube.kueue import WorkloadState
 from neuron_scheduler.kube.objects import Pod
 from neuron_scheduler.kube.reading import Gating, gating, servable_request
-from neuron_scheduler.live.workloadstatus import (
-    WorkloadReport,
-    report_json,
-    unread_report,
-    workload_report,
-)
+from neuron_scheduler.live.workloadstatus import WorkloadReport, report_json, report_of
 
 MAX_GROUPS = 200  # listed; the rest are counted
 
@@ -80,9 +75,8 @@ def with_workloads(
     for group in view.groups:
         held = group.gating
         if held.workload:
-            read = workloads.get((held.namespace, held.workload), "not read")
-            name = f"{held.namespace}/{held.workload}"
-            report = unread_report(name, read) if isinstance(read, str) else workload_report(read)
+            read = workloads[held.namespace, held.workload]
+            report = report_of(f"{held.namespace}/{held.workload}", read)
             group = dataclasses.replace(group, workload=report)
         groups.append(group)
     return dataclasses.replace(view, groups=tuple(groups))

@@ -156,18 +156,24 @@ async def read_workloads(
     reading = asyncio.Semaphore(WORKLOAD_READS)
 
     async def read(namespace: str, name: str) -> WorkloadState | str:
-        if not SUBDOMAIN.fullmatch(name):  # from the pods' labels: anyone's to write
-            return "that is not a Workload's name"
         async with reading:
-            try:
-                return await api.get_workload_state(namespace, name)
-            except NotFound:  # (Kueue makes it after the pods, from their labels)
-                return "not found"
-            except READ_ERRORS as error:
-                return f"cannot read it: {error_text(error)}"
+            return await read_workload(api, namespace, name)
 
     found = await asyncio.gather(*(read(namespace, name) for namespace, name in wanted))
     return dict(zip(wanted, found, strict=True))
+
+
+async def read_workload(api: KubeAPI, namespace: str, name: str) -> WorkloadState | str:
+    """A gated pod's Workload (its metadata and status), or why it could not be read. The name
+    comes from the pod's labels, anyone's to write: only a Workload's name goes into a path."""
+    if not SUBDOMAIN.fullmatch(name):
+        return "that is not a Workload's name"
+    try:
+        return await api.get_workload_state(namespace, name)
+    except NotFound:  # (Kueue makes it after the pods, from their labels)
+        return "not found"
+    except READ_ERRORS as error:
+        return f"cannot read it: {error_text(error)}"
 
 
 async def read_dra_nodes(

@@ -93,6 +93,12 @@ def unread_report(workload: str, reason: str) -> WorkloadReport:
     )
 
 
+def report_of(workload: str, read: Workload | WorkloadState | str) -> WorkloadReport:
+    """The report on `workload` (namespace/name) from what reading it gave: the Workload, or why
+    it could not be read."""
+    return unread_report(workload, read) if isinstance(read, str) else workload_report(read)
+
+
 def report_json(report: WorkloadReport) -> dict[str, Any]:
     return {
         "workload": report.workload,
