@@ -368,6 +368,17 @@ def test_a_restart_in_the_middle_of_a_plan_leaves_no_hold_and_evicts_nothing_twi
     os.kill(extender.process.pid, signal.SIGKILL)
     extender.process.stop(kill=True)
     restarted = world.extender("on")
+
+    def replacements_placed() -> bool:
+        return all(
+            p["spec"].get("nodeName")
+            for p in scenario.pods()
+            if p["metadata"]["name"].startswith("web-")
+        )
+
+    # The victims' replacements take the free devices outside the plan's block (they are free
+    # until then: twice in full suites one was still pending, and `small` fitted there).
+    wait_for(replacements_placed, "the victims' replacements placed outside the block", 120)
     # The block is still held for the pod: a small pod of the same priority is refused there
     # for it, with the plan named.
     small = scenario.create_pod("small", {NEURON: 1}, scheduler="nobody")
