@@ -404,7 +404,7 @@ class Profiler:
     """
 
     def __init__(self, kind: str, pid: int, output: Path) -> None:
-        self.kind, self.pid = kind, pid
+        self.kind, self.pid, self.output = kind, pid, output
         self.process: subprocess.Popen[bytes] | None = None
         if kind == "cpu":
             os.kill(pid, signal.SIGUSR1)  # counts from here
@@ -419,8 +419,14 @@ class Profiler:
 
     def stop(self) -> None:
         if self.process is None:
+            self.output.unlink(missing_ok=True)
             os.kill(self.pid, signal.SIGUSR2)  # writes what it counted
-            time.sleep(1)
+            # Its handler runs when the interpreter next gets the CPU: an idle extender's event
+            # loop may sleep in epoll for seconds first (at 5,000 nodes one second was too short).
+            deadline = time.monotonic() + 30
+            while not self.output.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(0.5)  # (written in one call; let it finish)
             return
         self.process.send_signal(signal.SIGINT)
         self.process.wait(60)
