@@ -24,7 +24,7 @@ from neuron_scheduler.core.allocation import (
     Policy,
     _decide,
     _decide_by_demand,
-    _unusable_mask,
+    _unusable,
     allocate,
 )
 from neuron_scheduler.core.catalog import Catalog
@@ -80,7 +80,7 @@ def measure(
     deadline = time.perf_counter() + seconds
     while not rates or time.perf_counter() < deadline:
         if demand:
-            for cache in (_decide, _decide_by_demand, _unusable_mask):
+            for cache in (_decide, _decide_by_demand, _unusable):
                 cache.cache_clear()
         start = time.perf_counter()
         for state, request in work[:decisions]:

@@ -668,28 +668,49 @@ def _candidate_masks(topology: Topology, used: int, unit: Unit, count: int) -> l
     return [window << start for start in mask_ids(starts)]
 
 
+# A decision by demand weighs every placement the request could get (tens on a large node) by
+# what each leaves unusable for every shape asked for, and a node's state after a bind is new to
+# these caches: so one entry holds all shapes' sum for a state, and what the shapes share (the
+# free cores, the busy devices) is worked out once (issue 50: it was most of a decision's time).
+@lru_cache(maxsize=1 << 16)
 def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
     """Free cores unusable for the shapes asked for, weighted by how often each is asked."""
-    return sum(
-        weight * _unusable_mask(topology, used, unit, count).bit_count()
-        for unit, count, weight in demand
-    )
+    free = ~used & ((1 << topology.total_cores) - 1)
+    busy = busy_devices(topology, used)
+    weighted = 0
+    for unit, count, weight in demand:
+        weighted += weight * _unusable_cores(topology, free, busy, unit, count).bit_count()
+    return weighted
 
 
-@lru_cache(maxsize=1 << 18)
 def _unusable_mask(topology: Topology, used: int, unit: Unit, count: int) -> int:
     """The free cores a request of this shape could never be given on this node as it is."""
-    total = topology.total_cores
-    free_cores = ~used & ((1 << total) - 1)
-    if _static_refusal(topology, unit, count) is not None:
-        return free_cores
-    usable = 0
+    free = ~used & ((1 << topology.total_cores) - 1)
+    return _unusable_cores(topology, free, busy_devices(topology, used), unit, count)
+
+
+def _unusable_cores(topology: Topology, free: int, busy: int, unit: Unit, count: int) -> int:
+    """`_unusable_mask` given the node's free cores and its busy devices."""
+    if _never_placed(topology, unit, count):
+        return free
     if unit is Unit.DEVICE:
-        busy = busy_devices(topology, used)
-        for mask in topology.device_sets(count):
-            if not mask & busy:
-                usable |= mask
         # Free cores of partly used devices serve no device request.
-        return free_cores & ~topology.core_mask_of_devices(usable)
-    starts = _window_starts(free_cores, count) & _core_windows(topology, count).allowed
-    return free_cores & ~_window_cover(starts, count)
+        return free & ~_device_set_cores(topology, busy, count)
+    starts = _window_starts(free, count) & _core_windows(topology, count).allowed
+    return free & ~_window_cover(starts, count)
+
+
+@lru_cache(maxsize=1024)
+def _never_placed(topology: Topology, unit: Unit, count: int) -> bool:
+    return _static_refusal(topology, unit, count) is not None
+
+
+@lru_cache(maxsize=1 << 14)
+def _device_set_cores(topology: Topology, busy: int, count: int) -> int:
+    """The cores of every allowed set of `count` devices with none of them busy (a node has few
+    busy-device masks: they key this well)."""
+    usable = 0
+    for mask in topology.device_sets(count):
+        if not mask & busy:
+            usable |= mask
+    return topology.core_mask_of_devices(usable)
