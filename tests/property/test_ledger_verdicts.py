@@ -110,7 +110,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert verdicts.decisions[name] == fresh, (name, request)
                 assert (name in verdicts.fits) == isinstance(fresh, Placement)
                 score = fresh.score if isinstance(fresh, Placement) else 0
-                assert verdicts.scores[name] == score
+                assert verdicts.score(name) == score
 
 
 TestLedgerVerdicts = LedgerMachine.TestCase

@@ -286,7 +286,7 @@ def test_kept_decisions_agree_with_a_fresh_decision() -> None:
             topology, ledger.state("n1"), request, Policy.BEST_FIT, ledger.demand.weights
         )
         assert verdicts.decisions["n1"] == fresh
-        assert verdicts.scores["n1"] == (fresh.score if isinstance(fresh, Placement) else 0)
+        assert verdicts.score("n1") == (fresh.score if isinstance(fresh, Placement) else 0)
 
 
 def test_what_pods_ask_for_is_counted_once_and_exported() -> None:

@@ -1054,7 +1054,7 @@ class UnitPlacement:
     def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
         """Narrow the nodes that passed the device check; returns (passed, newly failed)."""
         servers = self.occupancy.servers
-        if not any(n in servers for n in passed):
+        if not servers or servers.keys().isdisjoint(passed):  # (in C: hundreds of names a call)
             return passed, {}
         try:
             member = member_of(pod)

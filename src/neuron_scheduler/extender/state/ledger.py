@@ -166,6 +166,12 @@ class Unusable:
     reason: str
 
 
+# A node's mark in Verdicts.marks when its decision is a Refusal (a Placement's is its score,
+# 0-10), and what filter reads for a node not decided yet.
+REFUSED = -1
+UNDECIDED = -2
+
+
 class Verdicts:
     """The allocator's decision for one request shape on each node asked about so far.
 
@@ -173,21 +179,28 @@ class Verdicts:
     when a pod lands on it or leaves, so decisions are kept until their node changes.
     """
 
-    __slots__ = ("decisions", "fits", "forgotten", "scores")
+    __slots__ = ("decisions", "fits", "forgotten", "marks")
 
     def __init__(self) -> None:
         self.decisions: dict[str, Decision] = {}
         self.fits: set[str] = set()  # the nodes whose decision is a Placement
-        self.scores: dict[str, int] = {}  # prioritize's answer: the fit score, 0 when refused
+        # Each decided node's fit score, or REFUSED: filter reads whether its nodes fit and
+        # prioritize's scores in one pass over the names (issue 50).
+        self.marks: dict[str, int] = {}
         # How many decisions were dropped so far: while it stays the same, and these are still
         # the ledger's verdicts for their request (Ledger.verdicts), every answer read from them
         # stands (decisions are only ever added in between).
         self.forgotten = 0
 
+    def score(self, node: str) -> int | None:
+        """prioritize's score for a decided node: its fit score, 0 when refused."""
+        mark = self.marks.get(node)
+        return None if mark is None else max(mark, 0)
+
     def forget(self, node: str) -> None:
         if self.decisions.pop(node, None) is not None:
             self.fits.discard(node)
-            del self.scores[node]
+            del self.marks[node]
             self.forgotten += 1
 
 
@@ -752,9 +765,9 @@ class Ledger:
             decisions[name] = decision
             if isinstance(decision, Placement):
                 verdicts.fits.add(name)
-                verdicts.scores[name] = decision.score
+                verdicts.marks[name] = decision.score
             else:
-                verdicts.scores[name] = 0
+                verdicts.marks[name] = REFUSED
         return verdicts
 
     def state(self, node: str) -> NodeState:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from itertools import filterfalse, repeat
+from itertools import repeat
 from typing import NamedTuple, cast
 
 import msgspec
@@ -34,7 +34,13 @@ from neuron_scheduler.dra.scoring import scored_decision
 from neuron_scheduler.dra.shapes import EVERY_CORE_WINDOW
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.dranodes import DraNodes
-from neuron_scheduler.extender.state.ledger import Claimant, Ledger, Verdicts
+from neuron_scheduler.extender.state.ledger import (
+    REFUSED,
+    UNDECIDED,
+    Claimant,
+    Ledger,
+    Verdicts,
+)
 from neuron_scheduler.extender.state.plugins import NodeFilter, RefusalListener
 from neuron_scheduler.extender.verbs.wire import (
     BadRequest,
@@ -160,25 +166,33 @@ class Judge:
             return FilterResult(list(names), {}, {})
         claimant = Claimant.of(pod, request)
         verdicts = self.ledger.verdicts(request, self.policy, claimant)
-        fits = verdicts.fits
+        marks = verdicts.marks
         outcomes: defaultdict[str, int] = defaultdict(int)
-        # The nodes not known to fit, found in one pass in C (deciding node by node in Python
-        # took several times as long); usually a few. Of those, the ones not decided yet (a pod
-        # landed there since, or never asked about) are decided; only nodes that still do not
-        # fit are looked at one by one.
-        unfit = list(filterfalse(fits.__contains__, names))
-        if unfit:
-            self.ledger.fill_verdicts(unfit, request, self.policy, claimant)
-            unfit = list(filterfalse(fits.__contains__, unfit))
-        if not unfit:
+        # One pass in C reads each node's mark: its score where it fits, REFUSED where it does
+        # not, UNDECIDED where nothing is kept (a pod landed there since, or never asked about).
+        # Those are decided, and only nodes that still do not fit are looked at one by one
+        # (deciding node by node in Python took several times as long; issue 50: reading fits
+        # and scores in separate passes cost a cold pass over the kept table).
+        seen = list(map(marks.get, names, repeat(UNDECIDED)))
+        lowest = min(seen, default=0)
+        if lowest == UNDECIDED:
+            undecided = _positions(seen, UNDECIDED)
+            self.ledger.fill_verdicts([names[i] for i in undecided], request, self.policy, claimant)
+            for i in undecided:
+                seen[i] = marks.get(names[i], UNDECIDED)
+            lowest = min(seen)
+        scores: list[int] | None = seen  # for the nodes that passed, in their order
+        if lowest >= 0:
             result = FilterResult(list(names), {}, {})
             outcomes["fits"] = len(names)
         else:
-            # Against the few that do not fit, which are the request's own strings: looking
-            # names up in `fits` again compares each with the cache's copy, a cache miss apiece.
-            refused = frozenset(unfit)
-            result = FilterResult(list(filterfalse(refused.__contains__, names)), {}, {})
-            outcomes["fits"] = len(result.passed)
+            unfit_at = sorted(_positions(seen, REFUSED) + _positions(seen, UNDECIDED))
+            unfit = [names[i] for i in unfit_at]
+            passed = list(names)
+            for i in reversed(unfit_at):  # (a few, usually: each a short move in C)
+                del passed[i], seen[i]
+            result = FilterResult(passed, {}, {})
+            outcomes["fits"] = len(passed)
             # The slow path, only for nodes that do not fit (or that the cache does not know).
             late_fits = set()
             decisions = verdicts.decisions
@@ -197,17 +211,24 @@ class Judge:
                     result.failed[name] = held or decision.reason
                     outcome = outcome or ("held" if held else "no_fit")
                 outcomes[outcome] += 1
-            if late_fits:
+            if late_fits:  # judged from the request's own copy: no kept score
+                fits = verdicts.fits
                 result.passed = [name for name in names if name in fits or name in late_fits]
+                scores = None
         now = self.clock()
         for node_filter in self.filters:
-            result.passed, narrowed = node_filter.filter(pod, result.passed, now)
+            before = result.passed
+            result.passed, narrowed = node_filter.filter(pod, before, now)
+            if result.passed is not before:
+                scores = None  # (no longer in step with the nodes that passed)
             if narrowed:
                 result.failed.update(narrowed)
                 outcomes["fits"] -= len(narrowed)
                 outcomes[node_filter.outcome] += len(narrowed)
         if args.NodeNames is not None and body is not None and result.passed:
-            self._kept = self._answer_next(body, names, result.passed, request, claimant, verdicts)
+            self._kept = self._answer_next(
+                body, names, result.passed, scores, request, claimant, verdicts
+            )
         for outcome, count in outcomes.items():
             self.metrics.filter_outcomes.labels(outcome).inc(count)
         if self.listener is not None:
@@ -223,20 +244,24 @@ class Judge:
         body: bytes,
         names: list[str],
         passed: list[str],
+        scores: list[int] | None,
         request: NeuronRequest,
         claimant: Claimant,
         verdicts: Verdicts,
     ) -> FilterAnswer | None:
         """prioritize's answer for the nodes that passed, made now (None: a node that passed
         has no kept score, having been judged from the request's own copy of it; or some failed
-        and the request is not in kube-scheduler's form)."""
-        scores = list(map(verdicts.scores.get, passed))
-        if None in scores:
-            return None
+        and the request is not in kube-scheduler's form). `scores`: theirs, in order, when filter
+        read them already."""
+        if scores is None:
+            found = list(map(verdicts.score, passed))
+            if None in found:
+                return None
+            scores = cast(list[int], found)
         text = next_request(body, names, passed)
         if text is None:
             return None
-        answer = msgspec.json.encode(list(map(HostPriority, passed, cast(list[int], scores))))
+        answer = msgspec.json.encode(list(map(HostPriority, passed, scores)))
         return FilterAnswer(text, request, claimant, verdicts, verdicts.forgotten, answer)
 
     def answer_as_filtered(self, body: bytes) -> bytes | None:
@@ -288,24 +313,21 @@ class Judge:
         if request is None:
             return list(map(HostPriority, names, repeat(0)))
         claimant = Claimant.of(pod, request)
-        scores = self.ledger.verdicts(request, self.policy, claimant).scores
-        try:  # usually every node has a kept score (filter just asked about the same nodes)
-            return list(map(HostPriority, names, map(scores.__getitem__, names)))
-        except KeyError:
-            pass
-        self.ledger.fill_verdicts(names, request, self.policy, claimant)
-        try:
-            return list(map(HostPriority, names, map(scores.__getitem__, names)))
-        except KeyError:  # a node the cache has not seen
-            pass
-        strangers = self._strangers(args, request, body)
+        marks = self.ledger.verdicts(request, self.policy, claimant).marks
+        # Usually every node has a kept mark (filter just asked about the same nodes).
+        seen = list(map(marks.get, names, repeat(UNDECIDED)))
+        if UNDECIDED in seen:
+            self.ledger.fill_verdicts(names, request, self.policy, claimant)
+            seen = list(map(marks.get, names, repeat(UNDECIDED)))
+        if UNDECIDED not in seen:
+            return list(map(HostPriority, names, map(max, seen, repeat(0))))
+        strangers = self._strangers(args, request, body)  # nodes the cache has not seen
         answer = []
-        for name in names:
-            score = scores.get(name)
-            if score is None:
+        for name, mark in zip(names, seen, strict=True):
+            if mark == UNDECIDED:
                 decision, _ = strangers(name)
-                score = decision.score if isinstance(decision, Placement) else 0
-            answer.append(HostPriority(name, score))
+                mark = decision.score if isinstance(decision, Placement) else 0
+            answer.append(HostPriority(name, max(mark, 0)))
         return answer
 
     def prioritize_claims(
@@ -355,3 +377,14 @@ class Judge:
                     value = score(topology, state, decision)
             answer.append(HostPriority(name, value))
         return answer
+
+
+def _positions(values: list[int], value: int) -> list[int]:
+    """Where `value` is in `values`, ascending: scans in C (a filter's few refused or new nodes
+    among hundreds)."""
+    found: list[int] = []
+    at = -1
+    for _ in range(values.count(value)):
+        at = values.index(value, at + 1)
+        found.append(at)
+    return found
