@@ -991,7 +991,7 @@ def test_rendered_my_scheduler_schedules_through_the_extender(
     assert neuron_ids(pod) == list(range(9))
     assert pod["metadata"]["annotations"]["NEURON_ALLOCATED"] == "false"
     extender_log = chart_extender.process.log_path.read_text()
-    assert "Filtered nodes for POD workloads/nine-cores" in extender_log
+    assert "Allocated ids for POD workloads/nine-cores are: 0,1,2,3,4,5,6,7,8" in extender_log
     # Leader election on, under the rendered Role: my-scheduler holds its Lease.
     lease = chart_cp.request(
         "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/my-scheduler"

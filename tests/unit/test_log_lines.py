@@ -90,6 +90,7 @@ def test_node_names_in_a_filter_request_cannot_forge_a_log_line(written: Written
     extender = wire(FakeAPI(), Catalog.builtin())  # type: ignore[arg-type]
     extender.ledger.replace_nodes([node("n1", "inf1.6xlarge")])
     asking = pod(f"asking\n{FORGED}", {NEURON: 1})
+    logging.getLogger("neuron_scheduler").setLevel(logging.DEBUG)  # n1 passes: lines at DEBUG
     extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n1", *HOSTILE_NAMES]))
     assert_one_line_each(written)
     messages = [r.getMessage() for r in written.records]
@@ -126,20 +127,32 @@ def test_the_format_indents_tracebacks_and_escapes_what_call_sites_did_not(
     assert any("Traceback (most recent call last)" in line for line in lines)
 
 
-def test_a_filter_logs_one_line_for_its_nodes_at_info_and_a_line_per_node_at_debug(
+def test_a_filter_logs_at_info_only_when_no_node_passed_and_a_line_per_node_at_debug(
     written: Written,
 ) -> None:
     extender = wire(FakeAPI(), Catalog.builtin())  # type: ignore[arg-type]
     extender.ledger.replace_nodes([node(f"n{i}", "inf1.6xlarge") for i in range(3)])
     asking = pod("asking", {NEURON: 1})
     extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n0", "n1", "n2"]))
+    assert not written.records  # nodes passed: the bind says where the pod went
+    too_big = pod("too-big", {NEURON: 8})  # an inf1.6xlarge has four devices
+    extender.judge.filter(ExtenderArgs(Pod=too_big, NodeNames=["n0", "n1"]))
     messages = [r.getMessage() for r in written.records]
-    assert messages == [
-        "Filtered nodes for POD default/asking (1 device (aws.amazon.com/neuron)): [n0 n1 n2]"
-    ]
+    assert (
+        messages[0]
+        == "Filtered nodes for POD default/too-big (8 devices (aws.amazon.com/neuron)): []"
+    )
+    assert messages[1].startswith("Failed nodes for POD default/too-big: map[n0:")
+    assert len(messages) == 2 and {r.levelno for r in written.records} == {logging.INFO}
+    written.records.clear()
     logging.getLogger("neuron_scheduler").setLevel(logging.DEBUG)  # the fixture restores it
     extender.judge.filter(ExtenderArgs(Pod=asking, NodeNames=["n0", "n1", "n2"]))
-    fits = [r.getMessage() for r in written.records if "fits in Node" in r.getMessage()]
+    messages = [r.getMessage() for r in written.records]
+    assert (
+        "Filtered nodes for POD default/asking (1 device (aws.amazon.com/neuron)): [n0 n1 n2]"
+        in (messages)
+    )
+    fits = [m for m in messages if "fits in Node" in m]
     assert fits == [f"POD default/asking fits in Node:n{i}" for i in range(3)]
 
 

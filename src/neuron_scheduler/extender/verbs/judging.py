@@ -279,18 +279,21 @@ class Judge:
 
     @staticmethod
     def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
-        """One line per filter at INFO (the nodes that passed, the first 20), and the refusals;
-        a line per node that fits only at DEBUG (at INFO they were most of the extender's log
-        and a tenth of a filter's time, issue 36)."""
-        if not log.isEnabledFor(logging.INFO):
+        """At INFO only when no node passed: the pod waits, and these lines say why, node by
+        node. When some passed, the pod's bind logs where it went and what it got, and these
+        lines are DEBUG: at INFO they were most of the extender's log and, with the CPU's caches
+        cold, a fifth of a filter's time (issue 50). A line per node that fits only at DEBUG
+        (issue 36)."""
+        level = logging.DEBUG if result.passed else logging.INFO
+        if not log.isEnabledFor(level):
             return
         key = loggable(pod.key)
-        if log.isEnabledFor(logging.DEBUG):
-            for name in result.passed[:5]:
-                log.debug("POD %s fits in Node:%s", key, loggable(name))
+        for name in result.passed[:5]:
+            log.debug("POD %s fits in Node:%s", key, loggable(name))
         shown = result.passed[:20]
         more = f" ... and {len(result.passed) - 20} more" if len(result.passed) > 20 else ""
-        log.info(
+        log.log(
+            level,
             "Filtered nodes for POD %s (%s): [%s]%s",
             key,
             request.describe(),
@@ -302,7 +305,7 @@ class Judge:
             items = list(failed.items())[:10]
             text = " ".join(f"{loggable(name)}:{loggable(reason)}" for name, reason in items)
             more = f" ... and {len(failed) - 10} more" if len(failed) > 10 else ""
-            log.info("Failed nodes for POD %s: map[%s]%s", key, text, more)
+            log.log(level, "Failed nodes for POD %s: map[%s]%s", key, text, more)
 
     def prioritize(self, args: ExtenderArgs, body: bytes | None = None) -> list[HostPriority]:
         names = node_names(args, body)
