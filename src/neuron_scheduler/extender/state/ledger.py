@@ -508,7 +508,7 @@ class Ledger:
         return bool(self.nominations or self.plan_holds)
 
     def holds_on(self, node: str) -> bool:
-        return any(n.node == node for _, n in self.holds())
+        return self.holds_anything() and any(n.node == node for _, n in self.holds())
 
     @staticmethod
     def _passes(claimant: Claimant, key: str, held: Nomination) -> bool:
@@ -727,8 +727,10 @@ class Ledger:
             or self._own_plan_hold(claimant)
             else ""
         )
-        passed = tuple(
-            sorted({n.priority for _, n in self.holds() if n.priority < claimant.priority})
+        passed = (
+            tuple(sorted({n.priority for _, n in self.holds() if n.priority < claimant.priority}))
+            if self.holds_anything()
+            else ()  # (usually: nothing is held, and this is asked a few times a pod)
         )
         if self.demand.version != self._verdicts_demand:
             self._verdicts.clear()  # made with what the cluster asked for before
