@@ -281,9 +281,9 @@ class Judge:
     def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
         """At INFO only when no node passed: the pod waits, and these lines say why, node by
         node. When some passed, the pod's bind logs where it went and what it got, and these
-        lines are DEBUG: at INFO they were most of the extender's log and, with the CPU's caches
-        cold, a fifth of a filter's time (issue 50). A line per node that fits only at DEBUG
-        (issue 36)."""
+        lines are DEBUG: at INFO they were most of the extender's log and an eighth of a
+        filter's CPU live (a fifth in process with the CPU's caches cold; issue 50). A line per
+        node that fits only at DEBUG (issue 36)."""
         level = logging.DEBUG if result.passed else logging.INFO
         if not log.isEnabledFor(level):
             return
