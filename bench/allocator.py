@@ -24,6 +24,7 @@ from neuron_scheduler.core.allocation import (
     Policy,
     _decide,
     _decide_by_demand,
+    _device_set_cores,
     _unusable,
     allocate,
 )
@@ -80,7 +81,7 @@ def measure(
     deadline = time.perf_counter() + seconds
     while not rates or time.perf_counter() < deadline:
         if demand:
-            for cache in (_decide, _decide_by_demand, _unusable):
+            for cache in (_decide, _decide_by_demand, _unusable, _device_set_cores):
                 cache.cache_clear()
         start = time.perf_counter()
         for state, request in work[:decisions]:
