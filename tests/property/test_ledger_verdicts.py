@@ -158,12 +158,21 @@ class _FilterThenPrioritize(LedgerMachine):
         self.judge = Judge(self.ledger, Metrics(self.ledger))
         self.next_ask: bytes = b""
 
-    @rule(request=st.sampled_from(REQUESTS))
-    def filter(self, request: NeuronRequest) -> None:
+    @rule(
+        request=st.sampled_from(REQUESTS),
+        # Any order, repeats, and a node the cache does not know: filter reads each name's kept
+        # mark by its position (Verdicts.marks).
+        names=st.lists(st.sampled_from([*NODES, "unknown"]), max_size=8) | st.just(list(NODES)),
+    )
+    def filter(self, request: NeuronRequest, names: list[str]) -> None:
         limits = {NEURON if request.unit is Unit.DEVICE else NEURONCORE: request.count}
         asker = pod_json("asker", limits)
-        body = msgspec.json.encode({"Pod": asker, "Nodes": None, "NodeNames": list(NODES)})
-        passed = self.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body).passed
+        body = msgspec.json.encode({"Pod": asker, "Nodes": None, "NodeNames": names})
+        result = self.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body)
+        passed = result.passed
+        fitting = [n for n in names if isinstance(self._fresh(n, request), Placement)]
+        assert passed == fitting, (names, request)
+        assert set(result.failed) | set(result.unresolvable) == set(names) - set(fitting)
         self.next_ask = msgspec.json.encode({"Pod": asker, "Nodes": None, "NodeNames": passed})
         if passed:  # nothing changed since: kept (else this machine tests nothing)
             assert self.judge.answer_as_filtered(self.next_ask) is not None
