@@ -150,3 +150,42 @@ def test_the_next_request_is_the_filter_request_with_the_passed_names() -> None:
     spaced = json.dumps({"Pod": POD, "Nodes": None, "NodeNames": NAMES}).encode()
     assert next_request(spaced, NAMES, list(NAMES)) is spaced  # the same bytes decode the same
     assert next_request(spaced, NAMES, NAMES[:2]) is None  # not a form whose names it can replace
+
+
+@pytest.mark.parametrize("held_devices", [10, 12])
+def test_ids_held_until_a_time_that_passes_during_a_filter_leave_no_stale_mark(
+    held_devices: int,
+) -> None:
+    """A bind's announced ids (written on a pod not bound yet) are held until a deadline, which
+    can pass inside a filter: between its read of the kept marks and its deciding the nodes that
+    had none. The node they were on then fits as it does now (not refused as unknown to the
+    cache), and prioritize is answered as judging now would (no score kept from before)."""
+    ext = wire(NO_API, Catalog.builtin())
+    ledger = ext.ledger
+    now = [1_000_000.0]
+    ledger.wall_clock = lambda: now[0]
+    ledger.replace_nodes([node("a", "inf2.48xlarge")])
+    ids = ",".join(map(str, range(held_devices)))
+    annotations = {
+        "AWS_NEURON_IDS": ids,
+        "NEURON_NODE": "a",
+        "NEURON_ALLOC_TIME": str(int(now[0] * 1e9)),
+        "NEURON_RESOURCE_TYPE": DEV,
+    }
+    ledger.apply_pod(pod("x", {DEV: held_devices}, scheduler="nobody", annotations=annotations))
+    (until,) = [announced.until for _, announced in ledger._announced.items()]
+    filtered(ext, body_of(["a"]))  # a's mark kept while the ids are held
+    ledger.replace_nodes([node("a", "inf2.48xlarge"), node("b", "inf2.48xlarge")])
+    deciding = ledger.fill_verdicts
+
+    def fill_later(*args: Any, **kwargs: Any) -> Any:
+        now[0] = until + 1  # the hold ends as filter decides b
+        return deciding(*args, **kwargs)
+
+    ledger.fill_verdicts = fill_later  # type: ignore[method-assign]
+    body = body_of(["a", "b"])
+    result = ext.judge.filter(msgspec.json.decode(body, type=ExtenderArgs), body)
+    ledger.fill_verdicts = deciding  # type: ignore[method-assign]
+    assert result.passed == ["a", "b"], (result.failed, result.unresolvable)
+    kept = ext.judge.answer_as_filtered(body)
+    assert kept is None or kept == judged(ext, body)

@@ -176,10 +176,18 @@ class Judge:
         seen = list(map(marks.get, names, repeat(UNDECIDED)))
         lowest = min(seen, default=0)
         if lowest == UNDECIDED:
+            forgotten = verdicts.forgotten
             undecided = _positions(seen, UNDECIDED)
-            self.ledger.fill_verdicts([names[i] for i in undecided], request, self.policy, claimant)
-            for i in undecided:
-                seen[i] = marks.get(names[i], UNDECIDED)
+            filled = self.ledger.fill_verdicts(
+                [names[i] for i in undecided], request, self.policy, claimant
+            )
+            if filled is verdicts and filled.forgotten == forgotten:
+                for i in undecided:
+                    seen[i] = marks.get(names[i], UNDECIDED)
+            else:  # held ids ran out meanwhile and dropped marks read above: read all again
+                verdicts = self.ledger.fill_verdicts(names, request, self.policy, claimant)
+                marks = verdicts.marks
+                seen = list(map(marks.get, names, repeat(UNDECIDED)))
             lowest = min(seen)
         scores: list[int] | None = seen  # for the nodes that passed, in their order
         if lowest >= 0:
@@ -280,10 +288,11 @@ class Judge:
     @staticmethod
     def _log_filter(pod: Pod, request: NeuronRequest, result: FilterResult) -> None:
         """At INFO only when no node passed: the pod waits, and these lines say why, node by
-        node. When some passed, the pod's bind logs where it went and what it got, and these
-        lines are DEBUG: at INFO they were most of the extender's log and an eighth of a
-        filter's CPU live (a fifth in process with the CPU's caches cold; issue 50). A line per
-        node that fits only at DEBUG (issue 36)."""
+        node. When some passed, these lines are DEBUG: the pod's bind logs where it went and what
+        it got (should kube-scheduler's own plugins refuse every node that passed, its event on
+        the pod says so, and `neuron-scheduler why` tells the rest). At INFO they were most of
+        the extender's log and an eighth of a filter's CPU live (a fifth in process with the
+        CPU's caches cold; issue 50). A line per node that fits only at DEBUG (issue 36)."""
         level = logging.DEBUG if result.passed else logging.INFO
         if not log.isEnabledFor(level):
             return
