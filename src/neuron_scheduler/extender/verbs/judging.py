@@ -190,6 +190,7 @@ class Judge:
                 seen = list(map(marks.get, names, repeat(UNDECIDED)))
             lowest = min(seen)
         scores: list[int] | None = seen  # for the nodes that passed, in their order
+        read_at = verdicts.forgotten  # (what follows may drop decisions: held ids running out)
         if lowest >= 0:
             result = FilterResult(list(names), {}, {})
             outcomes["fits"] = len(names)
@@ -235,7 +236,7 @@ class Judge:
                 outcomes[node_filter.outcome] += len(narrowed)
         if args.NodeNames is not None and body is not None and result.passed:
             self._kept = self._answer_next(
-                body, names, result.passed, scores, request, claimant, verdicts
+                body, names, result.passed, scores, read_at, request, claimant, verdicts
             )
         for outcome, count in outcomes.items():
             self.metrics.filter_outcomes.labels(outcome).inc(count)
@@ -253,6 +254,7 @@ class Judge:
         names: list[str],
         passed: list[str],
         scores: list[int] | None,
+        read_at: int,
         request: NeuronRequest,
         claimant: Claimant,
         verdicts: Verdicts,
@@ -260,17 +262,17 @@ class Judge:
         """prioritize's answer for the nodes that passed, made now (None: a node that passed
         has no kept score, having been judged from the request's own copy of it; or some failed
         and the request is not in kube-scheduler's form). `scores`: theirs, in order, when filter
-        read them already."""
+        read them already, at `read_at` decisions dropped (the answer stands while no more are)."""
         if scores is None:
             found = list(map(verdicts.score, passed))
             if None in found:
                 return None
-            scores = cast(list[int], found)
+            scores, read_at = cast(list[int], found), verdicts.forgotten
         text = next_request(body, names, passed)
         if text is None:
             return None
         answer = msgspec.json.encode(list(map(HostPriority, passed, scores)))
-        return FilterAnswer(text, request, claimant, verdicts, verdicts.forgotten, answer)
+        return FilterAnswer(text, request, claimant, verdicts, read_at, answer)
 
     def answer_as_filtered(self, body: bytes) -> bytes | None:
         """prioritize's answer, encoded, when `body` is the request the last filter expected
