@@ -108,7 +108,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert name not in verdicts.decisions
                     continue
                 assert verdicts.decisions[name] == fresh, (name, request)
-                assert (name in verdicts.fits) == isinstance(fresh, Placement)
+                assert (name in verdicts.fitting()) == isinstance(fresh, Placement)
                 score = fresh.score if isinstance(fresh, Placement) else 0
                 assert verdicts.score(name) == score
 

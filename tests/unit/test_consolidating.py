@@ -262,7 +262,7 @@ class World:
     def small_fits_on_a(self, device_count: int = 1) -> bool:
         request = NeuronRequest(NEURON, device_count)
         claimant = Claimant.of(stuck("small", device_count), request)
-        return "a" in self.ledger.fill_verdicts(["a"], request, Policy.BEST_FIT, claimant).fits
+        return "a" in self.ledger.fill_verdicts(["a"], request, Policy.BEST_FIT, claimant).fitting()
 
 
 def test_dry_run_says_what_it_would_evict_and_does_nothing() -> None:

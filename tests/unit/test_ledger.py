@@ -175,10 +175,10 @@ def test_ids_a_bind_wrote_on_a_pending_pod_stay_held_until_its_binding_can_no_lo
     ledger.apply_pod(pending)
     now[0] = 990 + ANNOUNCED_SECONDS - 1
     verdicts = ledger.fill_verdicts(["n1"], NeuronRequest(CORE, 15), Policy.BEST_FIT)
-    assert "n1" not in verdicts.fits
+    assert "n1" not in verdicts.fitting()
     now[0] = 990 + ANNOUNCED_SECONDS
     verdicts = ledger.fill_verdicts(["n1"], NeuronRequest(CORE, 15), Policy.BEST_FIT)
-    assert "n1" in verdicts.fits
+    assert "n1" in verdicts.fitting()
     assert ledger.state("n1").used_cores == 0
 
 
@@ -244,7 +244,7 @@ def test_kept_decisions_follow_every_change_to_their_node() -> None:
 
     def fits() -> set[str]:
         return set(
-            ledger.fill_verdicts(["n1", "t1", "unknown"], four_devices, Policy.BEST_FIT).fits
+            ledger.fill_verdicts(["n1", "t1", "unknown"], four_devices, Policy.BEST_FIT).fitting()
         )
 
     assert fits() == {"n1", "t1"}

@@ -334,7 +334,7 @@ def test_when_the_node_comes_the_block_is_held_then_the_placeholder_goes() -> No
     claimant = Claimant.of(small, NeuronRequest(NEURON, 12))
     assert not world.ledger.fill_verdicts(
         ["new"], NeuronRequest(NEURON, 12), claimant=claimant, policy=world.requester.policy
-    ).fits
+    ).fitting()
     assert any(e[1] == "NeuronCapacityArrived" for e in world.events)
     assert world.requester.metrics.requests.labels("fulfilled")._value.get() == 1
     # The pod is bound there: the hold ends, done.

@@ -33,7 +33,7 @@ from neuron_scheduler.core.consolidation import (
 )
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
-from neuron_scheduler.extender.state.ledger import Claimant, Ledger
+from neuron_scheduler.extender.state.ledger import REFUSED, Claimant, Ledger
 from neuron_scheduler.extender.state.movability import Movability
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import Pod
@@ -194,8 +194,9 @@ def _rooms(
         claimant = Claimant(priority=facts.priority)
         verdicts = ledger.fill_verdicts(ledger.nodes, request, policy, claimant)
         found = []
+        marks = verdicts.marks
         for name, entry in ledger.nodes.items():
-            if name not in verdicts.fits and name != facts.bound:
+            if marks.get(name, REFUSED) < 0 and name != facts.bound:
                 continue
             node_facts = ledger.facts.get(name)
             if node_facts is not None and why_not(facts.placement, node_facts) is not None:

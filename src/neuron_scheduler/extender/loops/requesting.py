@@ -373,7 +373,7 @@ class CapacityRequester:
         verdicts = self.ledger.fill_verdicts(self.ledger.nodes, request, self.policy, claimant)
         best: tuple[int, str, Placement] | None = None
         other = ""
-        for name in sorted(verdicts.fits):
+        for name in sorted(verdicts.fitting()):
             facts = self.ledger.facts.get(name)
             if facts is not None and why_not(pod, facts) is not None:
                 continue

@@ -179,11 +179,10 @@ class Verdicts:
     when a pod lands on it or leaves, so decisions are kept until their node changes.
     """
 
-    __slots__ = ("decisions", "fits", "forgotten", "marks")
+    __slots__ = ("decisions", "forgotten", "marks")
 
     def __init__(self) -> None:
         self.decisions: dict[str, Decision] = {}
-        self.fits: set[str] = set()  # the nodes whose decision is a Placement
         # Each decided node's fit score, or REFUSED: filter reads whether its nodes fit and
         # prioritize's scores in one pass over the names (issue 50).
         self.marks: dict[str, int] = {}
@@ -192,6 +191,10 @@ class Verdicts:
         # stands (decisions are only ever added in between).
         self.forgotten = 0
 
+    def fitting(self) -> list[str]:
+        """The nodes whose decision is a Placement (a pass over every kept mark)."""
+        return [node for node, mark in self.marks.items() if mark >= 0]
+
     def score(self, node: str) -> int | None:
         """prioritize's score for a decided node: its fit score, 0 when refused."""
         mark = self.marks.get(node)
@@ -199,7 +202,6 @@ class Verdicts:
 
     def forget(self, node: str) -> None:
         if self.decisions.pop(node, None) is not None:
-            self.fits.discard(node)
             del self.marks[node]
             self.forgotten += 1
 
@@ -765,11 +767,7 @@ class Ledger:
                 decision = self.failed_devices_refusal(name, request, decision)
             self.decisions += 1
             decisions[name] = decision
-            if isinstance(decision, Placement):
-                verdicts.fits.add(name)
-                verdicts.marks[name] = decision.score
-            else:
-                verdicts.marks[name] = REFUSED
+            verdicts.marks[name] = decision.score if isinstance(decision, Placement) else REFUSED
         return verdicts
 
     def state(self, node: str) -> NodeState:

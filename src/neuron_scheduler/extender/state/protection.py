@@ -138,7 +138,7 @@ def at_risk(
     priority sees the nodes: blocks held for others of higher priority count)."""
     claimant = Claimant(priority=pod.priority)
     verdicts = ledger.fill_verdicts(ledger.nodes, pod.request, policy, claimant)
-    for name in verdicts.fits:
+    for name in verdicts.fitting():
         if name == pod.node:
             continue
         facts = ledger.facts.get(name)

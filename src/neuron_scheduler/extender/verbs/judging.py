@@ -221,8 +221,12 @@ class Judge:
                     outcome = outcome or ("held" if held else "no_fit")
                 outcomes[outcome] += 1
             if late_fits:  # judged from the request's own copy: no kept score
-                fits = verdicts.fits
-                result.passed = [name for name in names if name in fits or name in late_fits]
+                kept_marks = verdicts.marks
+                result.passed = [
+                    name
+                    for name in names
+                    if kept_marks.get(name, REFUSED) >= 0 or name in late_fits
+                ]
                 scores = None
         now = self.clock()
         for node_filter in self.filters:
