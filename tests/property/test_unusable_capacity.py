@@ -9,7 +9,9 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from neuron_scheduler.core.allocation import (
-    _unusable_mask,
+    _unusable,
+    _unusable_cores,
+    busy_devices,
     is_valid_core_set,
     is_valid_device_set,
 )
@@ -57,4 +59,6 @@ def test_unusable_is_the_free_capacity_no_valid_placement_reaches(
         used &= used >> 1
     free = full & ~used
     expected = free & ~usable_by_brute_force(instance_type, used, unit, count)
-    assert _unusable_mask(topology, used, unit, count) == expected
+    assert _unusable_cores(topology, free, busy_devices(topology, used), unit, count) == expected
+    # What placement by demand weighs: those cores, by how often the shape is asked for.
+    assert _unusable(topology, used, ((unit, count, 3),)) == 3 * expected.bit_count()

@@ -683,14 +683,9 @@ def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
     return weighted
 
 
-def _unusable_mask(topology: Topology, used: int, unit: Unit, count: int) -> int:
-    """The free cores a request of this shape could never be given on this node as it is."""
-    free = ~used & ((1 << topology.total_cores) - 1)
-    return _unusable_cores(topology, free, busy_devices(topology, used), unit, count)
-
-
 def _unusable_cores(topology: Topology, free: int, busy: int, unit: Unit, count: int) -> int:
-    """`_unusable_mask` given the node's free cores and its busy devices."""
+    """The free cores a request of this shape could never be given on the node as it is, given
+    its free cores and its busy devices."""
     if _never_placed(topology, unit, count):
         return free
     if unit is Unit.DEVICE:
