@@ -335,7 +335,7 @@ class Judge:
         # Usually every node has a kept mark (filter just asked about the same nodes).
         seen = list(map(marks.get, names, repeat(UNDECIDED)))
         if UNDECIDED in seen:
-            self.ledger.fill_verdicts(names, request, self.policy, claimant)
+            marks = self.ledger.fill_verdicts(names, request, self.policy, claimant).marks
             seen = list(map(marks.get, names, repeat(UNDECIDED)))
         if UNDECIDED not in seen:
             return list(map(HostPriority, names, map(max, seen, repeat(0))))
