@@ -270,6 +270,11 @@ def visible_cores(record: Json) -> list[int]:
 @pytest.mark.compat
 def test_node_capacity_comes_from_the_device_plugin(real: RealNode) -> None:
     assert not any(k.startswith("aws.amazon.com/") for k in real.allocatable_before_plugin)
+    # A test before may have restarted the kubelet: it shows the plugin's resources as 0 until
+    # the plugin registers again (seen in CI with a random order), so wait for them first.
+    real.kubelet.wait_allocatable(
+        {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
+    )
     node = real.kubelet.node()
     assert node is not None
     for field in ("capacity", "allocatable"):
