@@ -3,6 +3,7 @@ checkout on sys.path (the testbed and the object builders live in tests/)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
@@ -68,6 +69,16 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU time the process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_delay_seconds(pid: int) -> float:
+    """How long the process's threads have waited, runnable, for a CPU so far (schedstat's
+    second field; a thread that ended takes its share with it)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 def cpu_ticks() -> tuple[int, int]:

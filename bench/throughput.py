@@ -59,7 +59,16 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import ROOT, TYPES, cpu_seconds, cpu_ticks, machine_line, neuron_pod, rss_mb
+from fleet import (
+    ROOT,
+    TYPES,
+    cpu_seconds,
+    cpu_ticks,
+    machine_line,
+    neuron_pod,
+    rss_mb,
+    run_delay_seconds,
+)
 from neuron_scheduler.sim.kubescheduler import PROFILES
 from tests.builders import node_json
 from tests.testbed import ControlPlane, ExtenderProcess, Stack, find_kubebin
@@ -237,6 +246,8 @@ class Outcome:
     bound: int = 0
     seconds: float = float("inf")
     cpu: dict[str, float] = field(default_factory=dict)  # component -> CPU seconds
+    # component -> seconds its threads waited, runnable, for a CPU (the machine's contention)
+    waits: dict[str, float] = field(default_factory=dict)
     busy: float = 0.0  # share of the machine's CPU time in use during the run
     steal: float = 0.0  # share of it the hypervisor gave to other VMs
     scheduler: dict[str, float] = field(default_factory=dict)  # its metrics, per attempt
@@ -317,6 +328,10 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     return figures
 
 
+WAITING = ("kube-scheduler", "kube-apiserver", "etcd", "extender")  # the run-queue line's order
+STEADY = "steady "  # apiserver_figures' prefix of reads that do not come with each pod
+
+
 def apiserver_figures(cp: ControlPlane) -> dict[str, float]:
     """kube-apiserver's counts so far: requests by verb and resource (subresource), watch
     events sent by kind, and their bytes (`watch bytes`)."""
@@ -327,12 +342,12 @@ def apiserver_figures(cp: ControlPlane) -> dict[str, float]:
         m = families(answer.read().decode())
     figures: dict[str, float] = {}
     for labels, value in m.get("apiserver_request_total", []):
-        if labels.get("verb") in ("WATCH", "LIST", "GET") and labels.get("resource") != "pods":
-            continue  # informers' and leases' steady traffic, not per pod
         resource = labels.get("resource", "") + (
             f"/{labels['subresource']}" if labels.get("subresource") else ""
         )
         key = f"{labels.get('verb')} {resource}"
+        if labels.get("verb") in ("WATCH", "LIST", "GET") and labels.get("resource") != "pods":
+            key = STEADY + key  # informers' and leases' steady traffic, not per pod
         figures[key] = figures.get(key, 0.0) + value
     for labels, value in m.get("apiserver_watch_events_total", []):
         key = f"watch {labels.get('kind') or labels.get('resource', '?')}"
@@ -489,6 +504,7 @@ def run(
         components["extender"] = ext_pid
     components["bench"] = os.getpid()
     cpu0 = {component: cpu_seconds(pid) for component, pid in components.items()}
+    wait0 = {component: run_delay_seconds(pid) for component, pid in components.items()}
     steal0, ticks0 = cpu_ticks()
     idle0 = _idle_ticks()
     opens0 = tcp_opens()
@@ -499,11 +515,12 @@ def run(
         recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
     scheduler = cp.start_scheduler(config=config)
     components["kube-scheduler"] = scheduler.process.pid or 0
-    cpu0["kube-scheduler"] = 0.0  # all of its CPU is this run's
+    cpu0["kube-scheduler"] = wait0["kube-scheduler"] = 0.0  # all of its CPU is this run's
     watch.wait(pods, stall_seconds, name)
     if recording is not None:
         recording.stop()
     outcome.cpu = {c: cpu_seconds(pid) - cpu0[c] for c, pid in components.items()}
+    outcome.waits = {c: run_delay_seconds(pid) - wait0[c] for c, pid in components.items()}
     steal1, ticks1 = cpu_ticks()
     elapsed = max(ticks1 - ticks0, 1)
     outcome.busy = 1 - (_idle_ticks() - idle0) / elapsed
@@ -568,6 +585,15 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"{cpu.get('etcd', 0):6.2f} {cpu.get('extender', 0):8.2f} {sum(cpu.values()):6.2f} "
             f"| {100 * o.busy:3.0f}%  {100 * o.steal:4.1f}%  {o.connections / max(o.bound, 1):6.2f}"
         )
+    print("\nwaiting for a CPU (runnable, not running), ms per pod, by component:")
+    for o in outcomes:
+        per = 1000 / max(o.bound, 1)
+        waits = {k: v * per for k, v in o.waits.items()}
+        print(
+            f"{o.name:{w}} "
+            + ", ".join(f"{c} {waits.get(c, 0):.2f}" for c in WAITING)
+            + f"; all {sum(waits.values()):.2f}"
+        )
     print("\nkube-scheduler, ms per scheduling attempt (its metrics):")
     print(
         f"{'':{w}} {'attempts':>8} {'attempt':>8} {'algorithm':>9} "
@@ -602,9 +628,21 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         )
     print("\nkube-apiserver, per pod bound: requests by verb and resource, watch events sent:")
     for o in outcomes:
-        shown = sorted(((v, k) for k, v in o.api.items() if k != "watch bytes"), reverse=True)
+        shown = sorted(
+            ((v, k) for k, v in o.api.items() if k != "watch bytes" and not k.startswith(STEADY)),
+            reverse=True,
+        )
         text = ", ".join(f"{key} {value:.2f}" for value, key in shown if value >= 0.005)
         print(f"{o.name:{w}} {text}; watch {o.api.get('watch bytes', 0) / 1024:.1f} KiB")
+    print("kube-apiserver, reads of other kinds a second (informers, leases, loops):")
+    for o in outcomes:
+        per_second = o.bound / max(o.seconds, 1e-9)
+        steady = sorted(
+            ((v * per_second, k[len(STEADY) :]) for k, v in o.api.items() if k.startswith(STEADY)),
+            reverse=True,
+        )
+        text = ", ".join(f"{key} {value:.2f}" for value, key in steady if value >= 0.005)
+        print(f"{o.name:{w}} {text or 'none'}")
     rates = {o.name: o.rate for o in outcomes}
     print()
     if rates.get("null") and rates.get("ours"):
