@@ -34,6 +34,10 @@ floor of any extender that learns which devices are taken from the API, as every
 hands out devices must (ours must, to never give the same ids twice across restarts). It answers
 /readyz once its list is read, as ours does.
 
+It times its verbs as ours does (from the request's headers to the answer sent, wall time) and
+serves the sums as ours' `neuron_scheduler_request_seconds` at GET /metrics, so bench/throughput.py
+reads both extenders' time in their handlers alike.
+
 With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is a dev
 dependency only, for these benchmarks): kube-scheduler's transport then sends every call over
 one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
@@ -197,12 +201,27 @@ def app_for(api: KubeAPI, writes: str, watch: Watch[Pod] | None = None) -> Any:
             return "ok"
         raise LookupError(path)
 
+    # verb -> [calls, seconds]: as ours' neuron_scheduler_request_seconds counts them
+    timed: dict[str, list[float]] = {verb: [0, 0.0] for verb in ("filter", "prioritize", "bind")}
+
+    def metrics_page() -> bytes:
+        lines = ["# TYPE neuron_scheduler_request_seconds summary"]
+        for verb, (calls, seconds) in timed.items():
+            lines.append(f'neuron_scheduler_request_seconds_count{{verb="{verb}"}} {calls}')
+            lines.append(f'neuron_scheduler_request_seconds_sum{{verb="{verb}"}} {seconds}')
+        return ("\n".join(lines) + "\n").encode()
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        start = time.perf_counter()
         status = 200
         try:
             body = await read_body(scope, receive, DEFAULT_BODY_LIMIT)
+            if scope["path"] == "/metrics":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": metrics_page()})
+                return
             payload = msgspec.json.encode(await answer(scope["path"], body))
         except LookupError:
             status, payload = 404, b'{"Error":"unknown path"}'
@@ -213,6 +232,10 @@ def app_for(api: KubeAPI, writes: str, watch: Watch[Pod] | None = None) -> Any:
             {"type": "http.response.start", "status": status, "headers": [*_HEADERS, length]}
         )
         await send({"type": "http.response.body", "body": payload})
+        verb = timed.get(scope["path"].lstrip("/"))
+        if verb is not None:
+            verb[0] += 1
+            verb[1] += time.perf_counter() - start
 
     return app
 

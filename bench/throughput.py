@@ -251,7 +251,7 @@ class Outcome:
     busy: float = 0.0  # share of the machine's CPU time in use during the run
     steal: float = 0.0  # share of it the hypervisor gave to other VMs
     scheduler: dict[str, float] = field(default_factory=dict)  # its metrics, per attempt
-    extender: dict[str, float] = field(default_factory=dict)  # ours: handler ms per pod
+    extender: dict[str, float] = field(default_factory=dict)  # handler ms per pod, and ours: more
     rss: float = 0.0
     connections: int = 0  # TCP connections opened on the machine during the run
     # kube-apiserver's requests (verb, resource) and watch events sent (kind), per pod bound
@@ -325,6 +325,8 @@ def extender_figures(before: str, after: str, pods: int) -> dict[str, float]:
     figures["decisions"] = delta("neuron_scheduler_decisions_total") / pods
     figures["from filter"] = delta("neuron_scheduler_prioritize_from_filter_total") / pods
     figures["demand snapshots"] = delta("neuron_scheduler_demand_snapshots_total")
+    # The null extender times its verbs only (bench/nullextender.py).
+    figures["ours"] = float("neuron_scheduler_bind_work_seconds_sum" in m1)
     return figures
 
 
@@ -407,6 +409,12 @@ class NullExtender:
 
     def pid(self) -> int | None:
         return self.process.pid
+
+    def metrics(self) -> str:
+        """Its verbs' time, as ours' /metrics counts it (bench/nullextender.py)."""
+        url = self.url + "/metrics"
+        with urllib.request.urlopen(url, timeout=10, context=self.context) as page:
+            return str(page.read().decode())
 
 
 class Profiler:
@@ -616,6 +624,9 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             f"{verb} {e[verb]:.2f} ({e[verb + ' calls']:.2f} calls)"
             for verb in ("filter", "prioritize", "bind")
         )
+        if not e["ours"]:
+            print(f"\n{o.name}, ms per pod in its handlers: {verbs}")
+            continue
         work, kept = e["bind work"], e["from filter"]
         print(
             f"\n{o.name}, ms per pod in its handlers: {verbs}; bind's own work {work:.3f}; "
@@ -881,7 +892,7 @@ def main() -> int:
                     profile=profile,
                 )
                 if null is not None:
-                    extender = Contender(null.start, null.stop, null.pid)
+                    extender = Contender(null.start, null.stop, null.pid, null.metrics)
                 else:
                     process = ours[base]
                     pid = lambda managed=process.process: managed.pid  # noqa: E731
