@@ -23,11 +23,14 @@ A configuration that does not bind all its pods fails the run (exit status 1) af
 Only the configuration being timed runs: our extender is started for its turn (it lists the
 nodes, then watches its pods being created) and stopped after it, so it never competes for the
 CPU with the others. Per configuration the run reports each component's CPU per pod, the
-machine's idle share, kube-scheduler's own figures per scheduling attempt (its metrics
+machine's idle share, how long each component waited for a CPU per pod (runnable but not running:
+the machine's contention), kube-scheduler's own figures per scheduling attempt (its metrics
 `scheduler_scheduling_attempt_duration_seconds`, `scheduler_scheduling_algorithm_duration_seconds`
 and `scheduler_framework_extension_point_duration_seconds`: the extenders' filter and prioritize
-round trips are the algorithm's time its framework plugins do not account for) and, for ours, the
-time in its handlers per pod. `--profile DIR` records each extender with py-spy (a dev
+round trips are the algorithm's time its framework plugins do not account for), each extender's
+time in its handlers per pod (the null extender's too), ours' watch, decisions and event loop,
+kube-apiserver's requests per pod, and its reads of other kinds a second (informers, leases, and
+any loop of ours that reads the API). `--profile DIR` records each extender with py-spy (a dev
 dependency) into DIR while it is timed, for bench/profile_summary.py.
 
 Run: uv run python bench/throughput.py [--nodes 500 --pods 2000] [--configs without,null,ours]
