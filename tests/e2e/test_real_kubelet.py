@@ -39,6 +39,8 @@ pytestmark = pytest.mark.e2e
 NODE = "real-node"
 INSTANCE = "inf1.6xlarge"
 DEVICES, CORES_PER_DEVICE = 4, 4
+# What the Node shows once the device plugin has registered its resources.
+PLUGIN_RESOURCES = {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
 CORRECTED = "NeuronIdsCorrected"
 # Safety net against a hang, never a performance bound.
 PATIENCE = 60.0
@@ -93,9 +95,7 @@ def real(kubebin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
             kubelet.start()
             before = dict((kubelet.node() or {})["status"]["allocatable"])
             plugin.start()
-            kubelet.wait_allocatable(
-                {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
-            )
+            kubelet.wait_allocatable(PLUGIN_RESOURCES)
             yield RealNode(cp, stack, kubelet, plugin, before)
         finally:
             plugin.stop()
@@ -109,9 +109,7 @@ def namespace(real: RealNode) -> Iterator[str]:
     shows every device first: a test before may have restarted the kubelet, which reports the
     plugin's resources as 0 allocatable until the plugin has registered again, and a test that
     pauses the kubelet then would pause it with nothing to schedule on (seen once in CI)."""
-    real.kubelet.wait_allocatable(
-        {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
-    )
+    real.kubelet.wait_allocatable(PLUGIN_RESOURCES)
     name = f"rk-{uuid.uuid4().hex[:8]}"
     real.cp.client.ensure_namespace(name)
     yield name
@@ -272,9 +270,7 @@ def test_node_capacity_comes_from_the_device_plugin(real: RealNode) -> None:
     assert not any(k.startswith("aws.amazon.com/") for k in real.allocatable_before_plugin)
     # A test before may have restarted the kubelet: it shows the plugin's resources as 0 until
     # the plugin registers again (seen in CI with a random order), so wait for them first.
-    real.kubelet.wait_allocatable(
-        {NEURONCORE: DEVICES * CORES_PER_DEVICE, NEURON: DEVICES, NEURONDEVICE: DEVICES}
-    )
+    real.kubelet.wait_allocatable(PLUGIN_RESOURCES)
     node = real.kubelet.node()
     assert node is not None
     for field in ("capacity", "allocatable"):

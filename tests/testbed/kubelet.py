@@ -222,9 +222,18 @@ class Kubelet:
         self.start_kubelet()
 
     def start_kubelet(self) -> None:
+        """Returns once this kubelet has posted the Node's status (Ready). After a restart the
+        Node still shows the last kubelet's status (Ready, a device plugin's resources) until
+        the new one posts its own, which shows those resources as 0 until the plugin registers
+        again: a wait for them could otherwise pass on the old status and then see 0."""
+        before = self._heartbeat()
         began = time.monotonic()
         self.kubelet.start()
-        self._wait(self.kubelet, f"Node {self.name} Ready", self.ready)
+        self._wait(
+            self.kubelet,
+            f"Node {self.name} Ready, posted by this kubelet",
+            lambda: self.ready() and self._heartbeat() != before,
+        )
         self.ready_seconds = time.monotonic() - began
 
     def stop_kubelet(self) -> None:
@@ -376,6 +385,15 @@ class Kubelet:
         node = self.node()
         conditions = (node or {}).get("status", {}).get("conditions", [])
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def _heartbeat(self) -> str | None:
+        """When the kubelet last posted the Node's status (its Ready condition's heartbeat,
+        posted every second here: nodeStatusUpdateFrequency)."""
+        conditions = ((self.node() or {}).get("status") or {}).get("conditions") or []
+        for condition in conditions:
+            if condition.get("type") == "Ready":
+                return str(condition.get("lastHeartbeatTime"))
+        return None
 
     def wait_allocatable(self, expected: Mapping[str, int]) -> float:
         """Until the Node's capacity and allocatable show these counts (from a device plugin,
