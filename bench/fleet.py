@@ -73,12 +73,14 @@ def cpu_seconds(pid: int) -> float:
 
 def run_delay_seconds(pid: int) -> float:
     """How long the process's threads have waited, runnable, for a CPU so far (schedstat's
-    second field; a thread that ended takes its share with it)."""
-    total = 0
+    second field; a thread that ended takes its share with it). NaN where the kernel keeps no
+    schedstat (the tables then show nan, not a wait of 0)."""
+    total, read = 0, 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
+            read += 1
+    return total / 1e9 if read else float("nan")
 
 
 def cpu_ticks() -> tuple[int, int]:

@@ -219,8 +219,11 @@ def app_for(api: KubeAPI, writes: str, watch: Watch[Pod] | None = None) -> Any:
         try:
             body = await read_body(scope, receive, DEFAULT_BODY_LIMIT)
             if scope["path"] == "/metrics":
-                await send({"type": "http.response.start", "status": 200, "headers": []})
-                await send({"type": "http.response.body", "body": metrics_page()})
+                page = metrics_page()
+                headers = [(b"content-type", b"text/plain; version=0.0.4")]
+                headers.append((b"content-length", str(len(page)).encode()))
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": page})
                 return
             payload = msgspec.json.encode(await answer(scope["path"], body))
         except LookupError:

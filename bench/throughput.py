@@ -259,6 +259,7 @@ class Outcome:
     connections: int = 0  # TCP connections opened on the machine during the run
     # kube-apiserver's requests (verb, resource) and watch events sent (kind), per pod bound
     api: dict[str, float] = field(default_factory=dict)
+    api_seconds: float = 0.0  # the span `api` was counted over (from before kube-scheduler starts)
 
     @property
     def rate(self) -> float:
@@ -514,13 +515,15 @@ def run(
     if ext_pid is not None:
         components["extender"] = ext_pid
     components["bench"] = os.getpid()
+    # (read before the counts start: its connection and CPU are not the run's)
+    metrics_before = extender.metrics() if extender is not None and extender.metrics else ""
     cpu0 = {component: cpu_seconds(pid) for component, pid in components.items()}
     wait0 = {component: run_delay_seconds(pid) for component, pid in components.items()}
     steal0, ticks0 = cpu_ticks()
     idle0 = _idle_ticks()
     opens0 = tcp_opens()
-    metrics_before = extender.metrics() if extender is not None and extender.metrics else ""
     api_before = apiserver_figures(cp)
+    api_since = time.monotonic()
     recording = None
     if profile is not None and ext_pid is not None:
         recording = Profiler(profiler, ext_pid, profile / f"{name}.txt")
@@ -542,6 +545,7 @@ def run(
     if watch.times:
         outcome.seconds = max(watch.times[-1] - watch.times[0], 1e-9)
     outcome.scheduler = scheduler_figures(scheduler.metrics(cp.admin_token))
+    outcome.api_seconds = time.monotonic() - api_since
     api_after = apiserver_figures(cp)
     per = 1 / max(outcome.bound, 1)
     outcome.api = {
@@ -648,9 +652,10 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
         )
         text = ", ".join(f"{key} {value:.2f}" for value, key in shown if value >= 0.005)
         print(f"{o.name:{w}} {text}; watch {o.api.get('watch bytes', 0) / 1024:.1f} KiB")
+    # (a WATCH is counted when it ends: a watch opened during the run and still open is not)
     print("kube-apiserver, reads of other kinds a second (informers, leases, loops):")
     for o in outcomes:
-        per_second = o.bound / max(o.seconds, 1e-9)
+        per_second = max(o.bound, 1) / max(o.api_seconds, 1e-9)  # (api holds counts per pod)
         steady = sorted(
             ((v * per_second, k[len(STEADY) :]) for k, v in o.api.items() if k.startswith(STEADY)),
             reverse=True,
