@@ -504,23 +504,3 @@ def test_the_first_refusal_of_a_job_without_a_claim_already_says_what_it_needs()
     )
     _, failed = rule.filter(member("small", 0, size=4), names, now=0.0)
     assert "job ns/small fits now (on 4 nodes)" in failed["b0"]
-
-
-def test_a_job_that_fitted_when_first_asked_hears_why_it_no_longer_does() -> None:
-    """A job's "fits now" is said again at each ask until its claim is made: when its room is
-    taken meanwhile (here by another job's member), the next refusal says what it needs. Kept
-    from the first ask, it stayed on the members' events until some cluster event (seen in CI)."""
-    occupancy, names = fleet()
-    occupancy.apply_pod(member("busy", 0, node="a1"))
-    rule = UnitPlacement(occupancy, lambda pod: Fit(lambda n: None))
-    _, failed = rule.filter(member("small", 0, size=4), names, now=0.0)
-    assert "job ns/small fits now (on 4 nodes)" in failed["b0"]
-    occupancy.apply_pod(member("busy", 1, node="b0"))
-    _, failed = rule.filter(member("small", 1, size=4), names, now=1.0)
-    reason = "job ns/small needs 1 free UltraServer of 4 nodes for its 4 members, 0 free"
-    assert reason in failed["b1"]
-    # What the reservation loop says from then on stands: filter does not work it out again.
-    occupancy.shortfalls[("ns", "small")] = "the loop's word"
-    occupancy.remove_pod("busy-1")  # (b fits the job again)
-    _, failed = rule.filter(member("small", 2, size=4), names, now=2.0)
-    assert failed["b1"] == "the loop's word"

@@ -1050,9 +1050,6 @@ class UnitPlacement:
         # Jobs whose members kube-scheduler asked about (the reservation loop renews their
         # claims and plans for them first), by the time of the last ask (filter's clock).
         self.asked: dict[JobKey, float] = {}
-        # What filter last said of a job that fitted when asked ("fits now ..."), while that is
-        # still what its members are refused with: said again at each ask (below).
-        self._fits_said: dict[JobKey, str] = {}
 
     def filter(self, pod: Pod, passed: list[str], now: float) -> tuple[list[str], dict[str, str]]:
         """Narrow the nodes that passed the device check; returns (passed, newly failed)."""
@@ -1074,20 +1071,8 @@ class UnitPlacement:
         occupancy = self.occupancy
         fit = self.fit(pod) if self.fit is not None else None
         if not occupancy.complete(member.job):
-            said = occupancy.shortfalls.get(member.job)
-            # The first refusal says why the job has no claim. "Fits now" is worked out again at
-            # each ask until the claim is made or the reservation loop says otherwise: the nodes
-            # it fitted on may be taken meanwhile (by another job's claim), and a refusal kept
-            # from before stayed on the members' events until some cluster event made
-            # kube-scheduler ask again (up to its 5-minute flush).
-            if fit is not None and (said is None or said == self._fits_said.get(member.job)):
-                reason, fits = self._why_no_claim(pod, member, config, fit)
-                occupancy.shortfalls[member.job] = reason
-                self._fits_said.pop(member.job, None)
-                if fits:
-                    self._fits_said[member.job] = reason
-                    if len(self._fits_said) > 10_000:
-                        del self._fits_said[next(iter(self._fits_said))]
+            if member.job not in occupancy.shortfalls and fit is not None:
+                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config, fit)
             if occupancy.on_change is not None:
                 occupancy.on_change()  # the reservation loop plans for it
         decision = decide(
@@ -1101,16 +1086,15 @@ class UnitPlacement:
         )
         return decision.passed, decision.failed
 
-    def _why_no_claim(self, pod: Pod, member: Member, config: int, fit: Fit) -> tuple[str, bool]:
-        """(why the job has no claim, whether it fits now)."""
+    def _why_no_claim(self, pod: Pod, member: Member, config: int, fit: Fit) -> str:
         size = max(self.occupancy.size(member, member.job), 1)
         planned = plan(self.occupancy, member.job, config, size, fit, closeness_of(pod))
         if isinstance(planned, Shortfall):
-            return planned.reason, False
+            return planned.reason
         return (
             f"job {member.text} fits now ({planned.where}): they are being reserved for all its "
             "members at once"
-        ), True
+        )
 
     def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
         """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""
