@@ -34,6 +34,7 @@ from neuron_scheduler.jobs.members import member_of
 from neuron_scheduler.jobs.placement import (
     CLAIM_ENDED,
     CLAIM_MADE,
+    Fit,
     Occupancy,
     Planned,
     Shortfall,
@@ -272,6 +273,34 @@ async def test_two_jobs_racing_for_one_unit_one_gets_it_all_the_other_nothing() 
         "job ns/second needs 1 free UltraServer of 4 nodes for its 4 members, 0 free; "
         "nothing is reserved until all of them fit"
     )
+
+
+async def test_members_told_their_job_fits_hear_when_another_job_took_the_room() -> None:
+    """filter's first refusal of a job without a claim said it fits now; the loop then gave the
+    unit to an older job. kube-scheduler asks again only on a cluster event, so the loop tells
+    the members itself (their events said "fits now" until then; seen in CI). Once: the next
+    steps, with the same reason, say nothing more, and a job never told it fits hears nothing."""
+    world = World(units=1)
+    rule = UnitPlacement(world.occupancy, lambda pod: Fit(lambda n: None))
+    world.job("first", 4)
+    second = world.job("second", 4)
+    names = [f"a{i}" for i in range(4)]
+    _, failed = rule.filter(second[0], names, now=world.now)
+    assert "job ns/second fits now (on 4 nodes)" in failed["a0"]
+    await world.loop.step()
+    assert world.claimed("first") == names
+    reason = world.occupancy.shortfalls[("ns", "second")]
+    assert reason.startswith("job ns/second needs 1 free UltraServer of 4 nodes")
+    assert world.events == [(f"second-{i}", "FailedScheduling", reason) for i in range(4)]
+    await world.loop.step()
+    await world.loop.step()
+    assert len(world.events) == 4
+    third = world.job("third", 4)
+    await world.loop.step()
+    assert ("ns", "third") in world.occupancy.shortfalls
+    assert not [e for e in world.events if e[0].startswith("third")]
+    _, failed = rule.filter(third[0], names, now=world.now)  # (the loop's word stands)
+    assert failed["a0"] == world.occupancy.shortfalls[("ns", "third")]
 
 
 async def test_a_gated_job_gets_no_claim_and_a_job_outside_kueue_takes_the_free_unit() -> None:

@@ -81,6 +81,7 @@ from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
 log = logging.getLogger(__name__)
 CLAIM_SECONDS = 120.0
+MAX_TOLD_FITS = 10_000  # jobs remembered as told they fit now (beyond: not told otherwise later)
 
 # Why the waker hears of nodes (extender/loops/waking): a claim was made (its job's members may go
 # there now) or ended (other jobs may plan for the nodes).
@@ -155,6 +156,10 @@ class Occupancy:
     pod_groups: dict[JobKey, int] = field(default_factory=dict)  # PodGroup -> gang minCount
     # Why a job has no claim yet (the planner's last word), for its members' refusals.
     shortfalls: dict[JobKey, str] = field(default_factory=dict)
+    # Jobs whose members filter's first refusal told they fit now (their claim is on its way):
+    # when the reservation loop finds otherwise, it tells them (kube-scheduler asks again only on
+    # a cluster event, and its event on them keeps the word it heard).
+    told_fits: set[JobKey] = field(default_factory=set)
     # Members counted from a bind's reservation that the watch has not shown bound yet.
     reserved: set[str] = field(default_factory=set)
     # Told which nodes' claims were made or ended (the waker); set by the wiring.
@@ -311,6 +316,7 @@ class Occupancy:
         self.claims[claim.node] = claim
         self.by_job.setdefault(claim.job, set()).add(claim.node)
         self.shortfalls.pop(claim.job, None)
+        self.told_fits.discard(claim.job)
         if self.on_freed is None or not self.complete(claim.job):
             return
         if not was_complete:
@@ -1072,7 +1078,10 @@ class UnitPlacement:
         fit = self.fit(pod) if self.fit is not None else None
         if not occupancy.complete(member.job):
             if member.job not in occupancy.shortfalls and fit is not None:
-                occupancy.shortfalls[member.job] = self._why_no_claim(pod, member, config, fit)
+                reason, fits = self._why_no_claim(pod, member, config, fit)
+                occupancy.shortfalls[member.job] = reason
+                if fits and len(occupancy.told_fits) < MAX_TOLD_FITS:
+                    occupancy.told_fits.add(member.job)
             if occupancy.on_change is not None:
                 occupancy.on_change()  # the reservation loop plans for it
         decision = decide(
@@ -1086,15 +1095,16 @@ class UnitPlacement:
         )
         return decision.passed, decision.failed
 
-    def _why_no_claim(self, pod: Pod, member: Member, config: int, fit: Fit) -> str:
+    def _why_no_claim(self, pod: Pod, member: Member, config: int, fit: Fit) -> tuple[str, bool]:
+        """(why the job has no claim, whether it fits now)."""
         size = max(self.occupancy.size(member, member.job), 1)
         planned = plan(self.occupancy, member.job, config, size, fit, closeness_of(pod))
         if isinstance(planned, Shortfall):
-            return planned.reason
+            return planned.reason, False
         return (
             f"job {member.text} fits now ({planned.where}): they are being reserved for all its "
             "members at once"
-        )
+        ), True
 
     def _outsider(self, passed: list[str]) -> tuple[list[str], dict[str, str]]:
         """A pod of no job stays off the nodes claimed for a job (they wait for its members)."""

@@ -77,7 +77,7 @@ TICK = 1.0  # seconds between steps when nothing changes (claims end by the cloc
 # tests/unit/test_training_jobs one with 50 jobs on 1,000 plain nodes).
 COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
-NEVER_EVENTS = 64  # members of one job told, per reason, that it can never run here
+NEVER_EVENTS = 64  # members of one job told, per reason, that it cannot run here (never, or now)
 NEVER = "Never"  # a pod's preemptionPolicy that forbids preempting
 
 
@@ -332,6 +332,7 @@ class Reservations:
         jobs = self.occupancy.jobs()
         for job in [j for j in self.occupancy.shortfalls if j not in jobs]:
             del self.occupancy.shortfalls[job]  # gone, or all its members bound
+        self.occupancy.told_fits.intersection_update(jobs)
         for job in [j for j in self._said if j not in jobs]:
             del self._said[job]
         for job in [j for j in self._no_preemption if j not in jobs]:
@@ -430,15 +431,21 @@ class Reservations:
         )
 
     def _refuse(self, job: JobKey, waiting: list[Pending], why: Shortfall, never: bool) -> None:
-        """What its members are refused with; said once per change (logged; and, when it can
-        never run here, a FailedScheduling event on its members, as kube-scheduler refuses them
-        itself while every node is full, without asking the extender)."""
-        self.occupancy.shortfalls[job] = why.reason
-        if self._said.get(job) == why.reason:
+        """What its members are refused with; said once per change (logged; and a
+        FailedScheduling event on its members when it can never run here, as kube-scheduler
+        refuses them itself while every node is full, without asking the extender, or when
+        filter told them it fits now: kube-scheduler asks again only on a cluster event, and
+        until then its event on them says what they heard)."""
+        occupancy = self.occupancy
+        occupancy.shortfalls[job] = why.reason
+        correcting = job in occupancy.told_fits
+        occupancy.told_fits.discard(job)
+        if self._said.get(job) == why.reason and not correcting:
             return
-        self._said[job] = why.reason
-        log.info("%s", loggable(why.reason))
-        if never and self.report is not None:
+        if self._said.get(job) != why.reason:
+            self._said[job] = why.reason
+            log.info("%s", loggable(why.reason))
+        if (never or correcting) and self.report is not None:
             for member in waiting[:NEVER_EVENTS]:
                 self.report(ObjectRef.of_pod(member.pod), "FailedScheduling", why.reason, True)
 
