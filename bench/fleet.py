@@ -71,16 +71,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_delay_seconds(pid: int) -> float:
-    """How long the process's threads have waited, runnable, for a CPU so far (schedstat's
-    second field; a thread that ended takes its share with it). NaN where the kernel keeps no
-    schedstat (the tables then show nan, not a wait of 0)."""
+def _schedstat_seconds(pid: int, column: int) -> float:
+    """A column of schedstat (nanoseconds), summed over the process's threads; a thread that
+    ended takes its share with it. NaN where the kernel keeps no schedstat (the tables then
+    show nan, not 0)."""
     total, read = 0, 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            total += int((task / "schedstat").read_text().split()[1])
+            total += int((task / "schedstat").read_text().split()[column])
             read += 1
     return total / 1e9 if read else float("nan")
+
+
+def thread_cpu_seconds(pid: int) -> float:
+    """The CPU its threads have used so far, in nanoseconds' precision (not clock ticks)."""
+    return _schedstat_seconds(pid, 0)
+
+
+def run_delay_seconds(pid: int) -> float:
+    """How long its threads have waited, runnable, for a CPU so far."""
+    return _schedstat_seconds(pid, 1)
 
 
 def cpu_ticks() -> tuple[int, int]:

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet import ROOT, machine_line
+from fleet import ROOT, machine_line, thread_cpu_seconds
 from tests.e2e.chart import find, render
 from tests.testbed.controlplane import find_built
 from tests.testbed.process import free_port
@@ -99,12 +99,8 @@ class Server:
         )
 
     def cpu_seconds(self) -> float:
-        """The server's CPU so far, every thread's (schedstat: nanoseconds, not clock ticks)."""
-        total = 0
-        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError):  # (a thread that ended meanwhile)
-                total += int((task / "schedstat").read_text().split()[0])
-        return total / 1e9
+        """The server's CPU so far, every thread's."""
+        return thread_cpu_seconds(self.process.pid)
 
     def call(self, dial: Path, requests: int, new_connections: bool) -> tuple[float, float]:
         """(the server's CPU seconds, the caller's) for `requests` GETs, over the same span."""

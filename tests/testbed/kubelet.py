@@ -226,14 +226,18 @@ class Kubelet:
         Node still shows the last kubelet's status (Ready, a device plugin's resources) until
         the new one posts its own, which shows those resources as 0 until the plugin registers
         again: a wait for them could otherwise pass on the old status and then see 0."""
-        before = self._heartbeat()
+        # (the Ready condition's heartbeat: posted every second here, nodeStatusUpdateFrequency)
+        before = self._ready_condition().get("lastHeartbeatTime")
+
+        def posted_ready() -> bool:
+            condition = self._ready_condition()
+            return condition.get("status") == "True" and (
+                condition.get("lastHeartbeatTime") != before
+            )
+
         began = time.monotonic()
         self.kubelet.start()
-        self._wait(
-            self.kubelet,
-            f"Node {self.name} Ready, posted by this kubelet",
-            lambda: self.ready() and self._heartbeat() != before,
-        )
+        self._wait(self.kubelet, f"Node {self.name} Ready, posted by this kubelet", posted_ready)
         self.ready_seconds = time.monotonic() - began
 
     def stop_kubelet(self) -> None:
@@ -381,19 +385,13 @@ class Kubelet:
             return None
         return found
 
-    def ready(self) -> bool:
-        node = self.node()
-        conditions = (node or {}).get("status", {}).get("conditions", [])
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-    def _heartbeat(self) -> str | None:
-        """When the kubelet last posted the Node's status (its Ready condition's heartbeat,
-        posted every second here: nodeStatusUpdateFrequency)."""
+    def _ready_condition(self) -> dict[str, Any]:
+        """The Node's Ready condition as the kubelet last posted it ({} before the first)."""
         conditions = ((self.node() or {}).get("status") or {}).get("conditions") or []
-        for condition in conditions:
-            if condition.get("type") == "Ready":
-                return str(condition.get("lastHeartbeatTime"))
-        return None
+        return next((c for c in conditions if c.get("type") == "Ready"), {})
+
+    def ready(self) -> bool:
+        return self._ready_condition().get("status") == "True"
 
     def wait_allocatable(self, expected: Mapping[str, int]) -> float:
         """Until the Node's capacity and allocatable show these counts (from a device plugin,

@@ -440,11 +440,11 @@ class Reservations:
         occupancy.shortfalls[job] = why.reason
         correcting = job in occupancy.told_fits
         occupancy.told_fits.discard(job)
-        if self._said.get(job) == why.reason and not correcting:
-            return
         if self._said.get(job) != why.reason:
             self._said[job] = why.reason
             log.info("%s", loggable(why.reason))
+        elif not correcting:
+            return
         if (never or correcting) and self.report is not None:
             for member in waiting[:NEVER_EVENTS]:
                 self.report(ObjectRef.of_pod(member.pod), "FailedScheduling", why.reason, True)
