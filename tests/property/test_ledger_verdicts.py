@@ -1,14 +1,17 @@
 """The ledger's kept decisions never go stale: after any sequence of pod, reservation and node
-changes, what `judge` answers equals a fresh decision on the node's current state."""
+changes, what `judge` answers equals a fresh decision on the node's current state. Two nodes of
+one type: blank nodes share one decision (Ledger._decide_blank_nodes)."""
 
 from __future__ import annotations
+
+import time
 
 import hypothesis.strategies as st
 import msgspec
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from neuron_scheduler.core.allocation import Decision, Placement, Policy, allocate
+from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
@@ -16,9 +19,15 @@ from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.verbs.judging import Judge
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs
+from neuron_scheduler.kube.objects import Pod
 from tests.builders import node, pod, pod_json
 
-NODES = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "inf1": "inf1.6xlarge"}
+NODES = {
+    "inf2": "inf2.48xlarge",
+    "inf2b": "inf2.48xlarge",
+    "trn1": "trn1.32xlarge",
+    "inf1": "inf1.6xlarge",
+}
 REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
     NeuronRequest(NEURONCORE, n) for n in (1, 2, 3, 8)
 ]
@@ -81,6 +90,46 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.apply_pod(pod(uid, {NEURON: count}, node=name, uid=uid))
         self.bound.append(uid)
 
+    @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
+    def announce(self, name: str, request: NeuronRequest) -> None:
+        """A pending pod with the ids a bind wrote for the node: held until bound or gone."""
+        placement = self._place(name, request)
+        if placement is None:
+            return
+        self.next_uid += 1
+        uid = f"a{self.next_uid}"
+        annotations = {
+            "AWS_NEURON_IDS": ",".join(map(str, placement.cores)),
+            "NEURON_RESOURCE_TYPE": NEURONCORE,
+            "NEURON_CORES": ",".join(map(str, placement.cores)),
+            "NEURON_DEVS": ",".join(map(str, placement.devices)),
+            "NEURON_NODE": name,
+            "NEURON_ALLOCATED": "false",
+            "NEURON_ALLOC_TIME": str(time.time_ns()),
+        }
+        limits = {NEURONCORE: len(placement.cores)}
+        self.ledger.apply_pod(pod(uid, limits, uid=uid, annotations=annotations))
+        self.bound.append(uid)
+
+    @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
+    def nominate(self, name: str, request: NeuronRequest) -> None:
+        """A pending pod preemption nominated to the node: its block is held there."""
+        self.next_uid += 1
+        uid = f"n{self.next_uid}"
+        limits = {NEURON if request.unit is Unit.DEVICE else NEURONCORE: request.count}
+        body = pod_json(uid, limits, uid=uid)
+        body["status"]["nominatedNodeName"] = name
+        self.ledger.apply_pod(msgspec.convert(body, Pod))
+        self.bound.append(uid)
+
+    @rule(name=st.sampled_from(sorted(NODES)), failed=st.booleans())
+    def health(self, name: str, failed: bool) -> None:
+        """Its device 0 fails (or comes back), or it offers less than it has."""
+        if failed:
+            self.ledger.apply_node(node(name, NODES[name], failed=[0]))
+        else:
+            self.ledger.apply_node(node(name, NODES[name], allocatable_cores=2))
+
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
         if self.bound:
@@ -107,6 +156,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 if fresh is None:
                     assert name not in verdicts.decisions
                     continue
+                if isinstance(fresh, Refusal):
+                    fresh = self.ledger.failed_devices_refusal(name, request, fresh)
                 assert verdicts.decisions[name] == fresh, (name, request)
                 assert (name in verdicts.fitting()) == isinstance(fresh, Placement)
                 score = fresh.score if isinstance(fresh, Placement) else 0
