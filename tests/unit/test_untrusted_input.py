@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import Placement
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.handoff import (
@@ -132,7 +133,21 @@ def test_our_annotations_decoded_once_are_read_again_from_the_memo() -> None:
     }
     for key, value in changed.items():
         assert decode({**ours, key: value}, 2) != first, key
-    assert decode(ours, 4) is not first  # cores per device is part of the key too
+    # Their cores and devices are named: the cores per device are never read, nor in the key.
+    assert decode(ours, 4) is first
+
+
+def test_a_bind_s_annotations_are_remembered_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """encode remembers what it wrote: the watch showing them on the pod decodes nothing, and
+    gets what decoding them gives."""
+    ours = encode("n-written", NeuronRequest(NEURONCORE, 1), Placement((0,), (1,), 0), ["c"], 6)
+    fresh = handoff._decode(ours, 2)
+
+    def no_decoding(*_: object) -> None:
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(handoff, "_decode", no_decoding)
+    assert decode({**ours, "unrelated": "a"}, 2) == fresh
 
 
 def test_sets_that_could_decode_to_much_more_than_their_text_are_not_kept() -> None:

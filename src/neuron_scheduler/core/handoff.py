@@ -11,7 +11,6 @@ Compatible with the upstream device plugin (`AWS_NEURON_IDS`, `NEURON_RESOURCE_T
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -155,7 +154,7 @@ def encode(
 ) -> dict[str, str]:
     ids = placement.devices if request.unit is Unit.DEVICE else placement.cores
     slices = split_per_container(ids, request, containers)
-    return {
+    annotations = {
         IDS: comma_ids(ids),
         RESOURCE_TYPE: request.resource,
         ALLOC_TIME: str(now_ns),
@@ -167,6 +166,22 @@ def encode(
             {name: comma_ids(part) for name, part in slices.items()}, separators=(",", ":")
         ),
     }
+    # The watch shows these on the pod next: what they decode to is known here.
+    texts = tuple(map(annotations.get, _READ))
+    if sum(len(text) for text in texts if text is not None) <= _MEMO_TEXT:
+        _remember(
+            texts,
+            Assignment(
+                node,
+                request.resource,
+                ids,
+                placement.cores,
+                placement.devices,
+                slices,
+                allocated=False,
+            ),
+        )
+    return annotations
 
 
 def removal() -> dict[str, None]:
@@ -203,13 +218,24 @@ def decode(
         or sum(len(text) for text in texts if text is not None) > _MEMO_TEXT
     ):
         return _decode(annotations, cores_per_device)
-    return _remembered(texts, cores_per_device)
+    found = _MEMO.pop(texts, None)
+    if found is None:
+        read = {key: text for key, text in zip(_READ, texts, strict=True) if text is not None}
+        found = _decode(read, cores_per_device)
+    _remember(texts, found)
+    return found
 
 
-@functools.lru_cache(maxsize=_MEMO_SIZE)
-def _remembered(texts: tuple[str | None, ...], cores_per_device: int | None) -> Assignment:
-    read = {key: text for key, text in zip(_READ, texts, strict=True) if text is not None}
-    return _decode(read, cores_per_device)
+# Decoded sets by their texts, least recently used first. With `NEURON_CORES` and `NEURON_DEVS`
+# present (the only sets kept) the cores per device are never read, so they are not in the key.
+_MEMO: dict[tuple[str | None, ...], Assignment] = {}
+
+
+def _remember(texts: tuple[str | None, ...], found: Assignment) -> None:
+    _MEMO.pop(texts, None)
+    if len(_MEMO) >= _MEMO_SIZE:
+        del _MEMO[next(iter(_MEMO))]
+    _MEMO[texts] = found
 
 
 def _decode(annotations: Mapping[str, str], cores_per_device: int | None) -> Assignment:
