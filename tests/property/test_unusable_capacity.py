@@ -62,3 +62,36 @@ def test_unusable_is_the_free_capacity_no_valid_placement_reaches(
     assert _unusable_cores(topology, free, busy_devices(topology, used), unit, count) == expected
     # What placement by demand weighs: those cores, by how often the shape is asked for.
     assert _unusable(topology, used, ((unit, count, 3),)) == 3 * expected.bit_count()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    instance_type=st.sampled_from(TYPES),
+    used_bits=st.integers(0, (1 << 128) - 1),
+    density=st.integers(0, 4),
+    shapes=st.lists(
+        st.tuples(
+            st.sampled_from([Unit.CORE, Unit.DEVICE]),
+            st.sampled_from([1, 2, 3, 4, 8, 12, 16, 40]),
+            st.integers(1, 1024),
+        ),
+        max_size=5,
+        unique_by=lambda shape: shape[:2],
+    ),
+)
+def test_unusable_weighs_every_shape_asked_for(
+    instance_type: str, used_bits: int, density: int, shapes: list[tuple[Unit, int, int]]
+) -> None:
+    """Several shapes at once, as a cluster asks (worked out from one plan per topology)."""
+    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
+    full = (1 << topology.total_cores) - 1
+    used = used_bits & full
+    for _ in range(density):
+        used &= used >> 1
+    free, busy = full & ~used, busy_devices(topology, used)
+    demand = tuple(sorted(shapes))
+    expected = sum(
+        weight * _unusable_cores(topology, free, busy, unit, count).bit_count()
+        for unit, count, weight in demand
+    )
+    assert _unusable(topology, used, demand) == expected

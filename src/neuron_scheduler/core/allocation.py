@@ -575,8 +575,10 @@ def _decide_by_demand(
     # larger blocks stay whole.
     best_mask = fallback.core_mask
     best_after = _unusable(topology, used | best_mask, demand)
+    plan = _demand_plan(topology, demand)
     for mask in _candidate_masks(topology, used, unit, count):
-        after = _unusable(topology, used | mask, demand)
+        # (not through _unusable's cache: the states after each placement are mostly new)
+        after = _unusable_by(plan, topology, used | mask)
         if after < best_after:
             best_mask, best_after = mask, after
     score = _demand_score(topology, demand, best_mask, best_after - before)
@@ -675,11 +677,61 @@ def _candidate_masks(topology: Topology, used: int, unit: Unit, count: int) -> l
 @lru_cache(maxsize=1 << 16)
 def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
     """Free cores unusable for the shapes asked for, weighted by how often each is asked."""
-    free = ~used & ((1 << topology.total_cores) - 1)
-    busy = busy_devices(topology, used)
-    weighted = 0
+    return _unusable_by(_demand_plan(topology, demand), topology, used)
+
+
+# How `_unusable` weighs one shape on one topology, worked out once: (weight, whether the
+# shape can never be placed there, its device count (0 for a core shape), its allowed window
+# starts, and the shifts that find its free windows and, the other way, the cores they cover).
+_ShapePlan = tuple[int, bool, int, int, tuple[int, ...]]
+
+
+@lru_cache(maxsize=1024)
+def _demand_plan(topology: Topology, demand: DemandWeights) -> tuple[_ShapePlan, ...]:
+    plan = []
     for unit, count, weight in demand:
-        weighted += weight * _unusable_cores(topology, free, busy, unit, count).bit_count()
+        never = _never_placed(topology, unit, count)
+        if unit is Unit.DEVICE or never:
+            plan.append((weight, never, count if unit is Unit.DEVICE else 0, 0, ()))
+            continue
+        allowed = _core_windows(topology, count).allowed
+        plan.append((weight, False, 0, allowed, _window_shifts(count)))
+    return tuple(plan)
+
+
+def _window_shifts(count: int) -> tuple[int, ...]:
+    """The doubling steps of `_window_starts` and `_window_cover` for `count`."""
+    shifts, width = [], 1
+    while width * 2 <= count:
+        shifts.append(width)
+        width *= 2
+    if width < count:
+        shifts.append(count - width)
+    return tuple(shifts)
+
+
+def _unusable_by(plan: tuple[_ShapePlan, ...], topology: Topology, used: int) -> int:
+    """`_unusable` from the shapes' plan: a decision by demand asks it for every placement it
+    weighs (issue 50: tens a decision, most of a filter's CPU once nodes were decided once)."""
+    free = ~used & ((1 << topology.total_cores) - 1)
+    busy = -1
+    weighted = 0
+    for weight, never, devices, allowed, shifts in plan:
+        if never:
+            weighted += weight * free.bit_count()
+        elif devices:
+            if busy < 0:
+                busy = busy_devices(topology, used)
+            usable = _device_set_cores(topology, busy, devices)
+            weighted += weight * (free & ~usable).bit_count()
+        else:
+            starts = free
+            for shift in shifts:
+                starts &= starts >> shift
+            cover = starts & allowed
+            for shift in shifts:
+                cover |= cover << shift
+            weighted += weight * (free & ~cover).bit_count()
     return weighted
 
 
