@@ -688,7 +688,7 @@ _ShapePlan = tuple[int, bool, int, int, tuple[int, ...]]
 
 @lru_cache(maxsize=1024)
 def _demand_plan(topology: Topology, demand: DemandWeights) -> tuple[_ShapePlan, ...]:
-    plan = []
+    plan: list[_ShapePlan] = []
     for unit, count, weight in demand:
         never = _never_placed(topology, unit, count)
         if unit is Unit.DEVICE or never:
