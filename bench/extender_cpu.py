@@ -26,8 +26,9 @@ then finds the extender's data in memory, not in cache. At 32 (this machine's L3
 about three times the warm ones, as the live extender's profile is (BENCHMARKS.md).
 
 Reported: process CPU per pod in each phase, the best of `--repeats` runs (each on a fresh
-extender, its nodes and listed pods frozen out of the garbage collector as `serve` freezes its
-first lists), decisions computed per pod, and how much of it the garbage collector took.
+extender, with the pure core's caches emptied, its nodes and listed pods frozen out of the
+garbage collector as `serve` freezes its first lists), decisions computed per pod, and how
+much of it the garbage collector took.
 `--profile FILE` writes a cProfile of one more run (pstats format) and prints its 25 largest
 entries by own time.
 
@@ -54,6 +55,7 @@ import msgspec
 
 from fleet import TYPES, machine_line, neuron_pod
 from neuron_scheduler.commandline import setup_logging
+from neuron_scheduler.core import allocation, handoff, ids, topology
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.extender.state.placeholders import PodRouter
 from neuron_scheduler.extender.verbs.wire import ExtenderArgs, ExtenderBindingArgs, HostPriority
@@ -220,7 +222,19 @@ class Replay:
         return outcome
 
 
+def forget_decisions() -> None:
+    """Empties the pure core's caches (the allocator's, the ids', the annotations' memo): each
+    run starts as a fresh extender does. Kept from the run before, a run's decisions were mostly
+    found there, and its figures left out what deciding a node's new state costs."""
+    for module in (allocation, ids, topology):
+        for value in vars(module).values():
+            if hasattr(value, "cache_clear"):
+                value.cache_clear()
+    handoff._MEMO.clear()
+
+
 def measure(args: argparse.Namespace, profile: cProfile.Profile | None = None) -> Run:
+    forget_decisions()
     replay = Replay(args.nodes, args.pods, args.window, args.evict_mb)
     # As `serve` does once its first lists are in: what they made lives as long as the process.
     gc.collect()
