@@ -1,5 +1,6 @@
 """What placement by demand calls unusable for a request shape against brute force: exactly the
-free cores that no valid placement of that shape, on the node as it is, could be given."""
+free cores that no valid placement of that shape, on the node as it is, could be given; and the
+placement a decision by demand picks against working it out the long way."""
 
 from __future__ import annotations
 
@@ -9,14 +10,22 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from neuron_scheduler.core.allocation import (
+    SMALL_DEVICE_COUNT,
+    NodeState,
+    Placement,
+    _decide_by_demand,
+    _demand_score,
     _unusable,
     _unusable_cores,
+    allocate,
     busy_devices,
     is_valid_core_set,
     is_valid_device_set,
 )
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.core.demand import DemandWeights
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NeuronRequest, Unit
+from neuron_scheduler.core.topology import Topology
 from tests.builders import neuron_capacity
 
 CATALOG = Catalog.builtin()
@@ -95,3 +104,85 @@ def test_unusable_weighs_every_shape_asked_for(
         for unit, count, weight in demand
     )
     assert _unusable(topology, used, demand) == expected
+
+
+def chosen_by_reference(
+    topology: Topology, used: int, unit: Unit, count: int, demand: DemandWeights, best: Placement
+) -> tuple[int, int]:
+    """What a decision by demand picks, worked out the long way: each placement's waste from
+    each shape's unusable cores on the node after it, in the allocator's order (device sets as
+    the topology lists them, core windows by start); the best-fit pick stands unless another
+    wastes strictly less. (its cores, what it raised the weighted unusable capacity by)"""
+    full = (1 << topology.total_cores) - 1
+
+    def unusable(state: int) -> int:
+        free, busy = full & ~state, busy_devices(topology, state)
+        return sum(
+            weight * _unusable_cores(topology, free, busy, shape_unit, shape_count).bit_count()
+            for shape_unit, shape_count, weight in demand
+        )
+
+    if unit is Unit.DEVICE:
+        busy = busy_devices(topology, used)
+        masks = [
+            topology.core_mask_of_devices(devices)
+            for devices in topology.device_sets(count)
+            if not devices & busy
+        ]
+    else:
+        masks = [
+            ((1 << count) - 1) << start
+            for start in range(topology.total_cores - count + 1)
+            if not (((1 << count) - 1) << start) & used
+            and is_valid_core_set(topology, range(start, start + count))
+        ]
+    chosen, least = best.core_mask, unusable(used | best.core_mask)
+    for mask in masks:
+        after = unusable(used | mask)
+        if after < least:
+            chosen, least = mask, after
+    return chosen, least - unusable(used)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    instance_type=st.sampled_from(TYPES),
+    used_bits=st.integers(0, (1 << 128) - 1),
+    density=st.integers(1, 5),
+    unit=st.sampled_from([Unit.CORE, Unit.DEVICE]),
+    count=st.sampled_from([1, 2, 3, 4, 8]),
+    shapes=st.lists(
+        st.tuples(
+            st.sampled_from([Unit.CORE, Unit.DEVICE]),
+            st.sampled_from([1, 2, 3, 4, 8, 16]),
+            st.integers(1, 1024),
+        ),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda shape: shape[:2],
+    ),
+)
+def test_a_decision_by_demand_picks_the_placement_that_wastes_least(
+    instance_type: str,
+    used_bits: int,
+    density: int,
+    unit: Unit,
+    count: int,
+    shapes: list[tuple[Unit, int, int]],
+) -> None:
+    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
+    used = used_bits & ((1 << topology.total_cores) - 1)
+    for _ in range(density):
+        used &= used >> 1
+    resource = NEURON if unit is Unit.DEVICE else NEURONCORE
+    best = allocate(topology, NodeState(used, 0), NeuronRequest(resource, count))
+    if not isinstance(best, Placement):
+        return
+    demand = tuple(sorted(shapes))
+    chosen = _decide_by_demand(topology, used, unit, count, demand, best)
+    mask, raised = chosen_by_reference(topology, used, unit, count, demand, best)
+    assert chosen.core_mask == mask
+    score = _demand_score(topology, demand, mask, raised)
+    if unit is Unit.DEVICE and count <= SMALL_DEVICE_COUNT:
+        score = min(score, best.score)
+    assert chosen.score == score

@@ -576,9 +576,10 @@ def _decide_by_demand(
     best_mask = fallback.core_mask
     best_after = _unusable(topology, used | best_mask, demand)
     plan = _demand_plan(topology, demand)
-    for mask in _candidate_masks(topology, used, unit, count):
+    busy = busy_devices(topology, used)
+    for mask, touched in _candidates(topology, used, unit, count):
         # (not through _unusable's cache: the states after each placement are mostly new)
-        after = _unusable_by(plan, topology, used | mask)
+        after = _unusable_by(plan, topology, used | mask, busy | touched)
         if after < best_after:
             best_mask, best_after = mask, after
     score = _demand_score(topology, demand, best_mask, best_after - before)
@@ -653,21 +654,20 @@ def _demand_score(topology: Topology, demand: DemandWeights, taken: int, raised:
     return 10 - min(10, round(max(waste, 0.0)))
 
 
-def _candidate_masks(topology: Topology, used: int, unit: Unit, count: int) -> list[int]:
-    """Every placement the request could get now, as core masks."""
+def _candidates(topology: Topology, used: int, unit: Unit, count: int) -> list[tuple[int, int]]:
+    """Every placement the request could get now: (its cores, the devices it touches), masks."""
     if unit is Unit.DEVICE:
         busy = busy_devices(topology, used)
         return [
-            topology.core_mask_of_devices(mask)
+            (topology.core_mask_of_devices(mask), mask)
             for mask in topology.device_sets(count)
             if not mask & busy
         ]
     total = topology.total_cores
-    starts = (
-        _window_starts(~used & ((1 << total) - 1), count) & _core_windows(topology, count).allowed
-    )
-    window = (1 << count) - 1
-    return [window << start for start in mask_ids(starts)]
+    windows = _core_windows(topology, count)
+    starts = _window_starts(~used & ((1 << total) - 1), count) & windows.allowed
+    window, shape = (1 << count) - 1, windows.shape
+    return [(window << start, shape[start][0]) for start in mask_ids(starts)]
 
 
 # A decision by demand weighs every placement the request could get (tens on a large node) by
@@ -677,7 +677,7 @@ def _candidate_masks(topology: Topology, used: int, unit: Unit, count: int) -> l
 @lru_cache(maxsize=1 << 16)
 def _unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
     """Free cores unusable for the shapes asked for, weighted by how often each is asked."""
-    return _unusable_by(_demand_plan(topology, demand), topology, used)
+    return _unusable_by(_demand_plan(topology, demand), topology, used, -1)
 
 
 # How `_unusable` weighs one shape on one topology, worked out once: (weight, whether the
@@ -710,11 +710,11 @@ def _window_shifts(count: int) -> tuple[int, ...]:
     return tuple(shifts)
 
 
-def _unusable_by(plan: tuple[_ShapePlan, ...], topology: Topology, used: int) -> int:
-    """`_unusable` from the shapes' plan: a decision by demand asks it for every placement it
-    weighs (issue 50: tens a decision, most of a filter's CPU once nodes were decided once)."""
+def _unusable_by(plan: tuple[_ShapePlan, ...], topology: Topology, used: int, busy: int) -> int:
+    """`_unusable` from the shapes' plan, `busy` the devices `used` touches (-1: not known yet).
+    A decision by demand asks it for every placement it weighs (issue 50: tens a decision, most
+    of a filter's CPU once nodes were decided once)."""
     free = ~used & ((1 << topology.total_cores) - 1)
-    busy = -1
     weighted = 0
     for weight, never, devices, allowed, shifts in plan:
         if never:
