@@ -152,10 +152,9 @@ class Replay:
             self.api.pods[body["metadata"]["name"]] = body
         self.pod_bodies = [msgspec.json.encode(body) for body in served]
         self.extender: Extender = wire(self.api, Catalog.builtin())  # type: ignore[arg-type]
-        node_objects = [
-            msgspec.convert(node_json(name, TYPES[i % len(TYPES)][0]), Node)
-            for i, name in enumerate(self.names)
-        ]
+        # Decoded from one list, as the node watch's list is: each name among its node's fields.
+        listed = [node_json(name, TYPES[i % len(TYPES)][0]) for i, name in enumerate(self.names)]
+        node_objects = msgspec.json.decode(msgspec.json.encode(listed), type=list[Node])
         for view in self.extender.views:
             view.replace_nodes(node_objects)
         self.router = PodRouter(self.extender.views, self.extender.placeholders)
