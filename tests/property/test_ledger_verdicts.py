@@ -1,6 +1,6 @@
 """The ledger's kept decisions never go stale: after any sequence of pod, reservation and node
-changes, what `judge` answers equals a fresh decision on the node's current state. Two nodes of
-one type: blank nodes share one decision (Ledger._decide_blank_nodes)."""
+changes, what `judge` answers equals a fresh decision on the node's current state (two nodes of
+one type: the allocator's caches answer for both)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import time
 
-import msgspec
 from prometheus_client import generate_latest
 
-from neuron_scheduler.core.allocation import NodeState, Placement, Policy, Refusal, allocate
+from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.ids import mask_ids
 from neuron_scheduler.core.resources import NEURON as DEV
@@ -13,8 +12,7 @@ from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
-from neuron_scheduler.kube.objects import Pod
-from tests.builders import node, pod, pod_json
+from tests.builders import node, pod
 
 
 def ours(node_name: str, cores: str, devs: str, ids: str, resource: str = CORE) -> dict[str, str]:
@@ -328,44 +326,6 @@ def test_decisions_computed_are_counted_and_exported() -> None:
     assert "neuron_scheduler_decisions_total 3.0" in text
 
 
-def test_a_new_request_shape_decides_blank_nodes_once_per_type() -> None:
-    """Nodes nothing is on or held on, whole and healthy, share one decision per type for a
-    request shape, made when it is first asked for; every other node is decided from its own
-    state when a filter names it, and each decision is what deciding the node alone gives."""
-    ledger = Ledger(Catalog.builtin())
-    names = [f"i{i}" for i in range(6)]
-    ledger.replace_nodes(
-        [node(name, "inf1.6xlarge") for name in names]
-        + [node("t1", "trn1.32xlarge"), node("t2", "trn1.32xlarge")]
-        + [node("sick", "inf1.6xlarge", failed=[0])]  # a failed device
-        + [node("short", "inf1.6xlarge", allocatable_cores=4)]  # capacity it does not offer
-    )
-    ledger.apply_pod(pod("a", {CORE: 2}, node="i0", annotations=ours("i0", "0,1", "0", "0,1")))
-    reserve(ledger, "u2", "i1", mask(2))  # a bind in flight
-    written = ours("i2", "0", "0", "0") | {"NEURON_ALLOC_TIME": str(time.time_ns())}
-    ledger.apply_pod(pod("b", {CORE: 1}, uid="u3", annotations=written))  # ids announced
-    ledger.apply_pod(pod("c", {DEV: 1}, uid="u4", node="i3"))  # placed by another scheduler
-    nominated = pod_json("n", {CORE: 4}, uid="u5")
-    nominated["status"]["nominatedNodeName"] = "i4"
-    ledger.apply_pod(msgspec.convert(nominated, Pod))
-    four_cores = NeuronRequest(CORE, 4)
-    before = ledger.decisions
-    verdicts = ledger.verdicts(four_cores, Policy.BEST_FIT)
-    assert ledger.decisions - before == 2  # i5 for inf1 and t1, t2 for trn1
-    assert set(verdicts.decisions) == {"i5", "t1", "t2"}
-    assert verdicts.decisions["t1"] is verdicts.decisions["t2"]
-    every = [*ledger.nodes]
-    ledger.fill_verdicts(every, four_cores, Policy.BEST_FIT)
-    assert ledger.decisions - before == 2 + 7  # the rest, one by one
-    for name in every:
-        state = ledger.state(name)
-        topology = ledger.nodes[name].topology
-        fresh = allocate(topology, state, four_cores, Policy.BEST_FIT, ledger.demand.weights)
-        if isinstance(fresh, Refusal):  # (a refusal on "sick" names its failed device)
-            fresh = ledger.failed_devices_refusal(name, four_cores, fresh)
-        assert verdicts.decisions[name] == fresh, name
-
-
 def test_decisions_stand_while_a_bind_shows_the_same_cores_again() -> None:
     """A bind holds its cores (the reservation); the watch then shows them twice more (the
     pod's announced ids, then the pod bound with them). The node's state does not change again,
@@ -387,7 +347,7 @@ def test_decisions_stand_while_a_bind_shows_the_same_cores_again() -> None:
         assert verdicts.decisions["n1"] == fresh  # kept or not, never stale
         return ledger.decisions - before
 
-    assert decide() == 2  # the shape's first ask: every blank node, one decision per type
+    assert decide() == 1
     reserve(ledger, "u1", "n1", mask(0, 1))
     assert decide() == 1  # the cores in use changed
     written = ours("n1", "0,1", "0", "0,1") | {"NEURON_ALLOC_TIME": str(time.time_ns())}

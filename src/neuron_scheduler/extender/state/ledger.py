@@ -220,8 +220,6 @@ class Announced(NamedTuple):
     written_at: str  # their NEURON_ALLOC_TIME
 
 
-EMPTY = NodeState(0, 0)
-
 # Request shapes in a cluster are few (a handful of sizes per resource); this bounds memory when
 # they are not: 5,000 nodes x 64 shapes is ~30 MB at worst.
 MAX_REQUEST_SHAPES = 64
@@ -745,41 +743,7 @@ class Ledger:
             if len(self._verdicts) >= MAX_REQUEST_SHAPES:
                 del self._verdicts[next(iter(self._verdicts))]  # the oldest shape
             verdicts = self._verdicts[key] = Verdicts()
-            self._decide_blank_nodes(verdicts, request, policy)
         return verdicts
-
-    def _decide_blank_nodes(
-        self, verdicts: Verdicts, request: NeuronRequest, policy: Policy
-    ) -> None:
-        """Decides at once every node nothing is on or held on, whole and healthy: its state is
-        empty whoever asks, so one decision per topology stands for all of them, stored for each
-        in C (issue 50: deciding them one by one, as filters first named them, was most of a
-        filter's CPU in a cluster of mostly idle nodes)."""
-        busy = set(self._by_node)
-        busy.update(reservation.node for reservation in self._reservations.values())
-        busy.update(announced.holding.node for announced in self._announced.values())
-        busy.update(nomination.node for _, nomination in self.holds())
-        names = [
-            name
-            for name, entry in self.nodes.items()
-            if not (entry.unhealthy_devices or entry.withheld_cores or name in busy)
-        ]
-        # Filter looks up each name kube-scheduler sends among these keys, in node order: copies
-        # made together lie together in memory, while the names of the Node objects are strewn
-        # among their fields (issue 50: that pass took ~2.5x as long live with those as keys).
-        keys = "\n".join(names).split("\n") if names else []
-        if len(keys) != len(names):  # (a name with a newline, which no valid node has)
-            keys = names
-        blank: dict[Topology, list[str]] = {}
-        for key in keys:
-            blank.setdefault(self.nodes[key].topology, []).append(key)
-        weights = self.demand.weights
-        for topology, names in blank.items():
-            decision = allocate(topology, EMPTY, request, policy, weights)
-            self.decisions += 1
-            mark = decision.score if isinstance(decision, Placement) else REFUSED
-            verdicts.decisions.update(dict.fromkeys(names, decision))
-            verdicts.marks.update(dict.fromkeys(names, mark))
 
     def fill_verdicts(
         self,
