@@ -225,11 +225,12 @@ def forget_decisions() -> None:
     """Empties the pure core's caches (the allocator's, the ids', the annotations' memo): each
     run starts as a fresh extender does. Kept from the run before, a run's decisions were mostly
     found there, and its figures left out what deciding a node's new state costs."""
-    for module in (allocation, ids, topology):
+    for module in (allocation, handoff, ids, topology):
         for value in vars(module).values():
             if hasattr(value, "cache_clear"):
                 value.cache_clear()
-    handoff._MEMO.clear()
+    if hasattr(handoff, "_MEMO"):  # (older trees, run with PYTHONPATH for a before and after)
+        handoff._MEMO.clear()
 
 
 def measure(args: argparse.Namespace, profile: cProfile.Profile | None = None) -> Run:

@@ -11,6 +11,7 @@ import msgspec
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from neuron_scheduler.core import handoff
 from neuron_scheduler.core.allocation import Decision, Placement, Policy, Refusal, allocate
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.demand import Demand
@@ -50,6 +51,10 @@ class LedgerMachine(RuleBasedStateMachine):
         state = self.ledger.state(name)
         return allocate(entry.topology, state, request, Policy.BEST_FIT, self.ledger.demand.weights)
 
+    def _uid(self, prefix: str) -> str:
+        self.next_uid += 1
+        return f"{prefix}{self.next_uid}"
+
     def _place(self, name: str, request: NeuronRequest) -> Placement | None:
         decision = self._fresh(name, request)
         return decision if isinstance(decision, Placement) else None
@@ -64,8 +69,7 @@ class LedgerMachine(RuleBasedStateMachine):
         placement = self._place(name, request)
         if placement is None:
             return
-        self.next_uid += 1
-        uid = f"u{self.next_uid}"
+        uid = self._uid("u")
         ids = ",".join(map(str, placement.cores))
         annotations = {"AWS_NEURON_IDS": ids, "NEURON_RESOURCE_TYPE": NEURONCORE}
         limits = {NEURONCORE: len(placement.cores)}
@@ -77,16 +81,14 @@ class LedgerMachine(RuleBasedStateMachine):
         placement = self._place(name, request)
         if placement is None:
             return
-        self.next_uid += 1
-        uid = f"r{self.next_uid}"
+        uid = self._uid("r")
         self.ledger.reserve(pod(uid, {NEURONCORE: 1}, uid=uid), name, placement)
         self.reserved.append((uid, name))
 
     @rule(name=st.sampled_from(sorted(NODES)), count=st.integers(1, 4))
     def foreign(self, name: str, count: int) -> None:
         """A pod placed by another scheduler: counted by size, ids unknown."""
-        self.next_uid += 1
-        uid = f"f{self.next_uid}"
+        uid = self._uid("f")
         self.ledger.apply_pod(pod(uid, {NEURON: count}, node=name, uid=uid))
         self.bound.append(uid)
 
@@ -96,26 +98,16 @@ class LedgerMachine(RuleBasedStateMachine):
         placement = self._place(name, request)
         if placement is None:
             return
-        self.next_uid += 1
-        uid = f"a{self.next_uid}"
-        annotations = {
-            "AWS_NEURON_IDS": ",".join(map(str, placement.cores)),
-            "NEURON_RESOURCE_TYPE": NEURONCORE,
-            "NEURON_CORES": ",".join(map(str, placement.cores)),
-            "NEURON_DEVS": ",".join(map(str, placement.devices)),
-            "NEURON_NODE": name,
-            "NEURON_ALLOCATED": "false",
-            "NEURON_ALLOC_TIME": str(time.time_ns()),
-        }
-        limits = {NEURONCORE: len(placement.cores)}
-        self.ledger.apply_pod(pod(uid, limits, uid=uid, annotations=annotations))
+        uid = self._uid("a")
+        cores = NeuronRequest(NEURONCORE, len(placement.cores))
+        written = handoff.encode(name, cores, placement, ["c0"], time.time_ns())
+        self.ledger.apply_pod(pod(uid, {NEURONCORE: cores.count}, uid=uid, annotations=written))
         self.bound.append(uid)
 
     @rule(name=st.sampled_from(sorted(NODES)), request=st.sampled_from(REQUESTS))
     def nominate(self, name: str, request: NeuronRequest) -> None:
         """A pending pod preemption nominated to the node: its block is held there."""
-        self.next_uid += 1
-        uid = f"n{self.next_uid}"
+        uid = self._uid("n")
         limits = {NEURON if request.unit is Unit.DEVICE else NEURONCORE: request.count}
         body = pod_json(uid, limits, uid=uid)
         body["status"]["nominatedNodeName"] = name

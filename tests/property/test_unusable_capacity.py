@@ -50,6 +50,30 @@ def usable_by_brute_force(topology_type: str, used: int, unit: Unit, count: int)
     return usable
 
 
+def sparse_state(instance_type: str, used_bits: int, density: int) -> tuple[Topology, int]:
+    """A node of the type, the cores in use from random bits thinned `density` times (sparser
+    states too, where most shapes still fit)."""
+    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
+    used = used_bits & ((1 << topology.total_cores) - 1)
+    for _ in range(density):
+        used &= used >> 1
+    return topology, used
+
+
+def shapes_asked(min_size: int) -> st.SearchStrategy[list[tuple[Unit, int, int]]]:
+    """What a cluster asks for: distinct (unit, count) shapes, each with a weight."""
+    return st.lists(
+        st.tuples(
+            st.sampled_from([Unit.CORE, Unit.DEVICE]),
+            st.sampled_from([1, 2, 3, 4, 8, 12, 16, 40]),
+            st.integers(1, 1024),
+        ),
+        min_size=min_size,
+        max_size=5,
+        unique_by=lambda shape: shape[:2],
+    )
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     instance_type=st.sampled_from(TYPES),
@@ -61,16 +85,21 @@ def usable_by_brute_force(topology_type: str, used: int, unit: Unit, count: int)
 def test_unusable_is_the_free_capacity_no_valid_placement_reaches(
     instance_type: str, used_bits: int, density: int, unit: Unit, count: int
 ) -> None:
-    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
-    full = (1 << topology.total_cores) - 1
-    used = used_bits & full
-    for _ in range(density):  # sparser states too, where most shapes still fit
-        used &= used >> 1
-    free = full & ~used
+    topology, used = sparse_state(instance_type, used_bits, density)
+    free = ~used & ((1 << topology.total_cores) - 1)
     expected = free & ~usable_by_brute_force(instance_type, used, unit, count)
     assert _unusable_cores(topology, free, busy_devices(topology, used), unit, count) == expected
     # What placement by demand weighs: those cores, by how often the shape is asked for.
     assert _unusable(topology, used, ((unit, count, 3),)) == 3 * expected.bit_count()
+
+
+def weighted_unusable(topology: Topology, used: int, demand: DemandWeights) -> int:
+    """Each shape's unusable cores (checked against brute force above), by its weight."""
+    free, busy = ~used & ((1 << topology.total_cores) - 1), busy_devices(topology, used)
+    return sum(
+        weight * _unusable_cores(topology, free, busy, unit, count).bit_count()
+        for unit, count, weight in demand
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,32 +107,15 @@ def test_unusable_is_the_free_capacity_no_valid_placement_reaches(
     instance_type=st.sampled_from(TYPES),
     used_bits=st.integers(0, (1 << 128) - 1),
     density=st.integers(0, 4),
-    shapes=st.lists(
-        st.tuples(
-            st.sampled_from([Unit.CORE, Unit.DEVICE]),
-            st.sampled_from([1, 2, 3, 4, 8, 12, 16, 40]),
-            st.integers(1, 1024),
-        ),
-        max_size=5,
-        unique_by=lambda shape: shape[:2],
-    ),
+    shapes=shapes_asked(min_size=0),
 )
 def test_unusable_weighs_every_shape_asked_for(
     instance_type: str, used_bits: int, density: int, shapes: list[tuple[Unit, int, int]]
 ) -> None:
     """Several shapes at once, as a cluster asks (worked out from one plan per topology)."""
-    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
-    full = (1 << topology.total_cores) - 1
-    used = used_bits & full
-    for _ in range(density):
-        used &= used >> 1
-    free, busy = full & ~used, busy_devices(topology, used)
+    topology, used = sparse_state(instance_type, used_bits, density)
     demand = tuple(sorted(shapes))
-    expected = sum(
-        weight * _unusable_cores(topology, free, busy, unit, count).bit_count()
-        for unit, count, weight in demand
-    )
-    assert _unusable(topology, used, demand) == expected
+    assert _unusable(topology, used, demand) == weighted_unusable(topology, used, demand)
 
 
 def chosen_by_reference(
@@ -113,15 +125,6 @@ def chosen_by_reference(
     each shape's unusable cores on the node after it, in the allocator's order (device sets as
     the topology lists them, core windows by start); the best-fit pick stands unless another
     wastes strictly less. (its cores, what it raised the weighted unusable capacity by)"""
-    full = (1 << topology.total_cores) - 1
-
-    def unusable(state: int) -> int:
-        free, busy = full & ~state, busy_devices(topology, state)
-        return sum(
-            weight * _unusable_cores(topology, free, busy, shape_unit, shape_count).bit_count()
-            for shape_unit, shape_count, weight in demand
-        )
-
     if unit is Unit.DEVICE:
         busy = busy_devices(topology, used)
         masks = [
@@ -136,12 +139,12 @@ def chosen_by_reference(
             if not (((1 << count) - 1) << start) & used
             and is_valid_core_set(topology, range(start, start + count))
         ]
-    chosen, least = best.core_mask, unusable(used | best.core_mask)
+    chosen, least = best.core_mask, weighted_unusable(topology, used | best.core_mask, demand)
     for mask in masks:
-        after = unusable(used | mask)
+        after = weighted_unusable(topology, used | mask, demand)
         if after < least:
             chosen, least = mask, after
-    return chosen, least - unusable(used)
+    return chosen, least - weighted_unusable(topology, used, demand)
 
 
 @settings(max_examples=300, deadline=None)
@@ -151,16 +154,7 @@ def chosen_by_reference(
     density=st.integers(1, 5),
     unit=st.sampled_from([Unit.CORE, Unit.DEVICE]),
     count=st.sampled_from([1, 2, 3, 4, 8]),
-    shapes=st.lists(
-        st.tuples(
-            st.sampled_from([Unit.CORE, Unit.DEVICE]),
-            st.sampled_from([1, 2, 3, 4, 8, 16]),
-            st.integers(1, 1024),
-        ),
-        min_size=1,
-        max_size=4,
-        unique_by=lambda shape: shape[:2],
-    ),
+    shapes=shapes_asked(min_size=1),
 )
 def test_a_decision_by_demand_picks_the_placement_that_wastes_least(
     instance_type: str,
@@ -170,10 +164,7 @@ def test_a_decision_by_demand_picks_the_placement_that_wastes_least(
     count: int,
     shapes: list[tuple[Unit, int, int]],
 ) -> None:
-    topology = CATALOG.resolve(instance_type, *neuron_capacity(instance_type)).topology
-    used = used_bits & ((1 << topology.total_cores) - 1)
-    for _ in range(density):
-        used &= used >> 1
+    topology, used = sparse_state(instance_type, used_bits, density)
     resource = NEURON if unit is Unit.DEVICE else NEURONCORE
     best = allocate(topology, NodeState(used, 0), NeuronRequest(resource, count))
     if not isinstance(best, Placement):
