@@ -152,7 +152,7 @@ class Replay:
             self.api.pods[body["metadata"]["name"]] = body
         self.pod_bodies = [msgspec.json.encode(body) for body in served]
         self.extender: Extender = wire(self.api, Catalog.builtin())  # type: ignore[arg-type]
-        # Decoded from one list, as the node watch's list is: each name among its node's fields.
+        # Decoded from one list, as the node watch's list is (where objects lie in memory matters).
         listed = [node_json(name, TYPES[i % len(TYPES)][0]) for i, name in enumerate(self.names)]
         node_objects = msgspec.json.decode(msgspec.json.encode(listed), type=list[Node])
         for view in self.extender.views:

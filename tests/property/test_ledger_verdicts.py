@@ -4,8 +4,6 @@ one type: the allocator's caches answer for both)."""
 
 from __future__ import annotations
 
-import time
-
 import hypothesis.strategies as st
 import msgspec
 from hypothesis import settings
@@ -29,6 +27,7 @@ NODES = {
     "trn1": "trn1.32xlarge",
     "inf1": "inf1.6xlarge",
 }
+NOW = 1_800_000_000.0  # the ledger's wall clock: ids announced "now" are held for 90 s from it
 REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
     NeuronRequest(NEURONCORE, n) for n in (1, 2, 3, 8)
 ]
@@ -37,7 +36,7 @@ REQUESTS = [NeuronRequest(NEURON, n) for n in (1, 2, 4)] + [
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ledger = Ledger(Catalog.builtin())
+        self.ledger = Ledger(Catalog.builtin(), wall_clock=lambda: NOW)
         self.ledger.replace_nodes([node(name, kind) for name, kind in NODES.items()])
         self.next_uid = 0
         self.bound: list[str] = []
@@ -100,7 +99,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         uid = self._uid("a")
         cores = NeuronRequest(NEURONCORE, len(placement.cores))
-        written = handoff.encode(name, cores, placement, ["c0"], time.time_ns())
+        written = handoff.encode(name, cores, placement, ["c0"], int(NOW * 1e9))
         self.ledger.apply_pod(pod(uid, {NEURONCORE: cores.count}, uid=uid, annotations=written))
         self.bound.append(uid)
 
@@ -116,7 +115,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(sorted(NODES)), failed=st.booleans())
     def health(self, name: str, failed: bool) -> None:
-        """Its device 0 fails (or comes back), or it offers less than it has."""
+        """Its device 0 fails, or it offers less than it has (both undone when the nodes are
+        listed again: `node_comes_and_goes`)."""
         if failed:
             self.ledger.apply_node(node(name, NODES[name], failed=[0]))
         else:
@@ -148,7 +148,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 if fresh is None:
                     assert name not in verdicts.decisions
                     continue
-                if isinstance(fresh, Refusal):
+                if isinstance(fresh, Refusal):  # (named as judging names it: its own words)
                     fresh = self.ledger.failed_devices_refusal(name, request, fresh)
                 assert verdicts.decisions[name] == fresh, (name, request)
                 assert (name in verdicts.fitting()) == isinstance(fresh, Placement)

@@ -119,6 +119,7 @@ def test_our_annotations_decoded_once_are_read_again_from_the_memo() -> None:
     """The watch shows a pod's annotations at each change: a set as bind writes it gives the same
     Assignment each time. Other keys do not matter; a change of any key decode reads does."""
     ours = encode("n1", NeuronRequest(NEURONCORE, 2), Placement((1,), (2, 3), 0), ["main"], 5)
+    handoff._MEMO.clear()  # as written by another process (a restart): decoded, then remembered
     first = decode({**ours, "unrelated": "a"}, 2)
     assert first is not None and first.cores == (2, 3) and first.devices == (1,)
     assert decode({**ours, "unrelated": "b"}, 2) is first

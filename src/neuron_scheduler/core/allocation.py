@@ -737,7 +737,8 @@ def _unusable_by(plan: tuple[_ShapePlan, ...], topology: Topology, used: int, bu
 
 def _unusable_cores(topology: Topology, free: int, busy: int, unit: Unit, count: int) -> int:
     """The free cores a request of this shape could never be given on the node as it is, given
-    its free cores and its busy devices."""
+    its free cores and its busy devices. One shape at a time, plainly: `_unusable_by` works the
+    same out for every shape from a plan, and the property tests hold it to this."""
     if _never_placed(topology, unit, count):
         return free
     if unit is Unit.DEVICE:

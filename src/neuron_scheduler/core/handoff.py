@@ -228,13 +228,16 @@ def decode(
 
 # Decoded sets by their texts, least recently used first. With `NEURON_CORES` and `NEURON_DEVS`
 # present (the only sets kept) the cores per device are never read, so they are not in the key.
+# Every text decode reads is in the key: a pod's annotations can push others' out, never change
+# what they decode to. Used from one thread (each process's event loop), unlike lru_cache it is
+# not safe to share between threads.
 _MEMO: dict[tuple[str | None, ...], Assignment] = {}
 
 
 def _remember(texts: tuple[str | None, ...], found: Assignment) -> None:
     _MEMO.pop(texts, None)
     if len(_MEMO) >= _MEMO_SIZE:
-        del _MEMO[next(iter(_MEMO))]
+        _MEMO.pop(next(iter(_MEMO)), None)
     _MEMO[texts] = found
 
 
