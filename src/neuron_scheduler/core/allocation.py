@@ -713,7 +713,7 @@ def _window_shifts(count: int) -> tuple[int, ...]:
 def _unusable_by(plan: tuple[_ShapePlan, ...], topology: Topology, used: int, busy: int) -> int:
     """`_unusable` from the shapes' plan, `busy` the devices `used` touches (-1: not known yet).
     A decision by demand asks it for every placement it weighs (issue 50: tens a decision, most
-    of a filter's CPU once nodes were decided once)."""
+    of what deciding a node's new state costs)."""
     free = ~used & ((1 << topology.total_cores) - 1)
     weighted = 0
     for weight, never, devices, allowed, shifts in plan:
