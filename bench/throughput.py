@@ -756,10 +756,20 @@ def summary(rounds: list[list[Outcome]]) -> None:
             f"{c} {per_pod(a, c) - per_pod(b, c):+.2f}" for c in COMPONENTS if c != "kube-scheduler"
         )
         scheduler = per_pod(a, "kube-scheduler") - per_pod(b, "kube-scheduler")
+        # Each round's own ratio, where both ran in it: a target "in every run" is read here.
+        each = [
+            run.rate / other.rate
+            for outcomes in rounds
+            for run in outcomes
+            for other in outcomes
+            if run.name == contender and other.name == floor and run.bound and other.bound
+        ]
+        by_round = " / ".join(f"{r:.3f}" for r in each)
         lines.append(
             f"{contender} / {floor}: {rate:.2f} by mean pods/s, {predicted:.2f} by mean CPU a pod; "
             f"{contender} - {floor}, ms CPU a pod: kube-scheduler {scheduler:+.2f}, {deltas} "
-            f"({len(a)} and {len(b)} runs)"
+            f"({len(a)} and {len(b)} runs); by round {by_round or '-'}"
+            + (f", lowest {min(each):.3f}" if each else "")
         )
     if lines:
         print(f"\n=== over {len(rounds)} rounds")

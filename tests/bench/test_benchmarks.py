@@ -103,7 +103,8 @@ SMOKES = (
         r"null-writes +8 (.*\n)*null-watch / null-writes = .*\nnull-writes-twin / null-writes = "
         # (and the sitting's summary over both rounds)
         r"(.*\n)*=== over 2 rounds\nnull-watch / null-writes: [\d.]+ by mean pods/s, [\d.]+ by "
-        r"mean CPU a pod; .*extender [+-][\d.]+ \(2 and 2 runs\)\nnull-writes-twin / null-writes: ",
+        r"mean CPU a pod; .*extender [+-][\d.]+ \(2 and 2 runs\); by round [\d.]+ / [\d.]+, "
+        r"lowest [\d.]+\nnull-writes-twin / null-writes: ",
         "watch-alternate",
     ),
     Smoke(
