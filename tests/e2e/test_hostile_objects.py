@@ -154,6 +154,43 @@ def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario) ->
     )
 
 
+def test_ids_beyond_a_pods_request_keep_nothing_from_others(scenario: Scenario) -> None:
+    """A user allowed only to create pods writes ids for every core of an inf1.24xlarge (16
+    devices x 4 cores): on a pending pod of a scheduler nobody runs, asking for no Neuron
+    resource, with a fresh NEURON_ALLOC_TIME (as if our bind had just written them), and on a
+    pod set on the node asking for one core. Neither keeps the node from anyone: the first holds
+    nothing, the second its one core by count (its ids refused, with a warning event)."""
+    extender = scenario.stack.extender
+    node = scenario.add_node("inf1.24xlarge")
+    creator = pod_creator(scenario)
+    every_core, every_device = ",".join(map(str, range(64))), ",".join(map(str, range(16)))
+    written = {
+        "AWS_NEURON_IDS": every_core,
+        "NEURON_RESOURCE_TYPE": NEURONCORE,
+        "NEURON_CORES": every_core,
+        "NEURON_DEVS": every_device,
+        "NEURON_NODE": node,
+        "NEURON_ALLOC_TIME": str(time.time_ns()),
+    }
+    path = f"/api/v1/namespaces/{scenario.namespace}/pods"
+    squat = pod_json(
+        "squat", {}, namespace=scenario.namespace, scheduler="nobody", annotations=written
+    )
+    creator.create(path, squat)
+    grab = pod_json(
+        "grab", {NEURONCORE: 1}, namespace=scenario.namespace, node=node, annotations=written
+    )
+    creator.create(path, grab)
+    # (the watch delivers the two in order: once the second is judged, the first was applied)
+    scenario.wait_event("grab", "NeuronAnnotationsRejected", "ids for 64 cores, more than")
+    free = f'neuron_scheduler_node_free_devices{{node="{node}"}}'
+    assert extender.metric(free) == 15  # the grab's one core, by count
+    scenario.create_pod("normal", {NEURONCORE: 60})  # the 15 devices left, whole
+    placed = scenario.wait_bound("normal")
+    assert placed["spec"]["nodeName"] == node
+    assert len(ids(placed, "NEURON_CORES")) == 60
+
+
 def test_pods_with_unusable_ids_count_in_the_metrics_as_filter_counts_them(
     scenario: Scenario,
 ) -> None:

@@ -265,3 +265,19 @@ def test_ids_the_node_does_not_have_are_never_handed_out() -> None:
     assert len(v.unreadable) == 1 and "ns/beyond" in v.unreadable[0]
     assert "do not exist on inf2.48xlarge" in v.unreadable[0]
     assert isinstance(decide(v, Unit.CORE, [22, 23]), Unclaimed)  # not matched to that pod
+
+
+def test_ids_beyond_what_the_pod_requests_are_never_handed_out() -> None:
+    """Its creator may write any ids: a one-core pod naming eight cores (four devices) would
+    otherwise count as their holder here, and each of them could be matched to it. Unreadable
+    instead, like ids the node does not have; a pod of the right size beside it is matched."""
+    grab = pod(
+        "grab", NEURONCORE, {"main": 1}, "0,1,2,3,4,5,6,7", slices={"main": "0,1,2,3,4,5,6,7"}
+    )
+    fair = pod("fair", NEURONCORE, {"main": 2}, "8,9", slices={"main": "8,9"})
+    v = view(grab, fair)
+    assert [h.pod for h in v.holdings] == ["ns/fair"]
+    assert len(v.unreadable) == 1 and "ns/grab" in v.unreadable[0]
+    assert "ids for 8 cores, more than the pod's 1 core" in v.unreadable[0]
+    assert isinstance(decide(v, Unit.CORE, [2, 3]), Unclaimed)  # not matched to the grab
+    assert not isinstance(decide(v, Unit.CORE, [8, 9]), Unclaimed)  # the fair pod's own

@@ -182,6 +182,68 @@ def test_ids_a_bind_wrote_on_a_pending_pod_stay_held_until_its_binding_can_no_lo
     assert ledger.state("n1").used_cores == 0
 
 
+def test_ids_beyond_what_a_pod_requests_hold_nothing_beyond_its_request() -> None:
+    """Anyone allowed to create pods can write our annotations. A pod set on a node by its
+    creator, asking for one core, names all 16 of an inf1.6xlarge: its ids are not used (a
+    warning event says why) and it holds its one core by count, not the node. A device request
+    naming two devices alike. Ids of the pod's own size still hold exactly those."""
+    reports: list[tuple[str, str]] = []
+    ledger = Ledger(
+        Catalog.builtin(),
+        report=lambda ref, reason, message, *_, **__: reports.append((reason, message)),
+    )
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    every_core = ",".join(map(str, range(16)))
+    ledger.apply_pod(
+        pod(
+            "grab",
+            {CORE: 1},
+            uid="g",
+            node="n1",
+            annotations=ours("n1", every_core, "0,1,2,3", "0"),
+        )
+    )
+    assert ledger.state("n1") == NodeState(0, 1)
+    assert reports == [
+        (
+            "NeuronAnnotationsRejected",
+            "Neuron ids in the annotations are not used: ids for 16 cores, more than the pod's "
+            "1 core (aws.amazon.com/neuroncore); the pod's 1 core (aws.amazon.com/neuroncore) "
+            "stays held on n1 until it ends",
+        )
+    ]
+    ledger.apply_pod(
+        pod(
+            "two",
+            {DEV: 1},
+            uid="d",
+            node="n1",
+            annotations=ours("n1", "4,5,6,7,8,9,10,11", "1,2", "1,2", DEV),
+        )
+    )
+    assert ledger.state("n1") == NodeState(0, 1 + 4)
+    ledger.apply_pod(
+        pod("fair", {CORE: 2}, uid="f", node="n1", annotations=ours("n1", "12,13", "3", "12,13"))
+    )
+    assert ledger.state("n1") == NodeState(mask(12, 13), 1 + 4)
+
+
+def test_ids_on_a_pending_pod_hold_only_what_it_requests() -> None:
+    """Ids a bind wrote on a pending pod are held until its Binding can no longer land (above);
+    our bind writes them only on a pod asking for that much. A pending pod asking for no Neuron
+    resource, or for less than its ids, holds nothing: otherwise any pod, of a scheduler nobody
+    runs, could keep a node's devices from everyone by writing a fresh NEURON_ALLOC_TIME."""
+    ledger = ledger_with()
+    fresh = {"NEURON_ALLOC_TIME": str(time.time_ns())}
+    every_core = ours("n1", ",".join(map(str, range(16))), "0,1,2,3", "0,1,2,3", DEV) | fresh
+    ledger.apply_pod(pod("none", {}, uid="n", scheduler="nobody", annotations=every_core))
+    ledger.apply_pod(pod("less", {DEV: 1}, uid="l", scheduler="nobody", annotations=every_core))
+    ledger.apply_pod(pod("cpu", {"cpu": 1}, uid="c", annotations=every_core))
+    assert ledger.state("n1") == NodeState(0, 0)
+    ledger.apply_pod(pod("whole", {DEV: 4}, uid="w", scheduler="nobody", annotations=every_core))
+    assert ledger.state("n1") == NodeState(mask(*range(16)), 0)
+
+
 def test_disowned_ids_on_a_pending_pod_hold_nothing() -> None:
     """A failed bind knows its Binding can no longer land but could not remove its annotations:
     the devices are free at once, whatever versions of the pod the watch still delivers, until a

@@ -117,6 +117,19 @@ def misfit(found: Assignment, topology: Topology) -> str | None:
     return None
 
 
+def beyond_request(found: Assignment, request: NeuronRequest) -> str | None:
+    """Why these ids hold more than the pod asks for, or None. Any user who may create pods can
+    write these annotations, on a pod set on a node or left pending: ids for more devices or
+    cores than the pod requests would take them from everyone else (a whole node, with a
+    one-core request) while it lives, and ours never give a pod more than it asks for."""
+    unit = request.unit
+    held = len(found.devices) if unit is Unit.DEVICE else len(found.cores)
+    if held <= request.count:
+        return None
+    name = unit.value + ("s" if held != 1 else "")
+    return f"ids for {held} {name}, more than the pod's {request.describe()}"
+
+
 def _read_or_derive(
     annotations: Mapping[str, str],
     key: str,

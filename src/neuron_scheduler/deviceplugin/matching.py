@@ -239,6 +239,8 @@ def node_view(pods: Iterable[Pod], node: str, topology: Topology) -> NodeView:
         try:
             found = assignment(pod, topology.cores_per_device)
             problem = keys.misfit(found, topology) if found is not None else None
+            if found is not None and problem is None:
+                problem = _beyond_request(pod, found)
         except keys.AnnotationError as error:
             found, problem = None, str(error)
         if problem is not None:
@@ -264,6 +266,17 @@ def node_view(pods: Iterable[Pod], node: str, topology: Topology) -> NodeView:
             )
         )
     return NodeView(tuple(holdings), tuple(unreadable))
+
+
+def _beyond_request(pod: Pod, found: keys.Assignment) -> str | None:
+    """Why the pod's ids are more than it asks for (its creator may write any), or None."""
+    try:
+        request = neuron_request(pod)
+    except RequestError as error:
+        return str(error)
+    if request is None:
+        return "ids on a pod that requests no Neuron resource"
+    return keys.beyond_request(found, request)
 
 
 def _ids_text(unit: Unit, ids: Iterable[int]) -> str:

@@ -38,7 +38,13 @@ from neuron_scheduler.core.allocation import (
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.demand import Demand
 from neuron_scheduler.core.eviction import Occupant
-from neuron_scheduler.core.handoff import ALLOC_TIME, NODE, AnnotationError, misfit
+from neuron_scheduler.core.handoff import (
+    ALLOC_TIME,
+    NODE,
+    AnnotationError,
+    beyond_request,
+    misfit,
+)
 from neuron_scheduler.core.handoff import decode as decode_annotations
 from neuron_scheduler.core.ids import (
     core_mask_of_devices,
@@ -559,11 +565,20 @@ class Ledger:
         if entry is None:
             return None
         try:
+            # Our bind writes ids only on a pod asking for that much: any other pending pod
+            # carrying them (anyone may write them) holds nothing.
+            request = neuron_request(pod)
             until = int(annotations[ALLOC_TIME][:20]) / 1e9 + ANNOUNCED_SECONDS
             found = decode_annotations(annotations, entry.topology.cores_per_device)
-        except (ValueError, AnnotationError):
+        except (ValueError, AnnotationError):  # (RequestError is a ValueError)
             return None
-        if found is None or misfit(found, entry.topology) or until <= self.wall_clock():
+        if (
+            request is None
+            or found is None
+            or misfit(found, entry.topology)
+            or beyond_request(found, request)
+            or until <= self.wall_clock()
+        ):
             return None
         holding = Holding(entry.name, cores=found.core_mask, ours=True)
         return Announced(holding, until, annotations[ALLOC_TIME])
@@ -625,8 +640,10 @@ class Ledger:
             if entry is not None:  # without the node, its cores per device may be what is missing
                 self._reject(pod.metadata.uid, pod.key, node, request, str(error))
             found = None
-        if found is not None and entry is not None:
-            problem = misfit(found, entry.topology)
+        if found is not None:
+            problem = beyond_request(found, request)
+            if problem is None and entry is not None:
+                problem = misfit(found, entry.topology)
             if problem is not None:
                 self._reject(pod.metadata.uid, pod.key, node, request, problem)
                 found = None
