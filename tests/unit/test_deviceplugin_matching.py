@@ -281,3 +281,20 @@ def test_ids_beyond_what_the_pod_requests_are_never_handed_out() -> None:
     assert "ids for 8 cores, more than the pod's 1 core" in v.unreadable[0]
     assert isinstance(decide(v, Unit.CORE, [2, 3]), Unclaimed)  # not matched to the grab
     assert not isinstance(decide(v, Unit.CORE, [8, 9]), Unclaimed)  # the fair pod's own
+
+
+def test_ids_on_a_pod_asking_for_none_or_not_matching_its_cores_are_never_handed_out() -> None:
+    """A pod asking for no Neuron resource holds none whatever its annotations say; a device pod
+    whose NEURON_CORES leave out half its device would leave that half to another pod, and is
+    unreadable as well."""
+    none = pod("none", NEURONCORE, {"main": 1}, "4", slices={"main": "4"})
+    none.spec.containers[0].resources.limits = {}
+    half = pod("half", NEURON, {"main": 1}, "3", extra={"NEURON_CORES": "6", "NEURON_DEVS": "3"})
+    v = view(none, half)
+    assert not v.holdings
+    problems = sorted(v.unreadable)
+    assert problems[0] == (
+        "ns/half: AWS_NEURON_IDS 3, NEURON_CORES 6 and NEURON_DEVS 3 do not name the same devices"
+    )
+    assert problems[1] == "ns/none: ids on a pod that requests no Neuron resource"
+    assert isinstance(decide(v, Unit.CORE, [4]), Unclaimed)

@@ -200,7 +200,7 @@ def test_ids_beyond_what_a_pod_requests_hold_nothing_beyond_its_request() -> Non
             {CORE: 1},
             uid="g",
             node="n1",
-            annotations=ours("n1", every_core, "0,1,2,3", "0"),
+            annotations=ours("n1", every_core, "0,1,2,3", every_core),
         )
     )
     assert ledger.state("n1") == NodeState(0, 1)
@@ -226,22 +226,50 @@ def test_ids_beyond_what_a_pod_requests_hold_nothing_beyond_its_request() -> Non
         pod("fair", {CORE: 2}, uid="f", node="n1", annotations=ours("n1", "12,13", "3", "12,13"))
     )
     assert ledger.state("n1") == NodeState(mask(12, 13), 1 + 4)
+    # An init container asking for more than the app containers: the pod's request is its.
+    ledger.apply_pod(
+        pod(
+            "init",
+            {CORE: 1},
+            uid="i",
+            node="n1",
+            init_limits=[{CORE: 2}],
+            annotations=ours("n1", "14,15", "3", "14,15"),
+        )
+    )
+    assert ledger.state("n1") == NodeState(mask(12, 13, 14, 15), 1 + 4)
 
 
 def test_ids_on_a_pending_pod_hold_only_what_it_requests() -> None:
     """Ids a bind wrote on a pending pod are held until its Binding can no longer land (above);
     our bind writes them only on a pod asking for that much. A pending pod asking for no Neuron
     resource, or for less than its ids, holds nothing: otherwise any pod, of a scheduler nobody
-    runs, could keep a node's devices from everyone by writing a fresh NEURON_ALLOC_TIME."""
-    ledger = ledger_with()
-    fresh = {"NEURON_ALLOC_TIME": str(time.time_ns())}
-    every_core = ours("n1", ",".join(map(str, range(16))), "0,1,2,3", "0,1,2,3", DEV) | fresh
-    ledger.apply_pod(pod("none", {}, uid="n", scheduler="nobody", annotations=every_core))
-    ledger.apply_pod(pod("less", {DEV: 1}, uid="l", scheduler="nobody", annotations=every_core))
-    ledger.apply_pod(pod("cpu", {"cpu": 1}, uid="c", annotations=every_core))
-    assert ledger.state("n1") == NodeState(0, 0)
-    ledger.apply_pod(pod("whole", {DEV: 4}, uid="w", scheduler="nobody", annotations=every_core))
+    runs, could keep a node's devices from everyone by writing a fresh NEURON_ALLOC_TIME. A time
+    to come holds from when it is read, not until then."""
+    now = [1000.0]
+    ledger = Ledger(Catalog.builtin(), wall_clock=lambda: now[0])
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    every_core = ",".join(map(str, range(16)))
+    written = ours("n1", every_core, "0,1,2,3", "0,1,2,3", DEV)
+    fresh = written | {"NEURON_ALLOC_TIME": str(int(995e9))}
+    for name, limits in (
+        ("none", {}),
+        ("less", {DEV: 1}),
+        ("cpu", {"cpu": 1}),
+        ("cores", {CORE: 16}),
+    ):
+        ledger.apply_pod(pod(name, limits, uid=name, scheduler="nobody", annotations=fresh))
+        assert ledger.state("n1") == NodeState(0, 0), name
+        ledger.remove_pod(name)
+    ledger.apply_pod(pod("whole", {DEV: 4}, uid="w", scheduler="nobody", annotations=fresh))
     assert ledger.state("n1") == NodeState(mask(*range(16)), 0)
+    ledger.remove_pod("w")
+    later = written | {"NEURON_ALLOC_TIME": "99999999999999999999"}
+    ledger.apply_pod(pod("later", {DEV: 4}, uid="l", scheduler="nobody", annotations=later))
+    now[0] = 1000 + ANNOUNCED_SECONDS - 1
+    assert ledger.state("n1") == NodeState(mask(*range(16)), 0)
+    now[0] = 1000 + ANNOUNCED_SECONDS
+    assert ledger.state("n1") == NodeState(0, 0)
 
 
 def test_disowned_ids_on_a_pending_pod_hold_nothing() -> None:

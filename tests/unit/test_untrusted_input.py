@@ -115,6 +115,41 @@ def test_annotation_ids_are_bounded_before_anything_is_built() -> None:
     assert elsewhere is not None and "not on devices 0" in (misfit(elsewhere, topology) or "")
 
 
+def test_the_cores_a_pod_holds_are_the_ids_its_containers_are_handed() -> None:
+    """Counted as holding its cores, handed its ids (each container its slice): ids that say
+    otherwise, which anyone may write, would let a device go to two pods. Ours, upstream's
+    (cores and devices derived from the ids) and the device plugin's corrections agree."""
+    inf2 = CATALOG.resolve("inf2.48xlarge").topology  # 2 cores a device
+
+    def problem(annotations: dict[str, str]) -> str | None:
+        found = decode(annotations, inf2.cores_per_device)
+        assert found is not None
+        return misfit(found, inf2)
+
+    device = {"AWS_NEURON_IDS": "0", "NEURON_RESOURCE_TYPE": NEURON}
+    assert problem(device) is None  # upstream's: derived
+    assert problem(device | {"NEURON_CORES": "0,1", "NEURON_DEVS": "0"}) is None
+    assert problem(device | {"NEURON_CORES": "0", "NEURON_DEVS": "0"}) == (
+        "AWS_NEURON_IDS 0, NEURON_CORES 0 and NEURON_DEVS 0 do not name the same devices"
+    )
+    assert problem(device | {"NEURON_CORES": "2,3", "NEURON_DEVS": "1"}) == (
+        "AWS_NEURON_IDS 0, NEURON_CORES 2,3 and NEURON_DEVS 1 do not name the same devices"
+    )
+    core = {"AWS_NEURON_IDS": "1", "NEURON_RESOURCE_TYPE": NEURONCORE}
+    assert problem(core) is None
+    assert problem(core | {"NEURON_CORES": "1", "NEURON_DEVS": "0,1"}) == (
+        "AWS_NEURON_IDS 1, NEURON_CORES 1 and NEURON_DEVS 0,1 do not name the same cores"
+    )
+    assert problem(core | {"NEURON_CORES": "0", "NEURON_DEVS": "0"}) == (
+        "AWS_NEURON_IDS 1, NEURON_CORES 0 and NEURON_DEVS 0 do not name the same cores"
+    )
+    sliced = core | {"NEURON_CORES": "1", "NEURON_DEVS": "0"}
+    assert problem(sliced | {"NEURON_CONTAINER_IDS": '{"main":"1"}'}) is None
+    assert problem(sliced | {"NEURON_CONTAINER_IDS": '{"main":"5"}'}) == (
+        "containers are given ids 5 that are not the pod's"
+    )
+
+
 def test_our_annotations_decoded_once_are_read_again_from_the_memo() -> None:
     """The watch shows a pod's annotations at each change: a set as bind writes it gives the same
     Assignment each time. Other keys do not matter; a change of any key decode reads does."""

@@ -98,7 +98,8 @@ def _quoted(text: str) -> str:
 
 def misfit(found: Assignment, topology: Topology) -> str | None:
     """Why these ids cannot be ones this node gave out (ids beyond its devices or cores, more
-    than it has, cores that are not the devices'), or None when they can."""
+    than it has, cores that are not the devices', ids, cores and devices that do not name the
+    same, a container handed ids that are not the pod's), or None when they can."""
     cores, devices = found.cores, found.devices
     if len(cores) > topology.total_cores or len(devices) > topology.devices:
         return (
@@ -111,9 +112,29 @@ def misfit(found: Assignment, topology: Topology) -> str | None:
     beyond = [d for d in devices if d >= topology.devices]
     if beyond:
         return f"devices {format_ids(beyond)} do not exist on {topology.instance_type}"
-    owners = set(devices_of_cores(cores, topology.cores_per_device))
+    per_device = topology.cores_per_device
+    owners = set(devices_of_cores(cores, per_device))
     if not owners <= set(devices):
         return f"cores {format_ids(list(cores))} are not on devices {format_ids(list(devices))}"
+    # What a pod is counted as holding (its cores) must be what its containers are handed (the
+    # ids, and each container's slice of them): ours, upstream's and the device plugin's
+    # corrections always are; ids that say otherwise would let one device go to two pods.
+    unit = RESOURCE_UNITS[found.resource]
+    if unit is Unit.DEVICE:
+        same = set(found.ids) == set(devices) and set(cores) == set(
+            cores_of_devices(devices, per_device)
+        )
+    else:
+        same = set(found.ids) == set(cores) and set(devices) == owners
+    if not same:
+        return (
+            f"{IDS} {format_ids(list(found.ids))}, {CORES} {format_ids(list(cores))} and {DEVS} "
+            f"{format_ids(list(devices))} do not name the same {unit.value}s"
+        )
+    sliced = {i for part in found.containers.values() for i in part}
+    if not sliced <= set(found.ids):
+        extra = format_ids(sorted(sliced - set(found.ids)))
+        return f"containers are given ids {extra} that are not the pod's"
     return None
 
 
@@ -123,6 +144,8 @@ def beyond_request(found: Assignment, request: NeuronRequest) -> str | None:
     cores than the pod requests would take them from everyone else (a whole node, with a
     one-core request) while it lives, and ours never give a pod more than it asks for."""
     unit = request.unit
+    if RESOURCE_UNITS[found.resource] is not unit:
+        return f"ids of {found.resource} on a pod that requests {request.describe()}"
     held = len(found.devices) if unit is Unit.DEVICE else len(found.cores)
     if held <= request.count:
         return None

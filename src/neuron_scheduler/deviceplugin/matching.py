@@ -229,8 +229,9 @@ def _alloc_time(pod: Pod) -> int:
 
 def node_view(pods: Iterable[Pod], node: str, topology: Topology) -> NodeView:
     """The scheduler's assignments on this node, from the pods bound to it. Ids that cannot be
-    this node's (beyond its devices or cores, more than it has) are never handed out: the pod is
-    listed as unreadable instead, as any pod's annotations may say anything."""
+    this node's (beyond its devices or cores, more than it has, ids and cores that disagree) or
+    this pod's (more than it asks for) are never handed out: the pod is listed as unreadable
+    instead, as any pod's annotations may say anything."""
     holdings: list[AnnotatedPod] = []
     unreadable: list[str] = []
     for pod in pods:

@@ -8,10 +8,11 @@ annotations, so a filter or a second bind never sees those ids as free.
 
 Everything read from the API is untrusted. A node whose Neuron capacity cannot be right (see
 `Catalog.resolve`) is unusable, with its reason, and never modelled. A pod's ids are checked
-against its node's topology before a mask is built from them; ids that cannot be that node's are
-rejected (logged once, reported as a warning event on the pod, counted in
-`rejected_assignments`) and the pod is counted by its request instead, as a pod placed by another
-scheduler is: its size stays held, somewhere on the node, until it ends.
+against its node's topology and against the pod before a mask is built from them (`misfit`: the
+ids, cores and devices name the same; `beyond_request`: no more than it asks for); ids that
+cannot be that node's or that pod's are rejected (logged once, reported as a warning event on
+the pod, counted in `rejected_assignments`) and the pod is counted by its request instead, as a
+pod placed by another scheduler is: its size stays held, somewhere on the node, until it ends.
 
 The ledger is a `ClusterView` (the watches feed it) and a `Reserver` (bind holds placements in it).
 """
@@ -568,16 +569,20 @@ class Ledger:
             # Our bind writes ids only on a pod asking for that much: any other pending pod
             # carrying them (anyone may write them) holds nothing.
             request = neuron_request(pod)
-            until = int(annotations[ALLOC_TIME][:20]) / 1e9 + ANNOUNCED_SECONDS
+            written = int(annotations[ALLOC_TIME][:20]) / 1e9
             found = decode_annotations(annotations, entry.topology.cores_per_device)
         except (ValueError, AnnotationError):  # (RequestError is a ValueError)
             return None
+        # A time to come is no bind's (a clock a little ahead at most): held from now, not for
+        # as long as someone wrote.
+        now = self.wall_clock()
+        until = min(written, now) + ANNOUNCED_SECONDS
         if (
             request is None
             or found is None
             or misfit(found, entry.topology)
             or beyond_request(found, request)
-            or until <= self.wall_clock()
+            or until <= now
         ):
             return None
         holding = Holding(entry.name, cores=found.core_mask, ours=True)
