@@ -240,6 +240,16 @@ def test_ids_beyond_what_a_pod_requests_hold_nothing_beyond_its_request() -> Non
     assert ledger.state("n1") == NodeState(mask(12, 13, 14, 15), 1 + 4)
 
 
+def test_a_device_pod_naming_part_of_its_device_counts_the_device() -> None:
+    """Its containers are handed the whole device: ids naming device 0 with one of its four
+    cores would leave three to others. Rejected; the pod counts its device by count."""
+    ledger = ledger_with()
+    ledger.apply_pod(
+        pod("part", {DEV: 1}, uid="p", node="n1", annotations=ours("n1", "0", "0", "0", DEV))
+    )
+    assert ledger.state("n1") == NodeState(0, 4)
+
+
 def test_ids_on_a_pending_pod_hold_only_what_it_requests() -> None:
     """Ids a bind wrote on a pending pod are held until its Binding can no longer land (above);
     our bind writes them only on a pod asking for that much. A pending pod asking for no Neuron

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from neuron_scheduler.core import handoff
-from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.handoff import (
     ALLOCATED,
@@ -17,12 +17,13 @@ from neuron_scheduler.core.handoff import (
     NODE,
     RESOURCE_TYPE,
     AnnotationError,
+    beyond_request,
     decode,
     encode,
     misfit,
 )
 from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_quantity
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.jobs.members import MembershipError, member_of
@@ -150,6 +151,40 @@ def test_the_cores_a_pod_holds_are_the_ids_its_containers_are_handed() -> None:
     )
 
 
+def test_what_our_bind_writes_always_passes_the_checks_on_any_pods_ids() -> None:
+    """The checks on a pod's ids (`misfit`, `beyond_request`) never refuse ours: every catalog
+    type (trn2 at 4 and at 8 cores a device), every count a node allows in both units, on an
+    empty node and on one with cores taken, by plain best-fit and by demand, for one and for
+    two containers."""
+    weights = ((Unit.CORE, 1, 500), (Unit.CORE, 2, 300), (Unit.DEVICE, 1, 200))
+    checked = 0
+    for instance_type in CATALOG.instance_types:
+        resolutions = [CATALOG.resolve(instance_type)]
+        if instance_type.startswith("trn2"):
+            devices = CATALOG.device_count(instance_type) or 1
+            resolutions.append(CATALOG.resolve(instance_type, devices, 8 * devices))  # LNC=1
+        for resolved in resolutions:
+            topology = resolved.topology
+            requests = [NeuronRequest(NEURONCORE, n) for n in range(1, topology.total_cores + 1)]
+            requests += [NeuronRequest(NEURON, n) for n in range(1, topology.devices + 1)]
+            for request in requests:
+                for used in (0, 0b1, (1 << topology.cores_per_device) - 1):
+                    for demand in ((), weights):
+                        decision = allocate(
+                            topology, NodeState(used), request, Policy.BEST_FIT, demand
+                        )
+                        if not isinstance(decision, Placement):
+                            continue
+                        for containers in (["main"], ["a", "b"]):
+                            written = encode("n1", request, decision, containers, 1)
+                            found = decode(written, topology.cores_per_device)
+                            assert found is not None
+                            assert misfit(found, topology) is None, (instance_type, request)
+                            assert beyond_request(found, request) is None, (instance_type, request)
+                            checked += 1
+    assert checked > 1000
+
+
 def test_our_annotations_decoded_once_are_read_again_from_the_memo() -> None:
     """The watch shows a pod's annotations at each change: a set as bind writes it gives the same
     Assignment each time. Other keys do not matter; a change of any key decode reads does."""
@@ -232,14 +267,18 @@ def test_ledger_rejects_ids_the_node_cannot_have_and_counts_the_pod_by_size() ->
     assert len(reports) == 3
 
 
-def test_a_node_listed_after_its_pods_still_checks_their_ids() -> None:
+def test_a_node_listed_after_its_pods_counts_them_by_their_request() -> None:
+    """Ids read before their node is listed cannot be checked against it: the pod counts by its
+    request, whatever they say, until its next change reads them again (then checked)."""
     reports: list[tuple[ObjectRef, str, str, bool]] = []
     ledger = Ledger(CATALOG, report=lambda *args: reports.append(args))
-    ledger.apply_pod(
-        pod("late", {NEURON: 1}, node="n1", uid="late", annotations=hostile_ids("n1", "40"))
-    )
+    late = pod("late", {NEURON: 1}, node="n1", uid="late", annotations=hostile_ids("n1", "40"))
+    ledger.apply_pod(late)
     ledger.apply_node(node("n1", "inf1.6xlarge"))
     assert ledger.state("n1").used_cores == 0
+    assert ledger.state("n1").unattributed_cores == 4
+    assert reports == []
+    ledger.apply_pod(late)
     assert ledger.state("n1").unattributed_cores == 4
     assert [ref.name for ref, _, _, _ in reports] == ["late"]
 

@@ -41,7 +41,7 @@ from neuron_scheduler.core.capacity import whole_node
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.consolidation import fits_by_count
 from neuron_scheduler.core.eviction import Eviction, Occupant, plan_eviction
-from neuron_scheduler.core.handoff import AnnotationError, misfit
+from neuron_scheduler.core.handoff import AnnotationError, beyond_request, misfit
 from neuron_scheduler.core.health import HealthError
 from neuron_scheduler.core.ids import format_ids
 from neuron_scheduler.core.planrecord import PlanKind
@@ -160,9 +160,16 @@ def failed_devices_of(pod: Pod, node: Node, catalog: Catalog) -> tuple[int, ...]
         topology = resolved.topology
         failed = unhealthy_devices(node, topology)
         found = assignment(pod, topology.cores_per_device) if failed else None
-    except (CapacityError, HealthError, AnnotationError):
+        request = neuron_request(pod) if found is not None else None
+    except (CapacityError, HealthError, AnnotationError, RequestError):
         return ()
-    if found is None or misfit(found, topology) is not None:
+    # Ids the ledger and the device plugin would not use (any pod's creator may write them).
+    if (
+        found is None
+        or request is None
+        or misfit(found, topology) is not None
+        or beyond_request(found, request) is not None
+    ):
         return ()
     return tuple(d for d in found.devices if failed >> d & 1)
 
