@@ -639,22 +639,23 @@ class Ledger:
         if request is None:
             return None  # the device plugin's own pod, and every non-Neuron pod
         entry = self.nodes.get(node)
-        found = None
-        # On a node not listed (yet, or unusable) the ids cannot be checked against it: the pod
-        # counts by its request until its next change (or a relist) reads them again.
-        if entry is not None:
-            try:
-                found = assignment(pod, entry.topology.cores_per_device)
-                problem = None
-                if found is not None:
-                    problem = beyond_request(found, request) or misfit(found, entry.topology)
-            except AnnotationError as error:
-                found, problem = None, str(error)
+        try:
+            found = assignment(pod, entry.topology.cores_per_device if entry else None)
+        except AnnotationError as error:
+            if entry is not None:  # without the node, its cores per device may be what is missing
+                self._reject(pod.metadata.uid, pod.key, node, request, str(error))
+            found = None
+        if found is not None:
+            problem = beyond_request(found, request)
+            if problem is None and entry is not None:
+                problem = misfit(found, entry.topology)
             if problem is not None:
                 self._reject(pod.metadata.uid, pod.key, node, request, problem)
                 found = None
         # Without our ids (placed by another scheduler, or ids that cannot be used) the pod's
-        # size still counts.
+        # size still counts. On a node not listed (yet, or again: its capacity goes while its
+        # kubelet restarts), ids are kept: cores beyond the node are rejected when it is listed
+        # (state), the rest of `misfit` at the pod's next change.
         return Holding(
             node,
             cores=found.core_mask if found is not None else 0,
@@ -892,7 +893,7 @@ class Ledger:
                     going |= holding.cores & ~failed
                     going_count += twice
                 continue
-            if holding.ours:  # ids read against the node's earlier topology, beyond its new one
+            if holding.ours:  # ids read while the node was not listed, beyond it
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
                 problem = f"cores beyond the {total} of {node}"
                 self._reject(uid, self._pod_keys.get(uid, "?/?"), node, request, problem)
