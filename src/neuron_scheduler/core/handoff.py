@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from neuron_scheduler.core.allocation import Placement
+from neuron_scheduler.core.allocation import Placement, counted
 from neuron_scheduler.core.ids import (
     comma_ids,
     cores_of_devices,
@@ -149,8 +149,7 @@ def beyond_request(found: Assignment, request: NeuronRequest) -> str | None:
     held = len(found.devices) if unit is Unit.DEVICE else len(found.cores)
     if held <= request.count:
         return None
-    name = unit.value + ("s" if held != 1 else "")
-    return f"ids for {held} {name}, more than the pod's {request.describe()}"
+    return f"ids for {counted(held, unit)}, more than the pod's {request.describe()}"
 
 
 def _read_or_derive(
