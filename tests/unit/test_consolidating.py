@@ -338,6 +338,32 @@ def test_replacements_take_their_places_and_the_plan_ends_when_all_are_bound() -
     del devices
 
 
+def test_only_pods_created_after_the_plan_take_a_replacements_place() -> None:
+    """A pod of the moved pods' controller created before the plan (seconds before it: the
+    Deployment's pods that made the fragmentation) is no replacement, bound or not, read live or
+    after a restart: the places stay held for the real ones."""
+    world = World()
+    world.step()
+    world.apply(world.annotated())
+    active = world.plans.plans["big"]
+    victim = active.record.victims[0]
+    assert victim.node and victim.cores
+    device = victim.cores[0] // TRN1.cores_per_device
+    place = f"big/{victim.uid}"
+    assert world.clock() == NOW + 60 == active.record.started
+    sibling = owned("sibling")
+    sibling["metadata"]["creationTimestamp"] = "2027-01-15T08:00:58Z"  # 2 s before the plan
+    world.apply(on_device(sibling, victim.node, device))
+    assert place in world.ledger.plan_holds and not active.satisfied
+    assert place in restart(world).ledger.plan_holds
+    # One created in the plan's own second reads as up to a second earlier: it is one.
+    replacement = owned("replacement")
+    replacement["metadata"]["creationTimestamp"] = "2027-01-15T08:00:59Z"
+    world.apply(on_device(replacement, victim.node, device))
+    assert place not in world.ledger.plan_holds
+    assert active.satisfied == {victim.uid: "replacement"}
+
+
 def test_a_refused_eviction_cancels_the_plan_and_lets_go_of_its_holds() -> None:
     world = World()
     world.api.refuse = {f"w{d}" for d in range(16)}
@@ -397,17 +423,8 @@ def test_the_hourly_budget_and_the_node_cooldown_bound_plans() -> None:
     assert "big2" in world.plans.plans
 
 
-def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> None:
-    world = World()
-    world.api.refuse = set()
-    world.step()
-    evicted = world.evicted()
-    annotated = world.annotated()
-    # A restart after the first eviction only: the others are still running.
-    world.pods["big"] = annotated
-    gone, *kept = evicted
-    world.pods.pop(gone)
-    world.api.calls.clear()
+def restart(world: World) -> World:
+    """A new leader on the same cluster (`world.pods`), the same API and clock."""
     restarted = World.__new__(World)
     restarted.clock = world.clock
     restarted.api = world.api
@@ -422,20 +439,51 @@ def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> 
     restarted.ledger.replace_nodes([node("a", "trn1.32xlarge"), node("b", "trn1.32xlarge")])
     restarted.pods = dict(world.pods)
     restarted.feed()
+    return restarted
+
+
+def test_a_restart_rebuilds_the_holds_and_evicts_only_what_was_not_evicted() -> None:
+    world = World()
+    world.api.refuse = set()
+    world.step()
+    evicted = world.evicted()
+    annotated = world.annotated()
+    # A restart after the first eviction only: the others are still running.
+    world.pods["big"] = annotated
+    gone, *kept = evicted
+    world.pods.pop(gone)
+    world.api.calls.clear()
+    restarted = restart(world)
     assert "big" in restarted.ledger.plan_holds
     restarted.step()
     assert sorted(restarted.evicted()) == sorted(kept)  # gone is not evicted again
     assert ("lease", "budget") not in restarted.api.calls  # no new plan, no new spending
-    # The new leader nominates the pod (the annotation was written, the nomination may not have
-    # been) once, and the pod evicted before the kill gets its event, under the name the earlier
-    # leader would have used (the API server refuses a second one of that name).
-    assert restarted.api.calls.count(("nominate", "big", "a")) == 1
+    # The pod evicted before the kill gets its event, under the name the earlier leader would
+    # have used (the API server refuses a second one of that name).
     assert evicted_event_name(gone) in restarted.named
     assert sorted(restarted.named) == sorted(evicted_event_name(uid) for uid in evicted)
     assert world.named == [evicted_event_name(uid) for uid in evicted]
+    # The earlier leader nominated the pod before its first eviction: a nomination set again
+    # now would stand (kube-scheduler's next try of the pod fails by count) and refuse the
+    # replacements still pending by count.
+    assert not any(c[0] == "nominate" for c in restarted.api.calls)
+    restarted.step()
+    assert not any(c[0] == "nominate" for c in restarted.api.calls)
+    assert len(restarted.named) == len(evicted)
+
+
+def test_a_restart_between_the_plan_and_its_first_eviction_nominates_the_pod_once() -> None:
+    world = World()
+    world.step()
+    evicted = world.evicted()
+    world.pods["big"] = world.annotated()  # (the fake API's evictions leave the pods as they were)
+    world.api.calls.clear()
+    restarted = restart(world)
     restarted.step()
     assert restarted.api.calls.count(("nominate", "big", "a")) == 1
-    assert len(restarted.named) == len(evicted)
+    assert sorted(restarted.evicted()) == sorted(evicted)
+    restarted.step()
+    assert restarted.api.calls.count(("nominate", "big", "a")) == 1
 
 
 def test_an_expired_plan_lets_go_of_its_holds() -> None:

@@ -282,7 +282,10 @@ class Consolidator(PodsOnly):
         await self._tidy()
         for active in self.in_flight():
             if not active.nominated:  # a plan read back after a restart, or a capacity hold
-                await self._nominate(active)
+                if self._any_evicted(active):
+                    active.nominated = True  # done before its evictions: not again (below)
+                else:
+                    await self._nominate(active)
         if self.limits.mode is Mode.OFF:
             return
         if self.limits.mode is Mode.ON:
@@ -312,6 +315,17 @@ class Consolidator(PodsOnly):
             await self.api.patch_nominated_node(
                 active.namespace, active.name, active.uid, active.record.node
             )
+
+    def _any_evicted(self, active: Active) -> bool:
+        """Whether one of the plan's moved pods is leaving or gone: its leader nominated the pod
+        before evicting, so a plan read back this late is not nominated again. kube-scheduler
+        counts a nominated pod's request on the node for pods of equal or lower priority, and
+        clears a nomination only after a failed try of the pod that an update of it requeues
+        (one our filter refused); once the moved pods' replacements hold their places the pod
+        fails by count, so a nomination set now would stand until the moved pods were gone and,
+        meanwhile, refuse by count the replacements still pending (a restart while they were in
+        flight left one pending for as long as its moved pod terminated)."""
+        return len(self._to_evict(active)) < len(active.record.victims)
 
     def _report_evicted(self, active: Active) -> None:
         """The NeuronConsolidationEvicted event of every moved pod already leaving, for a plan

@@ -39,7 +39,12 @@ from neuron_scheduler.kube.views import pod_uid, replace_all
 
 log = logging.getLogger("neuron_scheduler.extender.consolidating")
 
-CLOCK_SKEW = 5.0  # seconds a replacement's creation may precede its plan's (clocks differ)
+# A replacement is created after its plan started, by the API server's clock, in whole seconds:
+# one created in the plan's own second reads as up to a second earlier, and that clock may be a
+# little behind ours (CLOCK_SKEW). A wider margin (5 s) let pods of a moved pod's controller
+# created just before the plan count as its replacements, and the places held for the real ones
+# went early: a restarted extender let another pod take one.
+CLOCK_SKEW = 1.0
 
 
 @dataclass(slots=True)
@@ -206,7 +211,7 @@ class Plans(PodsOnly):
         record = active.record
         if uid in active.satisfied.values() or any(v.uid == uid for v in record.victims):
             return False
-        if epoch(facts.created) < record.started - CLOCK_SKEW:
+        if epoch(facts.created) + 1.0 <= record.started - CLOCK_SKEW:  # (whole seconds)
             return False
         open_ = [
             v
