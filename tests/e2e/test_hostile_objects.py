@@ -191,6 +191,34 @@ def test_ids_beyond_a_pods_request_keep_nothing_from_others(scenario: Scenario) 
     assert len(ids(placed, "NEURON_CORES")) == 60
 
 
+def test_a_pod_naming_a_running_pods_ids_is_not_counted_as_the_same_device(
+    scenario: Scenario,
+) -> None:
+    """A user allowed only to create pods sets a one-device pod on an inf1.6xlarge (4 devices)
+    with the ids our bind gave a pod running there. The two are two devices, not one: two are
+    left free, and a pod asking for three is refused there."""
+    extender = scenario.stack.extender
+    node = scenario.add_node("inf1.6xlarge")
+    scenario.create_pod("running", {NEURON: 1})
+    running = scenario.wait_bound("running")
+    written = {
+        key: value
+        for key, value in running["metadata"]["annotations"].items()
+        if key.startswith(("AWS_NEURON", "NEURON_"))
+    }
+    assert written["NEURON_NODE"] == node, written
+    twin = pod_json(
+        "twin", {NEURON: 1}, namespace=scenario.namespace, node=node, annotations=written
+    )
+    pod_creator(scenario).create(f"/api/v1/namespaces/{scenario.namespace}/pods", twin)
+    free = f'neuron_scheduler_node_free_devices{{node="{node}"}}'
+    wait_for(lambda: extender.metric(free) == 2, "the twin counted as a device of its own")
+    status, result = extender.call(
+        "filter", {"Pod": pod_json("asking", {NEURON: 3}), "NodeNames": [node]}
+    )
+    assert status == 200 and not result["NodeNames"], result
+
+
 def test_pods_with_unusable_ids_count_in_the_metrics_as_filter_counts_them(
     scenario: Scenario,
 ) -> None:

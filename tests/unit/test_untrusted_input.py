@@ -295,6 +295,22 @@ def test_ids_read_while_the_node_is_not_listed_still_hold_them() -> None:
     assert ledger.state("n1") == NodeState(0b1111, 0)
 
 
+def test_ids_another_pod_names_too_count_the_pod_by_its_size() -> None:
+    """A pod set on a node by its creator with the ids of a pod running there (anyone who may
+    create pods can write them) is not counted as the same device: the node has one device
+    fewer free, not the other pod's device twice, whichever of the two the ledger read first."""
+    written = hostile_ids("n1", "0,1,2,3") | {"AWS_NEURON_IDS": "0", "NEURON_DEVS": "0"}
+    pods = [pod(name, {NEURON: 1}, node="n1", uid=name, annotations=written) for name in "ab"]
+    for order in (pods, pods[::-1]):
+        ledger = Ledger(CATALOG)
+        ledger.apply_node(node("n1", "inf1.6xlarge"))
+        for each in order:
+            ledger.apply_pod(each)
+        assert ledger.state("n1") == NodeState(0b1111, 4)
+        ledger.remove_pod(order[0].metadata.uid)  # the other's ids hold them alone now
+        assert ledger.state("n1") == NodeState(0b1111, 0)
+
+
 @pytest.mark.parametrize(
     ("capacity", "code", "reason"),
     [

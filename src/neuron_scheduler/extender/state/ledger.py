@@ -879,9 +879,11 @@ class Ledger:
         going = 0  # cores of terminating pods: free soon, so a nominated pod's block may use them
         going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
+        named = 0  # the cores pods' ids name so far
         holdings = self._by_node.get(node, {})
         for uid, holding in holdings.items():
-            if holding.ours and not holding.cores >> total:
+            if holding.ours and not holding.cores >> total and not holding.cores & named:
+                named |= holding.cores
                 used |= holding.cores
                 # A pod on a failed device still requests it, while allocatable no longer counts
                 # it: kube-scheduler and the kubelet count that device twice until the pod ends,
@@ -893,7 +895,10 @@ class Ledger:
                     going |= holding.cores & ~failed
                     going_count += twice
                 continue
-            if holding.ours:  # ids read while the node was not listed, beyond it
+            # Ids that name cores another pod's ids name too (anyone may write them; a
+            # correction may be under way): the pod counts by its size, so the two are not
+            # counted as one.
+            if holding.ours and holding.cores >> total:  # read while the node was not listed
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
                 problem = f"cores beyond the {total} of {node}"
                 self._reject(uid, self._pod_keys.get(uid, "?/?"), node, request, problem)
