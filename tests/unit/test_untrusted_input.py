@@ -3,6 +3,10 @@ bounds, node capacities checked against the catalog, annotation ids checked agai
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
+import msgspec
 import pytest
 
 from neuron_scheduler.core import handoff
@@ -25,12 +29,13 @@ from neuron_scheduler.core.handoff import (
 from neuron_scheduler.core.quantity import MAX_QUANTITY, QuantityError, whole_quantity
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, NeuronRequest, Unit
 from neuron_scheduler.core.topology import MAX_CORES, MAX_DEVICES
-from neuron_scheduler.extender.state.ledger import Ledger
+from neuron_scheduler.extender.state.ledger import Claimant, Ledger
 from neuron_scheduler.jobs.members import MembershipError, member_of
 from neuron_scheduler.jobs.placement import Occupancy
-from neuron_scheduler.kube.objects import EnvVar, ObjectRef
+from neuron_scheduler.kube.objects import EnvVar, ObjectRef, Pod
 from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE, KUEUE_WORKLOAD_ANNOTATION, gating
-from tests.builders import node, pod
+from neuron_scheduler.live import fleet
+from tests.builders import node, pod, pod_json
 
 CATALOG = Catalog.builtin()
 
@@ -295,20 +300,74 @@ def test_ids_read_while_the_node_is_not_listed_still_hold_them() -> None:
     assert ledger.state("n1") == NodeState(0b1111, 0)
 
 
+def created_pod(name: str, limits: dict[str, int], created: str, **kwargs: Any) -> Pod:
+    body = pod_json(name, limits, uid=name, node="n1", **kwargs)
+    body["metadata"]["creationTimestamp"] = created
+    return msgspec.convert(body, Pod)
+
+
 def test_ids_another_pod_names_too_count_the_pod_by_its_size() -> None:
     """A pod set on a node by its creator with the ids of a pod running there (anyone who may
-    create pods can write them) is not counted as the same device: the node has one device
-    fewer free, not the other pod's device twice, whichever of the two the ledger read first."""
+    create pods can write them) is not counted as the same device, in the node's state, as
+    eviction weighs the node, or in the views: the older pod keeps its ids, the other counts by
+    its request, whichever of the two the ledger read first."""
     written = hostile_ids("n1", "0,1,2,3") | {"AWS_NEURON_IDS": "0", "NEURON_DEVS": "0"}
-    pods = [pod(name, {NEURON: 1}, node="n1", uid=name, annotations=written) for name in "ab"]
-    for order in (pods, pods[::-1]):
+    running = created_pod("a", {NEURON: 1}, "2027-01-15T08:00:00Z", annotations=written)
+    twin = created_pod("b", {NEURON: 1}, "2027-01-15T08:05:00Z", annotations=written)
+    for order in ([running, twin], [twin, running]):
         ledger = Ledger(CATALOG)
         ledger.apply_node(node("n1", "inf1.6xlarge"))
         for each in order:
             ledger.apply_pod(each)
         assert ledger.state("n1") == NodeState(0b1111, 4)
-        ledger.remove_pod(order[0].metadata.uid)  # the other's ids hold them alone now
+        assert ledger.set_aside("n1") == {"b"}
+        _, occupants = ledger.eviction_view(Claimant.of(twin, NeuronRequest(NEURON, 1)), "n1")
+        assert (occupants["a"].cores, occupants["a"].unknown_cores) == (0b1111, 0)
+        assert (occupants["b"].cores, occupants["b"].unknown_cores) == (0, 4)
+        view = fleet.node_view(ledger, "n1")
+        assert [p.pod for p in view.pods] == ["default/a"]
+        assert [p.pod for p in view.unknown] == ["default/b"]
+        # The twin leaving frees its size, never the running pod's device.
+        leaving = msgspec.structs.replace(
+            twin,
+            metadata=msgspec.structs.replace(
+                twin.metadata, deletionTimestamp="2027-01-15T08:06:00Z"
+            ),
+        )
+        ledger.apply_pod(leaving)
+        state, _ = ledger.eviction_view(Claimant.of(twin, NeuronRequest(NEURON, 1)), "n1")
+        assert state == NodeState(0b1111, 0)
+        ledger.remove_pod("a")  # the twin's ids hold them alone now
         assert ledger.state("n1") == NodeState(0b1111, 0)
+        assert ledger.set_aside("n1") == frozenset()
+
+
+def test_partly_overlapping_ids_are_set_aside_the_same_in_any_order() -> None:
+    """Cores {0,1}, {1,2} and {2,3} of three one-core-pair pods, oldest first: the oldest and
+    the youngest keep their ids, the middle one counts by its request, read in any order."""
+    cores = ["0,1", "1,2", "2,3"]
+    pods = [
+        created_pod(
+            name,
+            {NEURONCORE: 2},
+            f"2027-01-15T08:0{i}:00Z",
+            annotations={
+                "AWS_NEURON_IDS": text,
+                "NEURON_RESOURCE_TYPE": NEURONCORE,
+                "NEURON_CORES": text,
+                "NEURON_DEVS": "0",
+                "NEURON_NODE": "n1",
+            },
+        )
+        for i, (name, text) in enumerate(zip("abc", cores, strict=True))
+    ]
+    for order in itertools.permutations(pods):
+        ledger = Ledger(CATALOG)
+        ledger.apply_node(node("n1", "inf1.6xlarge"))
+        for each in order:
+            ledger.apply_pod(each)
+        assert ledger.set_aside("n1") == {"b"}
+        assert ledger.state("n1") == NodeState(0b1111, 2)
 
 
 @pytest.mark.parametrize(

@@ -136,9 +136,10 @@ def node_view(ledger: Ledger, name: str) -> NodeView:
     attributed = entry.unhealthy_cores
     failed = mask_ids(entry.unhealthy_devices)
     requested = 0
+    aside = ledger.set_aside(name)
     for uid, holding in ledger.pods_holding(name).items():
         key = ledger.pod_key(uid)
-        if holding.ours and not holding.cores >> topology.total_cores:
+        if holding.ours and not holding.cores >> topology.total_cores and uid not in aside:
             cores = tuple(mask_ids(holding.cores))
             devices = devices_of_cores(cores, topology.cores_per_device)
             unit = holding.unknown_unit

@@ -879,11 +879,10 @@ class Ledger:
         going = 0  # cores of terminating pods: free soon, so a nominated pod's block may use them
         going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
-        named = 0  # the cores pods' ids name so far
         holdings = self._by_node.get(node, {})
+        aside = self.set_aside(node)
         for uid, holding in holdings.items():
-            if holding.ours and not holding.cores >> total and not holding.cores & named:
-                named |= holding.cores
+            if holding.ours and not holding.cores >> total and uid not in aside:
                 used |= holding.cores
                 # A pod on a failed device still requests it, while allocatable no longer counts
                 # it: kube-scheduler and the kubelet count that device twice until the pod ends,
@@ -895,9 +894,6 @@ class Ledger:
                     going |= holding.cores & ~failed
                     going_count += twice
                 continue
-            # Ids that name cores another pod's ids name too (anyone may write them; a
-            # correction may be under way): the pod counts by its size, so the two are not
-            # counted as one.
             if holding.ours and holding.cores >> total:  # read while the node was not listed
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
                 problem = f"cores beyond the {total} of {node}"
@@ -914,6 +910,34 @@ class Ledger:
             soon = unknown - going_count
             used |= self._held_blocks(node, entry.topology, used, going, soon, excluded)
         return NodeState(used, unknown)
+
+    def set_aside(self, node: str) -> frozenset[str]:
+        """The pods on the node whose ids are not counted, as they name cores an older pod's ids
+        there name too (anyone who may create pods can write them; a correction by the device
+        plugin may be under way): each counts by its request instead, so two pods are never
+        taken for one device. The older keeps its ids (by start, then uid: the same on every
+        replica and after a restart). Usually none: one pass finds no two that overlap."""
+        holdings = self._by_node.get(node)
+        entry = self.nodes.get(node)
+        if not holdings or entry is None:
+            return frozenset()
+        total = entry.topology.total_cores
+        named = 0
+        for holding in holdings.values():
+            if holding.ours and not holding.cores >> total:
+                if holding.cores & named:
+                    break
+                named |= holding.cores
+        else:
+            return frozenset()
+        named, aside = 0, set()
+        for uid, holding in sorted(holdings.items(), key=lambda item: (item[1].started, item[0])):
+            if holding.ours and not holding.cores >> total:
+                if holding.cores & named:
+                    aside.add(uid)
+                else:
+                    named |= holding.cores
+        return frozenset(aside)
 
     def _held_blocks(
         self,
@@ -971,9 +995,10 @@ class Ledger:
             return state, {}
         used, unknown = state.used_cores, state.unattributed_cores
         occupants: dict[str, Occupant] = {}
+        aside = self.set_aside(node)
         for uid, holding in self._by_node.get(node, {}).items():
             # A pod's cores on a failed device stay in use when it leaves: not freed by evicting.
-            occupant = _occupant(entry.topology, holding, entry.unhealthy_cores)
+            occupant = _occupant(entry.topology, holding, entry.unhealthy_cores, uid in aside)
             if holding.terminating:
                 used &= ~occupant.cores
                 unknown -= occupant.unknown_cores
@@ -993,8 +1018,9 @@ class Ledger:
                 continue
             failed = entry.unhealthy_cores
             per_device = entry.topology.cores_per_device
+            aside = self.set_aside(name)
             for uid, holding in self._by_node.get(name, {}).items():
-                if holding.ours and holding.cores & failed:
+                if holding.ours and holding.cores & failed and uid not in aside:
                     devices = devices_touched(
                         holding.cores & failed, per_device, entry.topology.devices
                     )
@@ -1024,10 +1050,13 @@ def _placement(topology: Topology, cores: int) -> Placement:
     return Placement(tuple(sorted({c // per_device for c in ids})), ids, 0)
 
 
-def _occupant(topology: Topology, holding: Holding, unhealthy_cores: int = 0) -> Occupant:
+def _occupant(
+    topology: Topology, holding: Holding, unhealthy_cores: int = 0, aside: bool = False
+) -> Occupant:
     """The pod as eviction weighs it: evicting it frees its healthy cores, and the cores of its
-    failed devices that `_state` holds in count for it, never the failed devices themselves."""
-    if holding.ours and not holding.cores >> topology.total_cores:
+    failed devices that `_state` holds in count for it, never the failed devices themselves
+    (`aside`: its ids are not counted, `Ledger.set_aside`: it frees its size)."""
+    if holding.ours and not holding.cores >> topology.total_cores and not aside:
         failed = holding.cores & unhealthy_cores
         cores, unknown = holding.cores & ~failed, failed.bit_count()
     else:
