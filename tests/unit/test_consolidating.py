@@ -343,6 +343,7 @@ def test_only_pods_created_after_the_plan_take_a_replacements_place() -> None:
     Deployment's pods that made the fragmentation) is no replacement, bound or not, read live or
     after a restart: the places stay held for the real ones."""
     world = World()
+    world.clock.now += 0.5  # a plan starts within a second; creation times are whole seconds
     world.step()
     world.apply(world.annotated())
     active = world.plans.plans["big"]
@@ -350,13 +351,14 @@ def test_only_pods_created_after_the_plan_take_a_replacements_place() -> None:
     assert victim.node and victim.cores
     device = victim.cores[0] // TRN1.cores_per_device
     place = f"big/{victim.uid}"
-    assert world.clock() == NOW + 60 == active.record.started
+    assert world.clock() == NOW + 60.5 == active.record.started  # 08:01:00.5
     sibling = owned("sibling")
-    sibling["metadata"]["creationTimestamp"] = "2027-01-15T08:00:58Z"  # 2 s before the plan
+    sibling["metadata"]["creationTimestamp"] = "2027-01-15T08:00:58Z"  # 1.5-2.5 s before it
     world.apply(on_device(sibling, victim.node, device))
     assert place in world.ledger.plan_holds and not active.satisfied
     assert place in restart(world).ledger.plan_holds
-    # One created in the plan's own second reads as up to a second earlier: it is one.
+    # One that reads a second earlier than the plan's own second (a clock a little behind
+    # ours) is one.
     replacement = owned("replacement")
     replacement["metadata"]["creationTimestamp"] = "2027-01-15T08:00:59Z"
     world.apply(on_device(replacement, victim.node, device))
