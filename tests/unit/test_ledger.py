@@ -148,6 +148,35 @@ def test_relist_lets_go_of_a_reservation_whose_pod_was_deleted_meanwhile() -> No
     assert ledger.state("n1").used_cores == mask(4, 5)
 
 
+def test_a_pod_set_on_a_node_with_ids_of_a_bind_in_flight_counts_by_its_request() -> None:
+    """A bind's ids are on its pending pod before its Binding lands (announced), and a bind of
+    this extender holds them from the start (reserved): a pod set on the node by its creator with
+    those ids is not counted as the same cores, then or once the pending pod is bound."""
+    now = [1000.0]
+    ledger = Ledger(Catalog.builtin(), wall_clock=lambda: now[0])
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    written = ours("n1", "4,5", "1", "4,5") | {"NEURON_ALLOC_TIME": str(int(990e9))}
+    copy = pod("copy", {CORE: 2}, uid="copy", node="n1", annotations=written)
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a", annotations=written))  # announced
+    ledger.apply_pod(copy)
+    assert ledger.set_aside("n1") == {"copy"}
+    assert ledger.state("n1") == NodeState(mask(4, 5), 2)
+    ledger.apply_pod(pod("a", {CORE: 2}, uid="a", node="n1", annotations=written))  # bound
+    assert ledger.state("n1") == NodeState(mask(4, 5), 2)
+    # The same for a bind of this extender's own, before the pod shows its ids.
+    ledger = Ledger(Catalog.builtin(), wall_clock=lambda: now[0])
+    ledger.replace_nodes([node("n1", "inf1.6xlarge")])
+    placement = Placement((1,), (4, 5), 0)
+    ledger.reserve(pod("b", {CORE: 2}, uid="b"), "n1", placement)
+    ledger.apply_pod(copy)
+    assert ledger.state("n1") == NodeState(mask(4, 5), 2)
+    # A pod's own ids and its own bind in flight are one holding.
+    ledger.remove_pod("copy")
+    ledger.apply_pod(pod("b", {CORE: 2}, uid="b", node="n1", annotations=written))
+    assert ledger.set_aside("n1") == frozenset()
+    assert ledger.state("n1") == NodeState(mask(4, 5), 0)
+
+
 def test_ids_a_bind_wrote_on_a_pending_pod_stay_held_until_its_binding_can_no_longer_land() -> None:
     """The extender wrote a pod's ids, sent its Binding and was killed (or gave up waiting); the
     Binding may still land. Until it can no longer (or the ids are removed, or the pod is bound

@@ -913,16 +913,24 @@ class Ledger:
 
     def set_aside(self, node: str) -> frozenset[str]:
         """The pods on the node whose ids are not counted, as they name cores an older pod's ids
-        there name too (anyone who may create pods can write them; a correction by the device
-        plugin may be under way): each counts by its request instead, so two pods are never
-        taken for one device. The older keeps its ids (by start, then uid: the same on every
-        replica and after a restart). Usually none: one pass finds no two that overlap."""
+        there name too, or cores held for a bind of another pod in flight (anyone who may create
+        pods can write them, a pending pod's among them; a correction by the device plugin may be
+        under way): each counts by its request instead, so two pods are never taken for one
+        device. The older keeps its ids (by start, then uid: the same on every replica and after
+        a restart). Usually none: one pass finds no two that overlap."""
         holdings = self._by_node.get(node)
         entry = self.nodes.get(node)
         if not holdings or entry is None:
             return frozenset()
         total = entry.topology.total_cores
-        named = 0
+        held = 0  # binds in flight, by this extender or (announced) one before it
+        for uid, reservation in self._reservations.items():
+            if reservation.node == node and uid not in holdings:
+                held |= reservation.cores
+        for uid, announced in self._announced.items():
+            if announced.holding.node == node and uid not in holdings:
+                held |= announced.holding.cores
+        named = held
         for holding in holdings.values():
             if holding.ours and not holding.cores >> total:
                 if holding.cores & named:
@@ -930,7 +938,7 @@ class Ledger:
                 named |= holding.cores
         else:
             return frozenset()
-        named, aside = 0, set()
+        named, aside = held, set()
         for uid, holding in sorted(holdings.items(), key=lambda item: (item[1].started, item[0])):
             if holding.ours and not holding.cores >> total:
                 if holding.cores & named:
