@@ -57,9 +57,11 @@ from tests.e2e.chart import (
     scheduler_config,
     upstream_release_values,
 )
+from tests.e2e.harness import wait_for
 from tests.testbed import (
     ControlPlane,
     ExtenderProcess,
+    KubeError,
     find_kubebin,
     manifests,
 )
@@ -202,6 +204,7 @@ def expected_kinds(combo: str) -> list[str]:
         names += [f"{k}/k8s-neuron-scheduler" for k in EXTENDER]
         names += [f"{k}/k8s-neuron-scheduler-pod-writes" for k in POLICY_KINDS]
         names += [f"{k}/k8s-neuron-scheduler-plans" for k in POLICY_KINDS]
+        names += [f"{k}/k8s-neuron-scheduler-hand-off" for k in POLICY_KINDS]
         names.append("CustomResourceDefinition/ultraserverclaims.neuron-scheduler.io")
         tls = scheduler.get("tls", {})
         if tls.get("enabled", True) and not tls.get("existingSecret"):
@@ -1056,6 +1059,67 @@ def test_default_scheduler_snippet_extends_a_plain_kube_scheduler(
     finally:
         scheduler.stop()
         extender.process.stop()
+
+
+HAND_OFF_POLICY = "k8s-neuron-scheduler-hand-off"
+CHART_FILES = ROOT / "charts" / "neuron-scheduler" / "files"
+
+
+def hand_off_writers(values: Doc) -> str:
+    """The match condition of the rendered policy on who writes the hand-off annotations."""
+    policy = find(render(values), "ValidatingAdmissionPolicy", HAND_OFF_POLICY)
+    (condition,) = policy["spec"]["matchConditions"]
+    expression: str = condition["expression"]
+    return expression
+
+
+def test_hand_off_policy_exempts_the_accounts_the_chart_runs() -> None:
+    """`<extender>-hand-off` lets the extender's account and, when the chart runs the device
+    plugin, the plugin's write the ids, by the names and namespaces the values give them; and
+    cluster admins. Its rules are the file the testbed runs every end-to-end test under."""
+    extender = "system:serviceaccount:kube-system:k8s-neuron-scheduler"
+    plugin = "system:serviceaccount:kube-system:neuron-device-plugin"
+    default = hand_off_writers({})
+    assert json.dumps([extender, plugin], separators=(",", ":")) in default, default
+    assert "!('system:masters' in request.userInfo.groups)" in default
+    assert json.dumps([extender]) in hand_off_writers({"devicePlugin": {"enabled": False}})
+    renamed = hand_off_writers(
+        {
+            "scheduler": {"serviceAccount": {"name": "sched"}},
+            "devicePlugin": {"serviceAccount": {"name": "plug"}, "namespaceOverride": "neuron"},
+        }
+    )
+    assert (
+        '["system:serviceaccount:kube-system:sched","system:serviceaccount:neuron:plug"]' in renamed
+    ), renamed
+    policy = find(render(), "ValidatingAdmissionPolicy", HAND_OFF_POLICY)["spec"]
+    rules = yaml.safe_load((CHART_FILES / "hand-off-writes.yaml").read_text())
+    assert {k: policy[k] for k in rules} == rules
+    assert policy["failurePolicy"] == "Ignore"  # it sees every pod write in the cluster
+
+
+@pytest.mark.compat
+def test_rendered_hand_off_policy_refuses_a_tenants_ids(
+    chart_cp: ControlPlane, installed: list[Doc]
+) -> None:
+    """The rendered policy on a real API server: a tenant who may create pods is refused one
+    carrying ids, a cluster admin is not (test_rendered_my_scheduler_schedules_through_the_
+    extender binds under it as the rendered extender account)."""
+    namespace = f"tenant-{uuid.uuid4().hex[:6]}"
+    tenant = chart_cp.pod_user(namespace, "tenant", ["create"])
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    body = pod_json("held", {}, namespace=namespace, annotations={"NEURON_DEVS": "0"})
+
+    def refused() -> KubeError | None:
+        try:
+            tenant.create(path + "?dryRun=All", body)
+        except KubeError as error:
+            return error
+        return None
+
+    error = wait_for(refused, "the rendered policy to refuse a tenant's ids", PATIENCE)
+    assert error.status == 403 and "not NEURON_DEVS" in str(error), error
+    chart_cp.request("POST", path + "?dryRun=All", body)  # an admin's
 
 
 def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from tests.builders import node_json, pod_json
 from tests.e2e.harness import Scenario, ids, wait_for
@@ -74,37 +76,15 @@ def assert_responsive(probe: HealthProbe, quiet: float) -> None:
     assert probe.p99 <= bound, f"/healthz p99 {probe.p99 * 1000:.0f} ms > {bound * 1000:.0f} ms"
 
 
-def pod_creator(scenario: Scenario) -> Any:
-    """A client for a ServiceAccount allowed only `pods: create` in the scenario's namespace."""
-    cp, namespace = scenario.cp, scenario.namespace
-    credentials = cp.service_account(namespace, "creator")
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    cp.request(
-        "POST",
-        f"{rbac}/namespaces/{namespace}/roles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "create-pods"},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
-        },
-    )
-    cp.request(
-        "POST",
-        f"{rbac}/namespaces/{namespace}/rolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "create-pods"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "create-pods",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "creator", "namespace": namespace}],
-        },
-    )
-    return cp.client_for(credentials.token)
+@pytest.fixture
+def creator(scenario: Scenario) -> Iterator[Any]:
+    """A client for a ServiceAccount allowed only `pods: create` in the scenario's namespace.
+    The chart's policy on who writes the hand-off annotations would refuse its pods with ids
+    (test_hostile_requests checks that), and it fails open: the tests here lift it while they
+    run, as on a cluster without it, and check what the extender's own reading of ids keeps."""
+    tenant = scenario.cp.pod_user(scenario.namespace, "creator", ["create"])
+    with scenario.stack.hand_off_policy_lifted(tenant, scenario.namespace):
+        yield tenant
 
 
 # 3,000 ids around 10^7: far beyond any node, and a long annotation.
@@ -126,10 +106,9 @@ def create_with_ids_beyond_the_node(
     creator.create(f"/api/v1/namespaces/{scenario.namespace}/pods", body)
 
 
-def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario) -> None:
+def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario, creator: Any) -> None:
     extender = scenario.stack.extender
     node = scenario.add_node("inf1.24xlarge")  # 16 devices, 64 cores
-    creator = pod_creator(scenario)
     quiet = quiet_p99(extender)
     before = extender.rss_mb()
     probe = HealthProbe(extender)
@@ -154,7 +133,9 @@ def test_annotation_ids_of_any_pod_are_checked_before_use(scenario: Scenario) ->
     )
 
 
-def test_ids_beyond_a_pods_request_keep_nothing_from_others(scenario: Scenario) -> None:
+def test_ids_beyond_a_pods_request_keep_nothing_from_others(
+    scenario: Scenario, creator: Any
+) -> None:
     """A user allowed only to create pods writes ids for every core of an inf1.24xlarge (16
     devices x 4 cores): on a pending pod of a scheduler nobody runs, asking for no Neuron
     resource, with a fresh NEURON_ALLOC_TIME (as if our bind had just written them), and on a
@@ -162,7 +143,6 @@ def test_ids_beyond_a_pods_request_keep_nothing_from_others(scenario: Scenario) 
     nothing, the second its one core by count (its ids refused, with a warning event)."""
     extender = scenario.stack.extender
     node = scenario.add_node("inf1.24xlarge")
-    creator = pod_creator(scenario)
     every_core, every_device = ",".join(map(str, range(64))), ",".join(map(str, range(16)))
     written = {
         "AWS_NEURON_IDS": every_core,
@@ -192,7 +172,7 @@ def test_ids_beyond_a_pods_request_keep_nothing_from_others(scenario: Scenario) 
 
 
 def test_a_pod_naming_a_running_pods_ids_is_not_counted_as_the_same_device(
-    scenario: Scenario,
+    scenario: Scenario, creator: Any
 ) -> None:
     """A user allowed only to create pods sets a one-device pod on an inf1.6xlarge (4 devices)
     with the ids our bind gave a pod running there. The two are two devices, not one: two are
@@ -210,7 +190,7 @@ def test_a_pod_naming_a_running_pods_ids_is_not_counted_as_the_same_device(
     twin = pod_json(
         "twin", {NEURON: 1}, namespace=scenario.namespace, node=node, annotations=written
     )
-    pod_creator(scenario).create(f"/api/v1/namespaces/{scenario.namespace}/pods", twin)
+    creator.create(f"/api/v1/namespaces/{scenario.namespace}/pods", twin)
     free = f'neuron_scheduler_node_free_devices{{node="{node}"}}'
     wait_for(lambda: extender.metric(free) == 2, "the twin counted as a device of its own")
     status, result = extender.call(
@@ -220,14 +200,13 @@ def test_a_pod_naming_a_running_pods_ids_is_not_counted_as_the_same_device(
 
 
 def test_pods_with_unusable_ids_count_in_the_metrics_as_filter_counts_them(
-    scenario: Scenario,
+    scenario: Scenario, creator: Any
 ) -> None:
     """Issue 35: a user allowed only to create pods puts three on an inf1.6xlarge (4 devices x 4
     cores), each asking for one device and naming ids that node cannot have. Their ids are
     refused and each still holds a device somewhere: the metrics say what filter gives."""
     extender = scenario.stack.extender
     node = scenario.add_node("inf1.6xlarge")
-    creator = pod_creator(scenario)
     for i, cores in enumerate(["100000000", "1000000000", FAR_IDS]):
         create_with_ids_beyond_the_node(scenario, creator, node, f"unusable{i}", {NEURON: 1}, cores)
     for i in range(3):

@@ -497,6 +497,98 @@ def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
         cp.request("DELETE", path)
 
 
+HAND_OFF_REFUSED = "only neuron-scheduler's extender and device plugin write the Neuron hand-off"
+
+
+@pytest.mark.compat
+def test_only_the_extender_and_device_plugin_write_hand_off_annotations(stack: Stack) -> None:
+    """The chart's admission policy `<extender>-hand-off`: a tenant who may create, update and
+    bind pods in its namespace cannot add, change or remove the ids a pod holds, on create, on
+    update, through status or through a Binding; its other annotations stay its own, and so do
+    NEURON_ALLOCATED (AWS's device plugin writes it) and the policy's others. The extender and a
+    cluster admin may write them. (The device plugin's corrections pass it in
+    test_real_kubelet, which runs the plugin as the chart's ServiceAccount under it.)"""
+    cp = stack.cp
+    scenario = Scenario(stack)
+    namespace = scenario.namespace
+    tenant = cp.pod_user(
+        namespace,
+        "tenant",
+        ["create", "update", "patch"],
+        resources=("pods", "pods/status", "pods/binding"),
+    )
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    held = {"AWS_NEURON_IDS": "0", "NEURON_CORES": "0", "NEURON_NODE": "n1"}
+
+    def as_tenant(method: str, path: str, body: dict[str, Any]) -> KubeError | None:
+        try:
+            if method == "POST":
+                tenant.create(path, body)
+            else:
+                tenant.request(method, path, body, content_type="application/merge-patch+json")
+        except KubeError as error:
+            return error
+        return None
+
+    def annotate(values: dict[str, str | None]) -> dict[str, Any]:
+        return {"metadata": {"annotations": values}}
+
+    try:
+        squat = pod_json(
+            "squat", {NEURON: 1}, namespace=namespace, scheduler="nobody", annotations=held
+        )
+
+        def created() -> KubeError | None:
+            error = as_tenant("POST", pods, squat)
+            if error is None:  # (the policy not in force yet)
+                cp.request("DELETE", f"{pods}/squat")
+            return error
+
+        error = wait_for(created, "the policy to refuse a tenant's pod with ids", 30)
+        assert error.status == 403, error
+        assert HAND_OFF_REFUSED in str(error), error
+        assert "not AWS_NEURON_IDS, NEURON_CORES, NEURON_NODE" in str(error), error
+        plain = pod_json("plain", {NEURON: 1}, namespace=namespace, scheduler="nobody")
+        assert as_tenant("POST", pods, plain) is None
+        path = f"{pods}/plain"
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "plain", "annotations": held},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+        }
+        refused = {
+            "an update": as_tenant("PATCH", path, annotate(held)),
+            "a status write": as_tenant("PATCH", path + "/status", annotate(held)),
+            "a Binding": as_tenant("POST", path + "/binding", binding),
+        }
+        for how, error in refused.items():
+            assert error is not None and error.status == 403, (how, error)
+            assert HAND_OFF_REFUSED in str(error), (how, error)
+        assert not set(held) & set(cp.request("GET", path)["metadata"].get("annotations", {}))
+        # A cluster admin may repair them by hand, and the extender writes them at bind.
+        cp.request("PATCH", path, annotate(held), content_type="application/merge-patch+json")
+        as_extender = cp.client_for(stack.extender_token)
+        as_extender.request(
+            "PATCH",
+            path,
+            annotate({"NEURON_CORES": "1", "AWS_NEURON_IDS": "1"}),
+            content_type="application/merge-patch+json",
+        )
+        # Once there, the tenant can neither change nor remove them...
+        for values in ({"AWS_NEURON_IDS": "2"}, {"NEURON_NODE": None}, {"NEURON_DEVS": "0"}):
+            error = as_tenant("PATCH", path, annotate(values))
+            assert error is not None and error.status == 403, (values, error)
+        # ... but the pod's other annotations are still its own, NEURON_ALLOCATED among them.
+        mine = {"example.com/team": "a", "NEURON_ALLOCATED": "true"}
+        assert as_tenant("PATCH", path, annotate(mine)) is None
+        annotations = cp.request("GET", path)["metadata"]["annotations"]
+        assert annotations["AWS_NEURON_IDS"] == "1" and annotations["NEURON_NODE"] == "n1"
+        assert annotations["example.com/team"] == "a"
+    finally:
+        scenario.cleanup()
+
+
 def test_ten_thousand_hostile_requests(stack: Stack) -> None:
     extender = stack.extender
     scenario = Scenario(stack)

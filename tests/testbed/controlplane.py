@@ -591,3 +591,40 @@ class ControlPlane:
     def client_for(self, token: str) -> KubeClient:
         """A client authenticating with another token, e.g. a ServiceAccount's."""
         return KubeClient(self.server_url, token, cafile=self.ca_path)
+
+    def pod_user(
+        self,
+        namespace: str,
+        name: str,
+        verbs: Sequence[str],
+        resources: Sequence[str] = ("pods",),
+    ) -> KubeClient:
+        """A client for a ServiceAccount `name` allowed only `verbs` on `resources` (pods, or
+        their subresources too) in `namespace`: a tenant who may write pods there and nothing
+        else."""
+        credentials = self.service_account(namespace, name)
+        rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+        role = f"{name}-pods"
+        pods = list(resources)
+        self.request(
+            "POST",
+            f"{rbac}/roles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": role},
+                "rules": [{"apiGroups": [""], "resources": pods, "verbs": list(verbs)}],
+            },
+        )
+        self.request(
+            "POST",
+            f"{rbac}/rolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )
+        return self.client_for(credentials.token)

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,17 @@ KUEUE_RULES = RULES.with_name("kueue-rules.yaml")
 PLACEHOLDER_PRIORITY_CLASS = "neuron-scheduler-capacity-request"
 # With preemption on (the chart's default), these: the extender evicts training jobs whole.
 PREEMPTION_RULES = RULES.with_name("preemption-rules.yaml")
-# What the extender may change in a pod update, and who else may write a consolidation plan: the
-# chart's admission policies, with the testbed's ServiceAccount name.
+# What the extender may change in a pod update, who else may write a consolidation plan, and who
+# may write the hand-off annotations: the chart's admission policies, with the testbed's
+# ServiceAccount names (the device plugin's is the chart's, tests/e2e/chart.py).
 POD_WRITES = RULES.with_name("extender-pod-writes.yaml")
 PLAN_WRITES = RULES.with_name("extender-plans.yaml")
+HAND_OFF_WRITES = RULES.with_name("hand-off-writes.yaml")
 ROLE = "neuron-scheduler-extender"
 EXTENDER_USER = "system:serviceaccount:kube-system:neuron-scheduler"
-POLICIES = (f"{ROLE}-pod-writes", f"{ROLE}-plans")
+DEVICE_PLUGIN_USER = "system:serviceaccount:kube-system:neuron-device-plugin"
+HAND_OFF_POLICY = f"{ROLE}-hand-off"
+POLICIES = (f"{ROLE}-pod-writes", f"{ROLE}-plans", HAND_OFF_POLICY)
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 # The Lease of consolidation's eviction budget (the extender's default name, in kube-system: the
 # namespace an extender outside a pod uses), and the Role on it, as the chart renders them.
@@ -342,19 +346,33 @@ class Stack:
         )
 
     @staticmethod
-    def _policies(cp: ControlPlane, username: str) -> None:
-        """The chart's admission policies on pod writes, for this ServiceAccount: every test
-        that runs the extender runs it, and every pod write, under them."""
+    def _conditions(username: str) -> dict[str, str]:
+        """Each policy's match condition, for the extender's ServiceAccount `username`, as the
+        chart renders them (templates/extender-rbac.yaml)."""
         user = f"request.userInfo.username == {json.dumps(username)}"
-        pod_writes, plans = POLICIES
-        for name, condition, path in (
-            (pod_writes, user, POD_WRITES),
-            (plans, f"!({user})", PLAN_WRITES),
-        ):
+        writers = json.dumps([username, DEVICE_PLUGIN_USER])
+        pod_writes, plans, hand_off = POLICIES
+        return {
+            pod_writes: user,
+            plans: f"!({user})",
+            hand_off: (
+                f"!(request.userInfo.username in {writers}) && "
+                "!('system:masters' in request.userInfo.groups)"
+            ),
+        }
+
+    @staticmethod
+    def _policies(cp: ControlPlane, username: str, only: Sequence[str] = POLICIES) -> None:
+        """The chart's admission policies on pod writes (`only` these), for this
+        ServiceAccount: every test that runs the extender runs it, and every pod write, under
+        them."""
+        conditions = Stack._conditions(username)
+        files = dict(zip(POLICIES, (POD_WRITES, PLAN_WRITES, HAND_OFF_WRITES), strict=True))
+        for name in only:
             spec = {
                 "failurePolicy": "Fail",
-                "matchConditions": [{"name": "who", "expression": condition}],
-                **yaml.safe_load(path.read_text()),
+                "matchConditions": [{"name": "who", "expression": conditions[name]}],
+                **yaml.safe_load(files[name].read_text()),
             }
             cp.request(
                 "POST",
@@ -377,6 +395,54 @@ class Stack:
                 },
             )
 
+    @staticmethod
+    def _lift(cp: ControlPlane, name: str) -> None:
+        cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{name}")
+        cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{name}")
+
+    @contextlib.contextmanager
+    def hand_off_policy_lifted(
+        self, tenant: KubeClient, namespace: str, timeout: float = 60.0
+    ) -> Iterator[None]:
+        """Without the chart's policy on who writes the hand-off annotations, as on a cluster
+        where it is absent or failed open (it fails open): what the extender's own checks of the
+        ids pods carry must withstand. Put back afterwards. Each way waits until the API server
+        acts so: `tenant` (a user who may create pods in `namespace`) is refused, or not, a
+        dry-run pod carrying ids."""
+        self._lift(self.cp, HAND_OFF_POLICY)
+        try:
+            self._wait_hand_off_policy(tenant, namespace, False, timeout)
+            yield
+        finally:
+            self._policies(self.cp, EXTENDER_USER, only=(HAND_OFF_POLICY,))
+            self._wait_hand_off_policy(tenant, namespace, True, timeout)
+
+    @staticmethod
+    def _wait_hand_off_policy(tenant: KubeClient, namespace: str, on: bool, timeout: float) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "hand-off-probe", "annotations": {"AWS_NEURON_IDS": "0"}},
+            "spec": {
+                "schedulerName": "nobody",
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                tenant.create(f"/api/v1/namespaces/{namespace}/pods?dryRun=All", body)
+                refused = False
+            except KubeError as error:
+                if error.status != 403:
+                    raise
+                refused = True
+            if refused == on:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hand-off policy not {'in force' if on else 'lifted'}")
+            time.sleep(0.2)
+
     def enforce_policies(self, on: bool, timeout: float = 60.0) -> None:
         """Puts the chart's admission policies on pod writes in force, or lifts them
         (bench/throughput.py prices them), and returns once the API server acts so: a dry-run
@@ -385,8 +451,7 @@ class Stack:
             self._policies(self.cp, EXTENDER_USER)
         else:
             for name in POLICIES:
-                self.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{name}")
-                self.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{name}")
+                self._lift(self.cp, name)
         probe = "policy-probe"
         path = f"/api/v1/namespaces/kube-system/pods/{probe}"
         with contextlib.suppress(KubeError):  # (there already)
