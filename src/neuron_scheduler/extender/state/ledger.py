@@ -880,7 +880,21 @@ class Ledger:
         going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
-        aside = self.set_aside(node)
+        # Binds in flight (this extender's reservations, the ids announced on pending pods): in
+        # the state unless excluded, and in what sets bound pods' ids aside unless bound.
+        in_flight = 0
+        for uid, reservation in self._reservations.items():
+            if reservation.node == node and uid not in holdings:
+                in_flight |= reservation.cores
+        unbound = in_flight
+        for uid, announced in self._announced.items():
+            if announced.holding.node == node:
+                if uid not in excluded:
+                    in_flight |= announced.holding.cores
+                if uid not in holdings:
+                    unbound |= announced.holding.cores
+        used |= in_flight
+        aside = self.set_aside(node, unbound)
         for uid, holding in holdings.items():
             if holding.ours and not holding.cores >> total and uid not in aside:
                 used |= holding.cores
@@ -900,36 +914,32 @@ class Ledger:
                 self._reject(uid, self._pod_keys.get(uid, "?/?"), node, request, problem)
             size = per_device if holding.unknown_unit is Unit.DEVICE else 1
             unknown += holding.unknown_count * size
-        for uid, reservation in self._reservations.items():
-            if reservation.node == node and uid not in holdings:
-                used |= reservation.cores
-        for uid, announced in self._announced.items():
-            if announced.holding.node == node and uid not in excluded:
-                used |= announced.holding.cores
         if entry is not None:
             soon = unknown - going_count
             used |= self._held_blocks(node, entry.topology, used, going, soon, excluded)
         return NodeState(used, unknown)
 
-    def set_aside(self, node: str) -> frozenset[str]:
+    def set_aside(self, node: str, held: int | None = None) -> frozenset[str]:
         """The pods on the node whose ids are not counted, as they name cores an older pod's ids
         there name too, or cores held for a bind of another pod in flight (anyone who may create
         pods can write them, a pending pod's among them; a correction by the device plugin may be
         under way): each counts by its request instead, so two pods are never taken for one
         device. The older keeps its ids (by start, then uid: the same on every replica and after
-        a restart). Usually none: one pass finds no two that overlap."""
+        a restart). Usually none: one pass finds no two that overlap. `held`: the cores of those
+        binds in flight, when the caller has them already (`_state`)."""
         holdings = self._by_node.get(node)
         entry = self.nodes.get(node)
         if not holdings or entry is None:
             return frozenset()
         total = entry.topology.total_cores
-        held = 0  # binds in flight, by this extender or (announced) one before it
-        for uid, reservation in self._reservations.items():
-            if reservation.node == node and uid not in holdings:
-                held |= reservation.cores
-        for uid, announced in self._announced.items():
-            if announced.holding.node == node and uid not in holdings:
-                held |= announced.holding.cores
+        if held is None:  # binds in flight, by this extender or (announced) one before it
+            held = 0
+            for uid, reservation in self._reservations.items():
+                if reservation.node == node and uid not in holdings:
+                    held |= reservation.cores
+            for uid, announced in self._announced.items():
+                if announced.holding.node == node and uid not in holdings:
+                    held |= announced.holding.cores
         named = held
         for holding in holdings.values():
             if holding.ours and not holding.cores >> total:
