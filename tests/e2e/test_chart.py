@@ -44,6 +44,7 @@ from tests.e2e.chart import (
     Doc,
     apply,
     chart_extender_process,
+    device_plugin_credentials,
     extender_args,
     extender_credentials,
     find,
@@ -1074,24 +1075,32 @@ def hand_off_writers(values: Doc) -> str:
 
 
 def test_hand_off_policy_exempts_the_accounts_the_chart_runs() -> None:
-    """`<extender>-hand-off` lets the extender's account and, when the chart runs the device
-    plugin, the plugin's write the ids, by the names and namespaces the values give them; and
-    cluster admins. Its rules are the file the testbed runs every end-to-end test under."""
+    """`<extender>-hand-off` lets the extender's account and the device plugin's write the ids,
+    by the names and namespaces the values give them (the plugin's also when another release
+    installs it), the accounts and groups of scheduler.handOffWriters (cluster admins by
+    default). Its rules are the file the testbed runs every end-to-end test under."""
     extender = "system:serviceaccount:kube-system:k8s-neuron-scheduler"
     plugin = "system:serviceaccount:kube-system:neuron-device-plugin"
     default = hand_off_writers({})
     assert json.dumps([extender, plugin], separators=(",", ":")) in default, default
-    assert "!('system:masters' in request.userInfo.groups)" in default
-    assert json.dumps([extender]) in hand_off_writers({"devicePlugin": {"enabled": False}})
+    assert '.exists(g, g in ["system:masters"])' in default, default
+    assert hand_off_writers({"devicePlugin": {"enabled": False}}) == default
     renamed = hand_off_writers(
         {
-            "scheduler": {"serviceAccount": {"name": "sched"}},
+            "scheduler": {
+                "serviceAccount": {"name": "sched"},
+                "handOffWriters": {"users": ["system:serviceaccount:ops:fixer"], "groups": []},
+            },
             "devicePlugin": {"serviceAccount": {"name": "plug"}, "namespaceOverride": "neuron"},
         }
     )
-    assert (
-        '["system:serviceaccount:kube-system:sched","system:serviceaccount:neuron:plug"]' in renamed
-    ), renamed
+    writers = [
+        "system:serviceaccount:kube-system:sched",
+        "system:serviceaccount:neuron:plug",
+        "system:serviceaccount:ops:fixer",
+    ]
+    assert json.dumps(writers, separators=(",", ":")) in renamed, renamed
+    assert ".exists(g, g in [])" in renamed, renamed
     policy = find(render(), "ValidatingAdmissionPolicy", HAND_OFF_POLICY)["spec"]
     rules = yaml.safe_load((CHART_FILES / "hand-off-writes.yaml").read_text())
     assert {k: policy[k] for k in rules} == rules
@@ -1103,23 +1112,33 @@ def test_rendered_hand_off_policy_refuses_a_tenants_ids(
     chart_cp: ControlPlane, installed: list[Doc]
 ) -> None:
     """The rendered policy on a real API server: a tenant who may create pods is refused one
-    carrying ids, a cluster admin is not (test_rendered_my_scheduler_schedules_through_the_
-    extender binds under it as the rendered extender account)."""
+    carrying ids; a cluster admin is not, nor are the rendered extender's and device plugin's
+    accounts writing ids on a pod (the plugin's on its own node's, as its own policy wants)."""
     namespace = f"tenant-{uuid.uuid4().hex[:6]}"
     tenant = chart_cp.pod_user(namespace, "tenant", ["create"])
-    path = f"/api/v1/namespaces/{namespace}/pods"
+    pods = f"/api/v1/namespaces/{namespace}/pods"
     body = pod_json("held", {}, namespace=namespace, annotations={"NEURON_DEVS": "0"})
 
     def refused() -> KubeError | None:
         try:
-            tenant.create(path + "?dryRun=All", body)
+            tenant.create(pods + "?dryRun=All", body)
         except KubeError as error:
             return error
         return None
 
     error = wait_for(refused, "the rendered policy to refuse a tenant's ids", PATIENCE)
     assert error.status == 403 and "not NEURON_DEVS" in str(error), error
-    chart_cp.request("POST", path + "?dryRun=All", body)  # an admin's
+    chart_cp.request("POST", pods + "?dryRun=All", body)  # an admin's
+    node = add_node(chart_cp)
+    chart_cp.request("POST", pods, pod_json("bound", {}, namespace=namespace, node=node))
+    ids = {"metadata": {"annotations": {"AWS_NEURON_IDS": "1", "NEURON_DEVS": "1"}}}
+    for account in (
+        extender_credentials(chart_cp, installed),
+        device_plugin_credentials(chart_cp, node=node),
+    ):
+        chart_cp.client_for(account.token).request(
+            "PATCH", f"{pods}/bound?dryRun=All", ids, content_type="application/merge-patch+json"
+        )
 
 
 def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from neuron_scheduler.core import handoff
 from neuron_scheduler.core.planrecord import PLAN_ANNOTATION
 from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE
 from tests.builders import pod_json
@@ -474,9 +475,10 @@ def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
             "metadata": {"name": name, "annotations": plan},
             "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"},
         }
-        with pytest.raises(KubeError) as caught:
-            cp.request("POST", path + "/binding", binding)
-        assert caught.value.status == 403, caught.value
+        for binding_path in (path + "/binding", "/api/v1/namespaces/default/bindings"):
+            with pytest.raises(KubeError) as caught:
+                cp.request("POST", binding_path, binding)
+            assert caught.value.status == 403, (binding_path, caught.value)
         assert PLAN_ANNOTATION not in cp.request("GET", path)["metadata"].get("annotations", {})
         # The extender may write one (it would patch only a pending Neuron pod's); removing one
         # is anyone's.
@@ -515,7 +517,7 @@ def test_only_the_extender_and_device_plugin_write_hand_off_annotations(stack: S
         namespace,
         "tenant",
         ["create", "update", "patch"],
-        resources=("pods", "pods/status", "pods/binding"),
+        resources=("pods", "pods/status", "pods/binding", "bindings"),
     )
     pods = f"/api/v1/namespaces/{namespace}/pods"
     held = {"AWS_NEURON_IDS": "0", "NEURON_CORES": "0", "NEURON_NODE": "n1"}
@@ -548,6 +550,12 @@ def test_only_the_extender_and_device_plugin_write_hand_off_annotations(stack: S
         assert error.status == 403, error
         assert HAND_OFF_REFUSED in str(error), error
         assert "not AWS_NEURON_IDS, NEURON_CORES, NEURON_NODE" in str(error), error
+        for key in sorted(set(handoff.OURS) - {handoff.ALLOCATED, handoff.ALLOCATED_CONTAINERS}):
+            alone = pod_json(
+                "alone", {}, namespace=namespace, scheduler="nobody", annotations={key: "0"}
+            )
+            error = as_tenant("POST", pods + "?dryRun=All", alone)
+            assert error is not None and f"not {key}:" in str(error), (key, error)
         plain = pod_json("plain", {NEURON: 1}, namespace=namespace, scheduler="nobody")
         assert as_tenant("POST", pods, plain) is None
         path = f"{pods}/plain"
@@ -561,6 +569,9 @@ def test_only_the_extender_and_device_plugin_write_hand_off_annotations(stack: S
             "an update": as_tenant("PATCH", path, annotate(held)),
             "a status write": as_tenant("PATCH", path + "/status", annotate(held)),
             "a Binding": as_tenant("POST", path + "/binding", binding),
+            "a Binding by the older path": as_tenant(
+                "POST", f"/api/v1/namespaces/{namespace}/bindings", binding
+            ),
         }
         for how, error in refused.items():
             assert error is not None and error.status == 403, (how, error)

@@ -357,7 +357,7 @@ class Stack:
             plans: f"!({user})",
             hand_off: (
                 f"!(request.userInfo.username in {writers}) && "
-                "!('system:masters' in request.userInfo.groups)"
+                "!request.userInfo.?groups.orValue([]).exists(g, g in ['system:masters'])"
             ),
         }
 
