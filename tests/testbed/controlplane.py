@@ -603,9 +603,13 @@ class ControlPlane:
         their subresources too) in `namespace`: a tenant who may write pods there and nothing
         else."""
         credentials = self.service_account(namespace, name)
+        rules = [{"apiGroups": [""], "resources": list(resources), "verbs": list(verbs)}]
+        self.grant(namespace, f"{name}-pods", rules, name)
+        return self.client_for(credentials.token)
+
+    def grant(self, namespace: str, role: str, rules: list[dict[str, Any]], account: str) -> None:
+        """A Role `role` of these `rules` in `namespace`, bound to its ServiceAccount `account`."""
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-        role = f"{name}-pods"
-        pods = list(resources)
         self.request(
             "POST",
             f"{rbac}/roles",
@@ -613,7 +617,7 @@ class ControlPlane:
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "Role",
                 "metadata": {"name": role},
-                "rules": [{"apiGroups": [""], "resources": pods, "verbs": list(verbs)}],
+                "rules": rules,
             },
         )
         self.request(
@@ -624,7 +628,6 @@ class ControlPlane:
                 "kind": "RoleBinding",
                 "metadata": {"name": role},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
             },
         )
-        return self.client_for(credentials.token)

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -428,10 +428,17 @@ class Stack:
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
             },
         }
+        path = f"/api/v1/namespaces/{namespace}/pods?dryRun=All"
+        Stack._until_admission(lambda: tenant.create(path, body), on, timeout, "hand-off policy")
+
+    @staticmethod
+    def _until_admission(write: Callable[[], object], on: bool, timeout: float, what: str) -> None:
+        """Until the dry-run `write` is refused (`on`: the policies it meets are in force) or
+        admitted (lifted): the API server acts on a policy's change a moment after it is made."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                tenant.create(f"/api/v1/namespaces/{namespace}/pods?dryRun=All", body)
+                write()
                 refused = False
             except KubeError as error:
                 if error.status != 403:
@@ -440,7 +447,7 @@ class Stack:
             if refused == on:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hand-off policy not {'in force' if on else 'lifted'}")
+                raise TimeoutError(f"{what} not {'in force' if on else 'lifted'}")
             time.sleep(0.2)
 
     def enforce_policies(self, on: bool, timeout: float = 60.0) -> None:
@@ -470,59 +477,24 @@ class Stack:
             )
         as_extender = KubeClient(self.cp.server_url, self.extender_token, cafile=self.cp.ca_path)
         foreign = {"metadata": {"annotations": {"policy-probe": str(time.time_ns())}}}
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                as_extender.request(
-                    "PATCH", path + "?dryRun=All", foreign, "application/merge-patch+json"
-                )
-                refused = False
-            except KubeError as error:
-                if error.status != 403:
-                    raise
-                refused = True
-            if refused == on:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"admission policies not {'in force' if on else 'lifted'}")
-            time.sleep(0.2)
+        self._until_admission(
+            lambda: as_extender.request(
+                "PATCH", path + "?dryRun=All", foreign, "application/merge-patch+json"
+            ),
+            on,
+            timeout,
+            "admission policies",
+        )
 
     @staticmethod
     def _capacity_role(cp: ControlPlane) -> None:
         """What the chart renders with capacity requests on: a Role in the extender's namespace
         for the placeholders, and their PriorityClass."""
-        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system"
-        name = f"{ROLE}-capacity-requests"
-        cp.request(
-            "POST",
-            f"{rbac}/roles",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": name},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
-                    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-                ],
-            },
-        )
-        cp.request(
-            "POST",
-            f"{rbac}/rolebindings",
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [
-                    {
-                        "kind": "ServiceAccount",
-                        "name": "neuron-scheduler",
-                        "namespace": "kube-system",
-                    }
-                ],
-            },
-        )
+        rules: list[dict[str, Any]] = [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        ]
+        cp.grant("kube-system", f"{ROLE}-capacity-requests", rules, "neuron-scheduler")
         with contextlib.suppress(KubeError):  # (there already: another Stack's)
             cp.request(
                 "POST",
