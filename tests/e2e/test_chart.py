@@ -1075,16 +1075,18 @@ def hand_off_writers(values: Doc) -> str:
 
 
 def test_hand_off_policy_exempts_the_accounts_the_chart_runs() -> None:
-    """`<extender>-hand-off` lets the extender's account and the device plugin's write the ids,
-    by the names and namespaces the values give them (the plugin's also when another release
-    installs it), the accounts and groups of scheduler.handOffWriters (cluster admins by
-    default). Its rules are the file the testbed runs every end-to-end test under."""
+    """`<extender>-hand-off` lets the extender's account and the release's device plugin's write
+    the ids, by the names and namespaces the values give them, and the accounts and groups of
+    scheduler.handOffWriters (cluster admins by default). Not the plugin's account when the
+    release does not run it: that name is often AWS's plugin's, which is not held to its node.
+    Its rules are the file the testbed runs every end-to-end test under."""
     extender = "system:serviceaccount:kube-system:k8s-neuron-scheduler"
     plugin = "system:serviceaccount:kube-system:neuron-device-plugin"
     default = hand_off_writers({})
     assert json.dumps([extender, plugin], separators=(",", ":")) in default, default
     assert '.exists(g, g in ["system:masters"])' in default, default
-    assert hand_off_writers({"devicePlugin": {"enabled": False}}) == default
+    alone = hand_off_writers({"devicePlugin": {"enabled": False}})
+    assert json.dumps([extender]) in alone and plugin not in alone, alone
     renamed = hand_off_writers(
         {
             "scheduler": {
@@ -1132,13 +1134,20 @@ def test_rendered_hand_off_policy_refuses_a_tenants_ids(
     node = add_node(chart_cp)
     chart_cp.request("POST", pods, pod_json("bound", {}, namespace=namespace, node=node))
     ids = {"metadata": {"annotations": {"AWS_NEURON_IDS": "1", "NEURON_DEVS": "1"}}}
-    for account in (
-        extender_credentials(chart_cp, installed),
-        device_plugin_credentials(chart_cp, node=node),
-    ):
+    plugin = device_plugin_credentials(chart_cp, node=node)
+    for account in (extender_credentials(chart_cp, installed), plugin):
         chart_cp.client_for(account.token).request(
             "PATCH", f"{pods}/bound?dryRun=All", ids, content_type="application/merge-patch+json"
         )
+    # (The plugin's own policy is in force: NEURON_NODE is not one of the keys it writes.)
+    with pytest.raises(KubeError) as caught:
+        chart_cp.client_for(plugin.token).request(
+            "PATCH",
+            f"{pods}/bound?dryRun=All",
+            {"metadata": {"annotations": {"NEURON_NODE": "elsewhere"}}},
+            content_type="application/merge-patch+json",
+        )
+    assert caught.value.status == 403 and "not NEURON_NODE" in str(caught.value), caught.value
 
 
 def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:

@@ -479,6 +479,7 @@ def test_only_the_extender_writes_consolidation_plans(stack: Stack) -> None:
             with pytest.raises(KubeError) as caught:
                 cp.request("POST", binding_path, binding)
             assert caught.value.status == 403, (binding_path, caught.value)
+            assert "only neuron-scheduler's extender writes" in str(caught.value), caught.value
         assert PLAN_ANNOTATION not in cp.request("GET", path)["metadata"].get("annotations", {})
         # The extender may write one (it would patch only a pending Neuron pod's); removing one
         # is anyone's.
