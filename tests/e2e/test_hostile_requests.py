@@ -507,9 +507,9 @@ HAND_OFF_REFUSED = "only neuron-scheduler's extender and device plugin write the
 def test_only_the_extender_and_device_plugin_write_hand_off_annotations(stack: Stack) -> None:
     """The chart's admission policy `<extender>-hand-off`: a tenant who may create, update and
     bind pods in its namespace cannot add, change or remove the ids a pod holds, on create, on
-    update, through status or through a Binding; its other annotations stay its own, and so do
-    NEURON_ALLOCATED (AWS's device plugin writes it) and the policy's others. The extender and a
-    cluster admin may write them. (The device plugin's corrections pass it in
+    update, through status or through a Binding (both paths); its other annotations stay its
+    own, NEURON_ALLOCATED among them (AWS's device plugin writes it). The extender and a cluster
+    admin may write the ids. (The device plugin's corrections pass it in
     test_real_kubelet, which runs the plugin as the chart's ServiceAccount under it.)"""
     cp = stack.cp
     scenario = Scenario(stack)
