@@ -7,8 +7,9 @@ import asyncio
 import msgspec
 import pytest
 
+from neuron_scheduler.core import handoff
 from neuron_scheduler.core.catalog import Catalog
-from neuron_scheduler.core.resources import NEURON
+from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from neuron_scheduler.extender.verbs import binding
 from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import Extender, wire
@@ -154,3 +155,43 @@ async def test_a_watch_copy_of_a_pod_bound_since_is_answered_as_bound(
     assert await extender.binder.bind(args("a")) == ""  # from the API's copy: bound already
     assert reads == ["a"]
     assert "only 0 devices free" in await extender.binder.bind(args("b"))  # held once
+
+
+def started(api: FakeAPI) -> Extender:
+    """An extender (re)started on `api`: its lists of the nodes and pods, as its watches read."""
+    extender = wire(api, Catalog.builtin())  # type: ignore[arg-type]
+    for view in extender.views:
+        view.replace_nodes([node("inf1", "inf1.6xlarge")])  # 4 devices of 4 cores
+        view.replace_pods([msgspec.convert(p, Pod) for p in api.pods.values()])
+    extender.synced.set()
+    return extender
+
+
+async def test_a_stale_hold_read_back_after_a_restart_never_frees_a_bound_pods_cores() -> None:
+    """A bind gives up on its annotation patch (no answer: it never sent the Binding, and
+    disowns the ids) and the patch lands later; another pod is bound onto those cores. A
+    restarted extender reads the first pod's ids back as a bind that may still land, over the
+    second pod's: both count, and the second's cores never go to another pod (found by
+    tests/property/test_binding_model.py, which the last change to set-aside pods broke)."""
+    api = FakeAPI()
+    for name, limits in (("late", {NEURONCORE: 1}), ("whole", {NEURON: 1})):
+        body = pod_json(name, limits, uid=f"uid-{name}")
+        body["metadata"]["resourceVersion"] = str(next(api.version))
+        api.pods[name] = body
+    extender = started(api)
+
+    def bind(name: str) -> ExtenderBindingArgs:
+        return ExtenderBindingArgs(name, "default", f"uid-{name}", "inf1")
+
+    api.faults = ["late"]
+    assert "failed" in await extender.binder.bind(bind("late"))
+    api.in_flight.pop()()  # its annotations land, on a pod still pending
+    assert await extender.binder.bind(bind("whole")) == ""
+    whole = assignment(msgspec.convert(api.pods["whole"], Pod), None)
+    late = handoff.decode(api.pods["late"]["metadata"]["annotations"])  # (pending: announced)
+    assert whole is not None and late is not None and late.core_mask & whole.core_mask
+    extender = started(api)  # the restart
+    assert whole.core_mask & ~extender.ledger.state("inf1").used_cores == 0
+    assert await extender.binder.bind(bind("late")) == ""
+    again = assignment(msgspec.convert(api.pods["late"], Pod), None)
+    assert again is not None and not again.core_mask & whole.core_mask, (again, whole)

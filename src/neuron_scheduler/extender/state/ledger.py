@@ -912,6 +912,13 @@ class Ledger:
                 request = NeuronRequest(UNIT_RESOURCE[holding.unknown_unit], holding.unknown_count)
                 problem = f"cores beyond the {total} of {node}"
                 self._reject(uid, self._pod_keys.get(uid, "?/?"), node, request, problem)
+            elif holding.ours:
+                # Set aside, its ids overlapping another claim: they still count, with its size
+                # on top. It may really hold them: ours, bound before a restart read back a
+                # stale hold of another pod over them (a disowned write that landed late), or
+                # ids the device plugin corrected to what kubelet gave, which knows nothing of a
+                # device's cores. Never less than any claim, so no core goes to two pods.
+                used |= holding.cores
             size = per_device if holding.unknown_unit is Unit.DEVICE else 1
             unknown += holding.unknown_count * size
         if entry is not None:
@@ -920,13 +927,14 @@ class Ledger:
         return NodeState(used, unknown)
 
     def set_aside(self, node: str, held: int | None = None) -> frozenset[str]:
-        """The pods on the node whose ids are not counted, as they name cores an older pod's ids
-        there name too, or cores held for a bind of another pod in flight (anyone who may create
-        pods can write them, a pending pod's among them; a correction by the device plugin may be
-        under way): each counts by its request instead, so two pods are never taken for one
-        device. The older keeps its ids (by start, then uid: the same on every replica and after
-        a restart). Usually none: one pass finds no two that overlap. `held`: the cores of those
-        binds in flight, when the caller has them already (`_state`)."""
+        """The pods on the node whose ids are not counted alone, as they name cores an older
+        pod's ids there name too, or cores held for a bind of another pod in flight (anyone who
+        may create pods can write them, a pending pod's among them; a correction by the device
+        plugin may be under way): each counts by its request as well (in the node's state, its
+        ids too: `_state`), so two pods are never taken for one device. The older keeps its ids
+        (by start, then uid: the same on every replica and after a restart). Usually none: one
+        pass finds no two that overlap. `held`: the cores of those binds in flight, when the
+        caller has them already (`_state`)."""
         holdings = self._by_node.get(node)
         entry = self.nodes.get(node)
         if not holdings or entry is None:
