@@ -78,8 +78,9 @@ class NodeView:
     failed_cores_requested: int
     pods: tuple[PodIds, ...]  # by first core
     unknown: tuple[PodCount, ...]
-    # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight
-    # (failed devices are not held: they are `unhealthy_devices`).
+    # In use but no bound pod's: blocks held for pods nominated here, ids of binds in flight,
+    # ids of pods set aside as they overlap another claim (listed in `unknown`) (failed devices
+    # are not held: they are `unhealthy_devices`).
     held_cores: int
     nominated: tuple[str, ...]  # pods preemption nominated to this node, waiting for it
     planned: tuple[str, ...]  # what consolidation plans hold here: a pod's block, or a place

@@ -1081,7 +1081,9 @@ def _occupant(
 ) -> Occupant:
     """The pod as eviction weighs it: evicting it frees its healthy cores, and the cores of its
     failed devices that `_state` holds in count for it, never the failed devices themselves
-    (`aside`: its ids are not counted, `Ledger.set_aside`: it frees its size)."""
+    (`aside`, `Ledger.set_aside`: its size only; its ids, which `_state` counts as well since
+    they overlap another claim, stay taken in eviction's reckoning, which can only err on the
+    side of freeing too little)."""
     if holding.ours and not holding.cores >> topology.total_cores and not aside:
         failed = holding.cores & unhealthy_cores
         cores, unknown = holding.cores & ~failed, failed.bit_count()
