@@ -1131,24 +1131,32 @@ def test_rendered_hand_off_policy_refuses_a_tenants_ids(
     error = wait_for(refused, "the rendered policy to refuse a tenant's ids", PATIENCE)
     assert error.status == 403 and "not NEURON_DEVS" in str(error), error
     chart_cp.request("POST", pods + "?dryRun=All", body)  # an admin's
+    # A node of its own, gone afterwards: the other tests of this module place pods on the
+    # nodes they find free.
     node = add_node(chart_cp)
-    chart_cp.request("POST", pods, pod_json("bound", {}, namespace=namespace, node=node))
-    ids = {"metadata": {"annotations": {"AWS_NEURON_IDS": "1", "NEURON_DEVS": "1"}}}
-    plugin = device_plugin_credentials(chart_cp, node=node)
-    for account in (extender_credentials(chart_cp, installed), plugin):
-        chart_cp.client_for(account.token).request(
-            "PATCH", f"{pods}/bound?dryRun=All", ids, content_type="application/merge-patch+json"
-        )
-    # (The plugin's own policy is in force: NEURON_NODE is not one of the keys it writes.)
-    with pytest.raises(KubeError) as caught:
-        chart_cp.client_for(plugin.token).request(
-            "PATCH",
-            f"{pods}/bound?dryRun=All",
-            {"metadata": {"annotations": {"NEURON_NODE": "elsewhere"}}},
-            content_type="application/merge-patch+json",
-        )
-    refusal = str(caught.value)
-    assert caught.value.status == 403 and "the device plugin may change only" in refusal, refusal
+    try:
+        chart_cp.request("POST", pods, pod_json("bound", {}, namespace=namespace, node=node))
+        ids = {"metadata": {"annotations": {"AWS_NEURON_IDS": "1", "NEURON_DEVS": "1"}}}
+        plugin = device_plugin_credentials(chart_cp, node=node)
+        for account in (extender_credentials(chart_cp, installed), plugin):
+            chart_cp.client_for(account.token).request(
+                "PATCH",
+                f"{pods}/bound?dryRun=All",
+                ids,
+                content_type="application/merge-patch+json",
+            )
+        # (The plugin's own policy is in force: NEURON_NODE is not one of the keys it writes.)
+        with pytest.raises(KubeError) as caught:
+            chart_cp.client_for(plugin.token).request(
+                "PATCH",
+                f"{pods}/bound?dryRun=All",
+                {"metadata": {"annotations": {"NEURON_NODE": "elsewhere"}}},
+                content_type="application/merge-patch+json",
+            )
+        refusal = str(caught.value)
+        assert caught.value.status == 403 and "the device plugin may change only" in refusal
+    finally:
+        chart_cp.request("DELETE", f"/api/v1/nodes/{node}")
 
 
 def test_network_policy_admits_only_the_scheduler_and_scrapers() -> None:
