@@ -880,19 +880,7 @@ class Ledger:
         going_count = 0  # and the cores they hold in count (below)
         unknown = entry.withheld_cores if entry else 0
         holdings = self._by_node.get(node, {})
-        # Binds in flight (this extender's reservations, the ids announced on pending pods): in
-        # the state unless excluded, and in what sets bound pods' ids aside unless bound.
-        in_flight = 0
-        for uid, reservation in self._reservations.items():
-            if reservation.node == node and uid not in holdings:
-                in_flight |= reservation.cores
-        unbound = in_flight
-        for uid, announced in self._announced.items():
-            if announced.holding.node == node:
-                if uid not in excluded:
-                    in_flight |= announced.holding.cores
-                if uid not in holdings:
-                    unbound |= announced.holding.cores
+        in_flight, unbound = self._binds_in_flight(node, holdings, excluded)
         used |= in_flight
         aside = self.set_aside(node, unbound)
         for uid, holding in holdings.items():
@@ -926,6 +914,26 @@ class Ledger:
             used |= self._held_blocks(node, entry.topology, used, going, soon, excluded)
         return NodeState(used, unknown)
 
+    def _binds_in_flight(
+        self, node: str, holdings: Mapping[str, Holding], excluded: frozenset[str] = frozenset()
+    ) -> tuple[int, int]:
+        """The cores of binds in flight on the node (this extender's reservations, the ids
+        announced on pending pods, by it or one before it), in one pass: those the state counts
+        (not of the `excluded` pods), and those of pods not bound, which set bound pods' ids
+        aside (`set_aside`)."""
+        counted = 0
+        for uid, reservation in self._reservations.items():
+            if reservation.node == node and uid not in holdings:
+                counted |= reservation.cores
+        unbound = counted
+        for uid, announced in self._announced.items():
+            if announced.holding.node == node:
+                if uid not in excluded:
+                    counted |= announced.holding.cores
+                if uid not in holdings:
+                    unbound |= announced.holding.cores
+        return counted, unbound
+
     def set_aside(self, node: str, held: int | None = None) -> frozenset[str]:
         """The pods on the node whose ids are not counted alone, as they name cores an older
         pod's ids there name too, or cores held for a bind of another pod in flight (anyone who
@@ -940,14 +948,8 @@ class Ledger:
         if not holdings or entry is None:
             return frozenset()
         total = entry.topology.total_cores
-        if held is None:  # binds in flight, by this extender or (announced) one before it
-            held = 0
-            for uid, reservation in self._reservations.items():
-                if reservation.node == node and uid not in holdings:
-                    held |= reservation.cores
-            for uid, announced in self._announced.items():
-                if announced.holding.node == node and uid not in holdings:
-                    held |= announced.holding.cores
+        if held is None:
+            held = self._binds_in_flight(node, holdings)[1]
         named = held
         for holding in holdings.values():
             if holding.ours and not holding.cores >> total:
