@@ -41,7 +41,8 @@ reads both extenders' time in their handlers alike.
 With `--http2` it serves HTTP/2 as well (uvicorn's zttp protocol, ALPN h2; zttp is a dev
 dependency only, for these benchmarks): kube-scheduler's transport then sends every call over
 one connection instead of opening one (a TLS handshake) whenever its two idle ones are busy
-(configuration `null-h2`, what would lift the floor).
+(configurations `null-h2`, `null-writes-h2` and `null-watch-h2`: what would lift the floor;
+BENCHMARKS.md's sixteenth sitting of issue 50 measures it, and why it is not adopted).
 
 Run by bench/throughput.py as
     python bench/nullextender.py --kubeconfig K --port P --tls-cert C --tls-key K --client-ca CA

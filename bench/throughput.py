@@ -87,7 +87,8 @@ from tests.testbed.process import ManagedProcess, free_port
 # baseline: our extender from another source tree (--baseline-src), e.g. the code before a change.
 # null-writes-twin: null-writes again, the same code as a configuration of its own: the ratio of the
 # two in a round is what this machine cannot tell apart (an A/A measure of the run's resolution).
-# null-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency; bench/h2serve.py).
+# null-h2, null-writes-h2, null-watch-h2, ours-h2: serving HTTP/2 too (zttp, a dev dependency;
+# bench/h2serve.py): kube-scheduler then sends every call over one connection.
 # without-qps: without, its client allowed 1,000 requests a second rather than kube-scheduler's
 # default 50 (its binds go through that limit; an extender's do not).
 CONFIGS = (
@@ -100,6 +101,8 @@ CONFIGS = (
     "null-watch",
     "null-one-write",
     "null-h2",
+    "null-writes-h2",
+    "null-watch-h2",
     "ours-h2",
     "baseline",
 )
@@ -720,6 +723,10 @@ PAIRS = (
     ("ours", "null-watch"),
     ("null-watch", "null-writes"),
     ("null-writes-twin", "null-writes"),
+    ("ours-h2", "null-writes-h2"),
+    ("ours-h2", "null-writes"),
+    ("ours-h2", "ours"),
+    ("null-writes-h2", "null-writes"),
     ("ours", "null"),
     ("baseline", "ours"),
 )
@@ -861,6 +868,8 @@ def main() -> int:
             "null-watch": NullExtender(cp, stack, "ours", watch_pods=True),
             "null-one-write": NullExtender(cp, stack, "one-write"),
             "null-h2": NullExtender(cp, stack, http2=True),
+            "null-writes-h2": NullExtender(cp, stack, "ours", http2=True),
+            "null-watch-h2": NullExtender(cp, stack, "ours", http2=True, watch_pods=True),
         }
         ours = {"ours": stack.extender}
         if "ours-h2" in bases:

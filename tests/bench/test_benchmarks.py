@@ -82,8 +82,9 @@ SMOKES = (
         "throughput.py",
         (
             *("--nodes", "5", "--pods", "8", "--stall-seconds", "60"),
-            # The configurations' code paths (without-qps and null-h2 only change a setting of
-            # without and null), the policies lifted once, baseline from this checkout.
+            # The configurations' code paths (without-qps, null-h2, null-writes-h2 and
+            # null-watch-h2 only change a setting of without and the null extender's others),
+            # the policies lifted once, baseline from this checkout.
             "--configs",
             "without,null,null-writes,null-writes-no-policies,null-one-write,ours,ours-h2,baseline",
             *("--baseline-src", str(ROOT / "src")),
