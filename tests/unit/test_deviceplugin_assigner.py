@@ -165,6 +165,17 @@ async def test_multi_container_progress_survives_a_conflicting_write() -> None:
     assert annotations["NEURON_ALLOCATED"] == "true"
 
 
+async def test_a_pod_whose_container_slices_nest_deep_never_fails_its_nodes_allocates() -> None:
+    """Any pod's creator may write NEURON_CONTAINER_IDS: 60,000 "[" (under its 64 KiB bound)
+    made a generic JSON decode raise RecursionError, which no reader expected, so every Allocate
+    on the node failed while that pod existed. Now its ids are unreadable; the others' stand."""
+    hostile = core_pod("hostile", {"main": "4,5"})
+    hostile.metadata.annotations["NEURON_CONTAINER_IDS"] = "[" * 60_000
+    pods = MemoryPods([core_pod("good", {"main": "2,3"}), hostile])
+    (response,) = await assigner(pods).allocate(NEURONCORE, Unit.CORE, [["2", "3"]])
+    assert response.envs["NEURON_RT_VISIBLE_CORES"] == "2,3"
+
+
 async def test_a_failed_mark_is_retried_in_the_background() -> None:
     pods = MemoryPods([core_pod("p", {"main": "2,3"})])
     pods.patch_failures = [aiohttp.ClientConnectionError("reset")]

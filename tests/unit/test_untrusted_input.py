@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from neuron_scheduler.core import handoff
+from neuron_scheduler.core import capacity, handoff, planrecord
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
 from neuron_scheduler.core.catalog import CapacityError, Catalog
 from neuron_scheduler.core.handoff import (
@@ -119,6 +119,41 @@ def test_annotation_ids_are_bounded_before_anything_is_built() -> None:
     assert ok is not None and misfit(ok, topology) is None
     elsewhere = decode({**base, "NEURON_CORES": "4", "NEURON_DEVS": "0"})
     assert elsewhere is not None and "not on devices 0" in (misfit(elsewhere, topology) or "")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 60_000, '{"main": ' + "[" * 60_000, '{"main": {"a": "1"}}', '["0"]', "{"],
+    ids=["deep-array", "deep-value", "object-value", "array", "not-json"],
+)
+def test_container_slices_of_any_shape_or_depth_are_an_annotation_error(text: str) -> None:
+    """Within its 64 KiB bound, NEURON_CONTAINER_IDS nested deep raised RecursionError from a
+    generic decode: every reader of pods' annotations (ledger, device plugin, views) expects an
+    AnnotationError, which counts the pod by its size."""
+    base = {IDS: "1", RESOURCE_TYPE: NEURONCORE, CORES: "1", DEVS: "0", NODE: "n1"}
+    with pytest.raises(AnnotationError, match=CONTAINER_IDS):
+        decode({**base, CONTAINER_IDS: text})
+    ledger = Ledger(CATALOG)
+    ledger.replace_nodes([node("n1", "inf2.48xlarge")])
+    annotations = {**base, CONTAINER_IDS: text}
+    ledger.apply_pod(pod("h", {NEURONCORE: 1}, node="n1", uid="h", annotations=annotations))
+    assert ledger.state("n1") == NodeState(0, 1)  # by its size, somewhere
+    assert ledger.rejected_assignments["annotations"] == 1
+
+
+def test_records_in_annotations_nested_past_any_recursion_limit_are_unreadable() -> None:
+    """A plan or budget annotation may be up to 64 KiB / 1 MiB of "[": deeper than any recursion
+    limit, so its decode's RecursionError is an unreadable record like any other."""
+    for decode_record, error in (
+        (planrecord.decode, planrecord.PlanError),
+        (planrecord.decode_budget, planrecord.PlanError),
+        (capacity.decode, capacity.PlaceholderError),
+    ):
+        for field in ("v", "unknown"):
+            with pytest.raises(error):
+                decode_record(f'{{"{field}": ' + "[" * 4_000)
+    with pytest.raises(planrecord.PlanError, match="not a plan"):
+        planrecord.decode('{"unknown": ' + "[" * 60_000)
 
 
 def test_the_cores_a_pod_holds_are_the_ids_its_containers_are_handed() -> None:

@@ -89,7 +89,7 @@ def decode(text: str) -> Asked:
         raise PlaceholderError("the record is over 4 KiB")
     try:
         raw = msgspec.json.decode(text, type=_Record)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as error:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
         raise PlaceholderError(f"not a capacity request: {error}") from error
     if raw.v != VERSION:
         raise PlaceholderError(f"record version {raw.v}, not {VERSION}")

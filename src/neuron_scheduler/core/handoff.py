@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from neuron_scheduler.core.allocation import Placement, counted
 from neuron_scheduler.core.ids import (
     comma_ids,
@@ -76,6 +78,7 @@ class Assignment:
 # largest node could hold, no id beyond it, before anything is built from them.
 _MAX_ID_TEXT = MAX_CORES * 5  # "1023," per id
 _MAX_CONTAINER_TEXT = 64 * 1024
+_CONTAINER_SLICES = msgspec.json.Decoder(dict[str, str])
 
 
 def _parse(text: str, key: str) -> tuple[int, ...]:
@@ -299,13 +302,16 @@ def _decode(annotations: Mapping[str, str], cores_per_device: int | None) -> Ass
     if CONTAINER_IDS in annotations:
         if len(annotations[CONTAINER_IDS]) > _MAX_CONTAINER_TEXT:
             raise AnnotationError(f"{CONTAINER_IDS} is too long")
+        # Decoded to its one shape, which refuses a nested value where it starts: a generic
+        # decode recursed into 64 KiB of "[" and raised RecursionError, which no reader of a
+        # pod's annotations expects (one such pod failed every Allocate on its node).
         try:
-            raw = json.loads(annotations[CONTAINER_IDS])
-        except ValueError:
+            raw = _CONTAINER_SLICES.decode(annotations[CONTAINER_IDS])
+        except msgspec.ValidationError:
+            raise AnnotationError(f"{CONTAINER_IDS} must map container names to id lists") from None
+        except msgspec.DecodeError:
             raise AnnotationError(f"{CONTAINER_IDS} is not JSON") from None
-        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            raise AnnotationError(f"{CONTAINER_IDS} must map container names to id lists")
-        containers = {str(k): _parse(v, CONTAINER_IDS) for k, v in raw.items()}
+        containers = {k: _parse(v, CONTAINER_IDS) for k, v in raw.items()}
     return Assignment(
         node=annotations.get(NODE, ""),
         resource=resource,

@@ -131,7 +131,7 @@ def decode(text: str) -> PlanRecord:
         raise PlanError("the plan is over 64 KiB")
     try:
         raw = msgspec.json.decode(text, type=_Plan)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as error:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
         raise PlanError(f"not a plan: {error}") from error
     if raw.v != VERSION:
         raise PlanError(f"plan version {raw.v}, not {VERSION}")
@@ -264,7 +264,7 @@ def decode_budget(text: str) -> BudgetRecord:
         raise PlanError("the eviction budget is over 1 MiB")
     try:
         raw = msgspec.json.decode(text, type=_Budget)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as error:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
         raise PlanError(f"not an eviction budget: {error}") from error
     if len(raw.evictions) > MAX_RECORDED or len(raw.cooldown) > MAX_RECORDED:
         raise PlanError("the eviction budget records too much")
