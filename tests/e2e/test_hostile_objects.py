@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from neuron_scheduler.core.resources import NEURON, NEURONCORE
 from tests.builders import node_json, pod_json
 from tests.e2e.harness import Scenario, ids, wait_for
 from tests.testbed import ExtenderProcess
+from tests.testbed.client import opener
 
 # What a stall looks like, against noise: the bugs of issue 21 stalled /healthz for 3-19 s; a
 # shared 2-vCPU machine running the suite beside other work shows p99 spikes of 100-200 ms with
@@ -197,6 +199,44 @@ def test_a_pod_naming_a_running_pods_ids_is_not_counted_as_the_same_device(
         "filter", {"Pod": pod_json("asking", {NEURON: 3}), "NodeNames": [node]}
     )
     assert status == 200 and not result["NodeNames"], result
+
+
+def test_a_pod_nested_deep_where_nothing_reads_is_still_seen_and_its_deletion_too(
+    scenario: Scenario,
+) -> None:
+    """Whoever may patch a pod may write its metadata.managedFields, which kube-apiserver keeps
+    nested up to 10,000 levels. Every decode of such a pod raised RecursionError (Python's
+    limit of 1,000 levels, which msgspec keeps even skipping a field): the extender's pod
+    watch failed on it and never saw the pod's deletion, so its device stayed taken."""
+    extender = scenario.stack.extender
+    node = scenario.add_node("inf1.6xlarge")  # 4 devices
+    free = f'neuron_scheduler_node_free_devices{{node="{node}"}}'
+    scenario.create_pod("deep", {NEURON: 1})
+    scenario.wait_bound("deep")
+    wait_for(lambda: extender.metric(free) == 3, "the pod's device taken")
+    levels = 5_000
+    fields = '{"f:metadata":{"f:labels":' + '{"f:a":' * levels + "{}" + "}" * levels + "}}"
+    entry = '{"manager":"deep","operation":"Update","apiVersion":"v1","fieldsType":"FieldsV1",'
+    patch = '{"metadata":{"managedFields":[' + entry + '"fieldsV1":' + fields + "}]}}"
+    cp = scenario.cp
+    path = f"{cp.server_url}/api/v1/namespaces/{scenario.namespace}/pods/deep"
+
+    def as_text(method: str, body: str | None = None, query: str = "") -> str:
+        """Sent and read as text: this process's own JSON decoder has Python's limit too."""
+        headers = {"Authorization": f"Bearer {cp.admin_token}"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
+        sent = urllib.request.Request(
+            path + query, data=body.encode() if body else None, method=method, headers=headers
+        )
+        with opener(cp.ca_path).open(sent, timeout=30) as answer:
+            return str(answer.read().decode())
+
+    assert '"manager":"deep"' in as_text("PATCH", patch)  # kept as written
+    as_text("DELETE", query="?gracePeriodSeconds=0")  # (no kubelet to confirm it)
+    wait_for(lambda: extender.metric(free) == 4, "the deep pod's deletion seen")
+    scenario.create_pod("after", {NEURON: 4})
+    assert scenario.wait_bound("after")["spec"]["nodeName"] == node
 
 
 def test_pods_with_unusable_ids_count_in_the_metrics_as_filter_counts_them(

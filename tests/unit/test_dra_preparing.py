@@ -14,6 +14,7 @@ from neuron_scheduler.dra.checkpoint import Checkpoint
 from neuron_scheduler.dra.claims import ResourceClaim
 from neuron_scheduler.dra.preparing import ClaimRef, NodeDevices, Preparer
 from neuron_scheduler.kube.errors import NotFound
+from neuron_scheduler.kube.objects import API_NESTING
 
 DRIVER = "neuron.example.com"
 NODE = "node-a"
@@ -46,6 +47,7 @@ def claim_json(
 class FakeApi:
     def __init__(self) -> None:
         self.claims: dict[str, dict[str, Any]] = {}
+        self.texts: dict[str, str] = {}  # a claim as the API server sends it, where set
         self.reads = 0
 
     def add(self, body: dict[str, Any]) -> ClaimRef:
@@ -57,7 +59,8 @@ class FakeApi:
         self.reads += 1
         if name not in self.claims:
             raise NotFound("GET", f"/claims/{name}", 404, b'{"message": "not found"}')
-        return msgspec.json.decode(json.dumps(self.claims[name]), type=ResourceClaim)
+        text = self.texts.get(name) or json.dumps(self.claims[name])
+        return msgspec.json.decode(text, type=ResourceClaim)
 
 
 class World:
@@ -202,6 +205,20 @@ async def test_claims_that_cannot_be_prepared_get_a_clear_error(
     ref = world.api.add(claim)
     (answer,) = (await world.preparer.prepare([ref])).values()
     assert isinstance(answer, str) and message in answer, answer
+    assert world.preparer.checkpoint.claims == {}
+
+
+async def test_a_claim_whose_config_nests_deep_gets_a_clear_error(world: World) -> None:
+    """The claim's author writes its opaque config, which kube-apiserver keeps nested up to
+    10,000 deep: decoding the claim raised RecursionError, which nothing caught (kube.objects
+    raises the limit past the API server's bound)."""
+    opaque = {"driver": DRIVER, "parameters": "DEEP"}
+    claim = claim_json("u", ["single-0"], config=[{"source": "FromClaim", "opaque": opaque}])
+    ref = world.api.add(claim)
+    deep = "[" * API_NESTING + "]" * API_NESTING
+    world.api.texts[claim["metadata"]["name"]] = json.dumps(claim).replace('"DEEP"', deep)
+    (answer,) = (await world.preparer.prepare([ref])).values()
+    assert isinstance(answer, str) and "must be an object, got list" in answer, answer
     assert world.preparer.checkpoint.claims == {}
 
 
