@@ -231,19 +231,41 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         await pods.run()
 
     loop = asyncio.get_running_loop()
-    dra_tasks = [loop.create_task(task) for task in dra_watches(api, extender)]
-    kueue_tasks = [loop.create_task(task) for task in kueue_watches(api, extender)]
+    dra_tasks = [loop.create_task(t, name="a DRA watch") for t in dra_watches(api, extender)]
+    kueue_tasks = [loop.create_task(t, name="a Kueue watch") for t in kueue_watches(api, extender)]
     return [
         *dra_tasks,
         *kueue_tasks,
-        loop.create_task(nodes.run()),
-        loop.create_task(pods_after_nodes()),
+        loop.create_task(nodes.run(), name="the node watch"),
+        loop.create_task(pods_after_nodes(), name="the pod watch"),
         # Disruption budgets only order preemption victims: not waited for.
-        loop.create_task(budgets.run()),
-        loop.create_task(watch_claims()),
-        loop.create_task(watch_pod_groups()),
-        loop.create_task(mark_synced()),
+        loop.create_task(budgets.run(), name="the disruption budget watch"),
+        loop.create_task(watch_claims(), name="the job claim watch"),
+        loop.create_task(watch_pod_groups(), name="the pod group watch"),
+        loop.create_task(mark_synced(), name="the sync marker"),
     ]
+
+
+def stop_on_failure(tasks: list[asyncio.Task[Any]], stop: Callable[[], None]) -> None:
+    """A watch or loop that raised stops the extender (`stop`), with its traceback in the log.
+    Left alone, the task was gone and nothing said so: a pod watch that failed on one object
+    kept serving filter and bind from a cache that no longer saw deletions or other schedulers'
+    pods, for as long as the process lived. Stopped, Kubernetes restarts it, and a restarted
+    extender rebuilds everything from the API (its design: annotations and claims say what is
+    held). Tasks that end on their own (a resource not served, a loop done) end quietly."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical(
+            "%s failed; stopping the extender, so that it restarts and lists everything again",
+            task.get_name(),
+            exc_info=task.exception(),
+        )
+        stop()
+
+    for task in tasks:
+        task.add_done_callback(done)
 
 
 LAG_INTERVAL = 0.05  # seconds between samples of the event loop's lag
@@ -548,17 +570,26 @@ async def serve(options: ExtenderOptions) -> None:
         )
         tasks = start_watches(api, extender)
         returner = MemoryReturner(trim=malloc_trim())
-        tasks.append(asyncio.get_running_loop().create_task(returner.run()))
+        loop = asyncio.get_running_loop()
+        tasks.append(loop.create_task(returner.run(), name="the memory returner"))
         lag = sample_loop_lag(extender.metrics.loop_lag.observe)
-        tasks.append(asyncio.get_running_loop().create_task(lag))
-        tasks.append(asyncio.get_running_loop().create_task(extender.waker.run()))
-        tasks.append(asyncio.get_running_loop().create_task(extender.reservations.run()))
+        tasks.append(loop.create_task(lag, name="the loop lag sampler"))
+        tasks.append(loop.create_task(extender.waker.run(), name="the waker"))
+        tasks.append(loop.create_task(extender.reservations.run(), name="the job claim loop"))
         if extender.admissions is not None:
-            tasks.append(asyncio.get_running_loop().create_task(extender.admissions.run()))
-        tasks.append(asyncio.get_running_loop().create_task(_after_sync(extender)))
+            tasks.append(loop.create_task(extender.admissions.run(), name="the admission check"))
+        tasks.append(loop.create_task(_after_sync(extender), name="the loops after sync"))
         if elector is not None:
-            election.append(asyncio.get_running_loop().create_task(elector.run()))
+            election.append(loop.create_task(elector.run(), name="leader election"))
             tasks += election
+
+        failed = asyncio.Event()
+
+        def stop() -> None:
+            failed.set()
+            server.should_exit = True
+
+        stop_on_failure(tasks, stop)
         log.info(
             "extender listening on %s://%s:%d%s; probes and metrics on http://%s:%s (API "
             "server %s)",
@@ -579,6 +610,8 @@ async def serve(options: ExtenderOptions) -> None:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await extender.events.close()
             await on_shutdown()
+        if failed.is_set():
+            raise SystemExit(1)  # (its pod's restart count says so too)
 
 
 def run(options: ExtenderOptions) -> None:
