@@ -205,16 +205,16 @@ def test_a_pod_nested_deep_where_nothing_reads_is_still_seen_and_its_deletion_to
     scenario: Scenario,
 ) -> None:
     """Whoever may patch a pod may write its metadata.managedFields, which kube-apiserver keeps
-    nested up to 10,000 levels. Every decode of such a pod raised RecursionError (Python's
-    limit of 1,000 levels, which msgspec keeps even skipping a field): the extender's pod
-    watch failed on it and never saw the pod's deletion, so its device stayed taken."""
+    nested up to 10,000 levels. Every decode of such a pod raised RecursionError (CPython's
+    limit, which msgspec meets even skipping a field): the extender's pod watch failed on it and
+    never saw the pod's deletion, so its device stayed taken."""
     extender = scenario.stack.extender
     node = scenario.add_node("inf1.6xlarge")  # 4 devices
     free = f'neuron_scheduler_node_free_devices{{node="{node}"}}'
     scenario.create_pod("deep", {NEURON: 1})
     scenario.wait_bound("deep")
     wait_for(lambda: extender.metric(free) == 3, "the pod's device taken")
-    levels = 5_000
+    levels = 9_990  # (10,100 are refused)
     fields = '{"f:metadata":{"f:labels":' + '{"f:a":' * levels + "{}" + "}" * levels + "}}"
     entry = '{"manager":"deep","operation":"Update","apiVersion":"v1","fieldsType":"FieldsV1",'
     patch = '{"metadata":{"managedFields":[' + entry + '"fieldsV1":' + fields + "}]}}"

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from neuron_scheduler.kube.decoding import decode_any
+
 # The API allows 32 results per claim and 32 config entries per claim plus the classes' own.
 MAX_RESULTS = 32
 MAX_CONFIGS = 64
@@ -149,7 +151,7 @@ def request_configs(
 
 def parse_config(raw: msgspec.Raw, driver: str) -> NeuronConfig:
     try:
-        value: Any = msgspec.json.decode(raw)
+        value: Any = decode_any(raw)
     except msgspec.DecodeError as error:
         raise ClaimError(f"opaque config for {driver} is not JSON: {error}") from None
     if value is None:

@@ -11,6 +11,7 @@ import aiohttp
 import msgspec
 
 from neuron_scheduler.kube.config import KubeConfig
+from neuron_scheduler.kube.decoding import decode
 from neuron_scheduler.kube.errors import API_ERRORS, NotFound, TooLarge, api_error
 from neuron_scheduler.kube.kueue import WorkloadState
 from neuron_scheduler.kube.objects import JobClaim, Lease, Node, ObjectRef, Pod, PodList
@@ -202,10 +203,10 @@ class KubeAPI:
     # --- typed calls -------------------------------------------------------------------------
 
     async def get_pod(self, namespace: str, name: str) -> Pod:
-        return msgspec.json.decode(await self.request("GET", pod_path(namespace, name)), type=Pod)
+        return decode(await self.request("GET", pod_path(namespace, name)), Pod)
 
     async def get_node(self, name: str) -> Node:
-        return msgspec.json.decode(await self.request("GET", node_path(name)), type=Node)
+        return decode(await self.request("GET", node_path(name)), Node)
 
     async def list_all(
         self,
@@ -225,7 +226,7 @@ class KubeAPI:
             if token:
                 asked["continue"] = token
             payload = await self.request("GET", path, params=asked)
-            answer = msgspec.json.decode(payload, type=ListPage[kind])  # type: ignore[valid-type]
+            answer = decode(payload, ListPage[kind])  # type: ignore[valid-type]
             items.extend(answer.items)
             if len(items) > most:
                 break
@@ -236,7 +237,7 @@ class KubeAPI:
 
     async def list_pods(self, field_selector: str) -> list[Pod]:
         payload = await self.request("GET", PODS, params={"fieldSelector": field_selector})
-        return msgspec.json.decode(payload, type=PodList).items
+        return decode(payload, PodList).items
 
     async def patch_annotations(
         self,
@@ -261,7 +262,7 @@ class KubeAPI:
             body={"metadata": metadata},
             content_type="application/merge-patch+json",
         )
-        version = msgspec.json.decode(answer, type=Versioned).metadata.resourceVersion
+        version = decode(answer, Versioned).metadata.resourceVersion
         if not version:  # as a precondition "" means none: never let a caller condition on it
             raise msgspec.DecodeError(f"PATCH {namespace}/{name}: no resourceVersion in the answer")
         return version
@@ -289,7 +290,7 @@ class KubeAPI:
 
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> Pod:
         answer = await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
-        return msgspec.json.decode(answer, type=Pod)
+        return decode(answer, Pod)
 
     async def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: dict[str, str]
@@ -405,34 +406,34 @@ class KubeAPI:
         payload = await self.request(
             "GET", LEASES, params={"labelSelector": label_selector, "limit": "50"}
         )
-        return msgspec.json.decode(payload, type=ItemList[Lease]).items
+        return decode(payload, ItemList[Lease]).items
 
     async def get_lease(self, namespace: str, name: str) -> Lease:
         path = f"{leases_path(namespace)}/{name}"
-        return msgspec.json.decode(await self.request("GET", path), type=Lease)
+        return decode(await self.request("GET", path), Lease)
 
     async def create_lease(self, lease: Lease) -> Lease:
         path = leases_path(lease.metadata.namespace)
         answer = await self.request("POST", path, body=msgspec.to_builtins(lease))
-        return msgspec.json.decode(answer, type=Lease)
+        return decode(answer, Lease)
 
     async def replace_lease(self, lease: Lease) -> Lease:
         """PUT with the resourceVersion the lease carries: a Conflict if it changed since."""
         path = f"{leases_path(lease.metadata.namespace)}/{lease.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(lease))
-        return msgspec.json.decode(answer, type=Lease)
+        return decode(answer, Lease)
 
     # --- neuron-scheduler.io/v1alpha1 UltraServerClaims (cluster-scoped, one per node) --------
 
     async def create_claim(self, claim: JobClaim) -> JobClaim:
         answer = await self.request("POST", CLAIMS, body=msgspec.to_builtins(claim))
-        return msgspec.json.decode(answer, type=JobClaim)
+        return decode(answer, JobClaim)
 
     async def replace_claim(self, claim: JobClaim) -> JobClaim:
         """PUT with the resourceVersion the claim carries: a Conflict if it changed since."""
         path = f"{CLAIMS}/{claim.metadata.name}"
         answer = await self.request("PUT", path, body=msgspec.to_builtins(claim))
-        return msgspec.json.decode(answer, type=JobClaim)
+        return decode(answer, JobClaim)
 
     async def delete_claim(self, name: str, uid: str, resource_version: str) -> None:
         """Only the claim of this uid, as it was at this resourceVersion (a Conflict if it
@@ -452,7 +453,7 @@ class KubeAPI:
     async def get_workload_state(self, namespace: str, name: str) -> WorkloadState:
         """The Workload's metadata and status (its pod sets are not read)."""
         answer = await self.request("GET", workload_path(namespace, name))
-        return msgspec.json.decode(answer, type=WorkloadState)
+        return decode(answer, WorkloadState)
 
     async def apply_check_state(
         self, namespace: str, name: str, uid: str, resource_version: str, state: dict[str, Any]
@@ -498,13 +499,13 @@ class KubeAPI:
 
     async def get_resource_claim(self, namespace: str, name: str, kind: type[T]) -> T:
         payload = await self.request("GET", resource_claim_path(namespace, name))
-        return msgspec.json.decode(payload, type=kind)
+        return decode(payload, kind)
 
     async def list_resource_slices(self, field_selector: str, kind: type[T]) -> list[T]:
         payload = await self.request(
             "GET", RESOURCE_SLICES, params={"fieldSelector": field_selector}
         )
-        return msgspec.json.decode(payload, type=ItemList[kind]).items  # type: ignore[valid-type]
+        return decode(payload, ItemList[kind]).items  # type: ignore[valid-type]
 
     async def create_resource_slice(self, body: Any) -> None:
         await self.request("POST", RESOURCE_SLICES, body=body)

@@ -5,24 +5,11 @@ Wire structs only; what they mean for Neuron placement is in `kube.reading`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import msgspec
 
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
-
-# kube-apiserver accepts objects nested up to 10,000 levels (its JSON decoder's bound), in fields
-# nothing here reads as anywhere: a pod's metadata.managedFields, which whoever may patch the pod
-# may write, or a claim's opaque config. msgspec, skipping such a field, still descends one
-# level per call under Python's recursion limit (1,000 by default): a pod patched to 2,000 levels
-# made every decode of it raise RecursionError (each page of the pod list, each watch event of
-# it, in the extender, the device plugin and the views alike). So the limit is raised past the
-# API server's bound, with room for the frames under a decode; msgspec decodes 20,000 levels on
-# an 8 MiB stack (measured), the main thread's and Linux's default thread stack.
-API_NESTING = 10_000
-if sys.getrecursionlimit() < API_NESTING + 2_000:
-    sys.setrecursionlimit(API_NESTING + 2_000)
 
 
 class OwnerReference(msgspec.Struct, omit_defaults=True):

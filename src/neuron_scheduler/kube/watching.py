@@ -19,6 +19,7 @@ import msgspec
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.kube.backoff import Backoff
 from neuron_scheduler.kube.client import KubeAPI
+from neuron_scheduler.kube.decoding import decode
 from neuron_scheduler.kube.errors import READ_ERRORS, Gone, api_error
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class Watch(Generic[T]):
             if token:
                 params["continue"] = token
             body = await self.api.request("GET", self.path, params=params)  # 410: Gone
-            page: Any = msgspec.json.decode(body, type=self._list_type)
+            page: Any = decode(body, self._list_type)
             items.extend(page.items)
             token = page.metadata.continue_
             if not token:
@@ -143,13 +144,13 @@ class Watch(Generic[T]):
         }
         async for line in self.api.stream(self.path, params, idle_timeout=self.IDLE_SECONDS):
             start = time.perf_counter()
-            event = msgspec.json.decode(line, type=_Event)
+            event = decode(line, _Event)
             if event.type == "ERROR":
-                status = msgspec.json.decode(event.object, type=_Status)
+                status = decode(event.object, _Status)
                 raise api_error("WATCH", self.path, status.code or 500, bytes(event.object))
-            version = msgspec.json.decode(event.object, type=_Versioned)
+            version = decode(event.object, _Versioned)
             if event.type != "BOOKMARK":
-                obj = msgspec.json.decode(event.object, type=self._kind)
+                obj = decode(event.object, self._kind)
                 if event.type == "DELETED":
                     self.on_delete(obj)
                 else:

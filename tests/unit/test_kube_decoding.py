@@ -1,0 +1,47 @@
+"""Kubernetes objects decode however deep kube-apiserver lets them nest (kube.decoding): a decode
+that runs out of depth is done again with what nests past every field we read cut off."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from neuron_scheduler.kube.decoding import KEPT_LEVELS, decode, shallow
+from neuron_scheduler.kube.objects import Pod
+from tests.builders import pod_json
+
+
+def deep_fields(levels: int) -> str:
+    """What whoever may patch a pod may write in its managedFields, kube-apiserver keeping it."""
+    return '{"f:metadata":' + '{"f:a":' * levels + "{}" + "}" * levels + "}"
+
+
+def with_managed_fields(body: dict[str, object], fields: str) -> str:
+    text = json.dumps(body)
+    entry = f'{{"manager":"m","operation":"Update","fieldsType":"FieldsV1","fieldsV1":{fields}}}'
+    return text.replace('"metadata": {', f'"metadata": {{"managedFields": [{entry}], ', 1)
+
+
+def test_a_pod_nested_past_any_recursion_limit_decodes_as_it_would_without() -> None:
+    body = pod_json("p", {"aws.amazon.com/neuron": 1}, annotations={"NEURON_CORES": "0,1"})
+    plain = msgspec.json.decode(json.dumps(body), type=Pod)
+    deep = with_managed_fields(body, deep_fields(20_000))
+    with pytest.raises(RecursionError):  # what every decode of such a pod met
+        msgspec.json.decode(deep, type=Pod)
+    assert decode(deep, Pod) == plain
+    assert decode(deep.encode(), Pod) == plain
+    page = '{"items":[' + ",".join([json.dumps(body), deep]) + "]}"
+    assert decode(page, dict[str, list[Pod]])["items"] == [plain, plain]
+
+
+def test_only_what_nests_past_the_kept_levels_is_cut() -> None:
+    shallow_text = with_managed_fields(pod_json("p", {}), deep_fields(KEPT_LEVELS - 10))
+    assert shallow(shallow_text) == shallow_text.encode()  # nothing that deep: unchanged
+    # Brackets and escaped quotes inside strings are text, not nesting.
+    tricky = '{"a": "[[{\\"]]", "b": [[1]], "c": "}"}'
+    assert shallow(tricky, levels=2) == b'{"a": "[[{\\"]]", "b": [null], "c": "}"}'
+    assert json.loads(shallow("[" * 500 + "]" * 500, levels=3)) == [[[None]]]
+    with pytest.raises(msgspec.DecodeError):  # malformed stays malformed
+        decode("[" * 5_000, list[int])
