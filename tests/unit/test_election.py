@@ -30,11 +30,14 @@ class FakeLeases:
         self.down = False
         self.calls: list[str] = []
         self.timeouts, self.landed = 0, False
+        self.garbled = False  # answers that are no Lease (a proxy's page, a cut-off body)
 
     def _call(self, verb: str) -> None:
         self.calls.append(verb)
         if self.down:
             raise OSError("connection refused")
+        if self.garbled:
+            raise msgspec.DecodeError("JSON is malformed: invalid character (byte 0)")
 
     def time_out(self, puts: int, landed: bool) -> None:
         """The next `puts` writes time out on the client; `landed`: each was stored all the same
@@ -149,6 +152,21 @@ async def test_a_leader_that_cannot_renew_steps_down_before_the_lease_expires() 
     api.down = False
     await a.step()
     assert a.is_leader  # nobody else took it: renewing our own lease resumes leadership
+
+
+async def test_an_answer_that_is_no_lease_is_a_failed_round_not_a_crash() -> None:
+    """A raise out of step() ends the election task, which stops the extender (serve's
+    stop_on_failure): an answer that does not decode is a round that failed, like a timeout."""
+    api, clock = FakeLeases(), Clock()
+    a = elector(api, clock, "a")
+    await a.step()
+    api.garbled = True
+    clock.now += 11
+    await a.step()
+    assert not a.is_leader  # past the renew deadline without a renewal
+    api.garbled = False
+    await a.step()
+    assert a.is_leader
 
 
 async def test_racing_candidates_only_one_wins_through_resource_version() -> None:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from neuron_scheduler.core.logtext import loggable
-from neuron_scheduler.kube.errors import API_ERRORS, Conflict, NotFound
+from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound
 from neuron_scheduler.kube.objects import Lease, LeaseMeta, LeaseSpec
 
 log = logging.getLogger("neuron_scheduler.kube.election")
@@ -199,7 +199,7 @@ class LeaderElector:
         """One round, with errors logged and leadership dropped when the deadline passes."""
         try:
             held = await self.try_acquire_or_renew()
-        except API_ERRORS as error:
+        except READ_ERRORS as error:  # (an answer that is no Lease, from a proxy say, too)
             log.warning(
                 "leader election: cannot reach Lease %s: %s", self.lease_name, loggable(error)
             )
@@ -246,7 +246,7 @@ class LeaderElector:
                     await self.api.replace_lease(self._released(lease))
                     log.info("released Lease %s", self.lease_name)
                     return
-                except API_ERRORS as error:
+                except READ_ERRORS as error:
                     log.warning(
                         "could not release Lease %s (attempt %d of %d): %s",
                         self.lease_name,
@@ -259,7 +259,7 @@ class LeaderElector:
             try:
                 lease = await self.api.get_lease(self.config.namespace, self.config.name)
                 self.holder = lease.spec.holderIdentity or ""
-            except API_ERRORS as error:
+            except READ_ERRORS as error:
                 log.warning("could not read Lease %s: %s", self.lease_name, loggable(error))
                 lease = None
         log.warning(
