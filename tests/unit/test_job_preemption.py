@@ -346,3 +346,22 @@ async def test_a_claim_waits_for_its_victims_no_longer_than_their_grace_period(
             break
     assert ended is not None and 290 + ended <= 300 + 60 + 20  # (renewed every third of 60 s)
     assert "8 pods evicted for it still hold devices past the grace period" in caplog.text
+
+
+async def test_a_unit_held_for_an_admitted_kueue_workload_is_never_preempted() -> None:
+    """Kueue's admission check claims a unit for a workload before its pods exist (docs/kueue.md:
+    nobody else may take it, whatever their priority). With no member yet its job counted as the
+    lowest priority, so any job that asked the preempt verb took the claim, and the workload's
+    pods then found no block."""
+    world = World(units=1)
+    for i in range(4):
+        claim = NodeClaim(
+            f"a{i}", ("ns", "k"), 4, 4, PENDING, world.now, 600, "my-scheduler", workload="wl-uid"
+        )
+        world.occupancy.apply_claim(await world.api.create_claim(to_object(claim)))
+    asking = world.job("asking", 4, priority=1000)
+    answer = await world.preempt(asking[0], {"a0": []})
+    await world.loop.step()
+    assert world.claimed("k") == ["a0", "a1", "a2", "a3"]
+    assert world.claimed("asking") == []
+    assert not any(answer.values()) and world.evicted() == []

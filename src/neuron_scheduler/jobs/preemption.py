@@ -20,7 +20,8 @@ every running job). Here the preemptor is the member's whole job:
   blocks as it holds), and a job's units are counted by the smallest of them (every pod there is
   evicted: a fleet of one type takes exactly what it needs);
 - a job that requires one network domain (jobs.network) takes units within one domain of that
-  level only, the cheapest domain.
+  level only, the cheapest domain;
+- a unit claimed for a Kueue workload that is admitted and not bound yet is never taken.
 
 The extender's reservation loop carries it out (extender/loops/reserving.py): the job's claim on
 the units first (the victims listed on it, so a restart finishes the evictions), then the
@@ -121,7 +122,10 @@ def plan_preemption(
                 continue
             if any(n in occupancy.rejected or unfit(n) is not None for n in nodes):
                 continue  # (a claim not read: not ours to take)
-            jobs = {other for _, _, other in occupancy.others(job, nodes) if other is not None}
+            near = list(occupancy.others(job, nodes))
+            if any(held and _held_for_admission(occupancy.claims.get(n)) for n, held, _ in near):
+                continue
+            jobs = {other for _, _, other in near if other is not None}
             there = [p for n in sorted(nodes) for p in loose(n)]
             if any(priorities.get(j, LOWEST) >= priority for j in jobs) or any(
                 p.priority >= priority for p in there
@@ -260,6 +264,14 @@ def _priorities(occupancy: Occupancy) -> dict[JobKey, int]:
     ]:
         found[job] = max(found.get(job, LOWEST), value)
     return found
+
+
+def _held_for_admission(claim: NodeClaim | None) -> bool:
+    """A node Kueue's admission check claimed for a workload whose pods are not all bound yet
+    (docs/kueue.md: the block is the workload's, nobody else may take it, whatever their
+    priority). Its job has no member yet, so it counted as the lowest priority and a claim of it
+    was taken for any job that asked, leaving the admitted workload's pods without their block."""
+    return claim is not None and bool(claim.workload) and claim.phase == PENDING
 
 
 def _ran(started: float, now: float) -> float:
