@@ -450,6 +450,24 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     assert world2.claimed("j") == [] and world2.stored("j") == []
 
 
+async def test_a_half_written_claim_the_new_plan_leaves_out_is_let_go() -> None:
+    """A crash left the job's claim on b0 alone; unit b can no longer hold the job, unit c can.
+    The job claims c and lets b0 go: kept, b0 passed the rule beside the whole unit c, a member
+    landed there (the job split over two UltraServers) and b was held for nothing."""
+    world = World(units=3)
+    written = await world.api.create_claim(
+        to_object(NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world.now, 60, "my-scheduler"))
+    )
+    world.occupancy.apply_claim(written)
+    for i, pod in enumerate(world.job("busy", 4)):
+        world.bind(pod, f"a{i}")
+    world.bind(world.member("busy2", 0, 1), "b1")
+    world.job("j", 4)
+    await world.loop.step()
+    assert world.claimed("j") == ["c0", "c1", "c2", "c3"]
+    assert world.stored("j") == ["c0", "c1", "c2", "c3"]
+
+
 async def test_claims_of_another_schedulers_jobs_are_its_extenders_to_tend() -> None:
     world = World()
     written = await world.api.create_claim(
@@ -757,6 +775,19 @@ async def test_the_loop_outlives_a_failing_step_and_joins_a_burst_of_changes(
     with pytest.raises(Stop):
         await task
     assert len(steps) == before + 1
+
+
+def test_a_kueue_workloads_claim_lets_go_what_a_crash_left_outside_its_plan() -> None:
+    """Half a claim left on unit b (b0) by a crash is not renewed for the workload planned on
+    unit a: it is let go, so the workload's members cannot split over a and b."""
+    world = World()
+    job = ("ml", "llama")
+    left = NodeClaim("b0", job, 4, 4, PENDING, world.now, 60, "my-scheduler")
+    world.occupancy.apply_claim(asyncio.run(world.api.create_claim(to_object(left))))
+    planned = Planned({f"a{i}": 1 for i in range(4)}, 4, "")
+    assert asyncio.run(world.loop.claim_for_workload(job, "my-scheduler", 4, planned, "w1", 90))
+    assert sorted(world.occupancy.claimed(job)) == ["a0", "a1", "a2", "a3"]
+    assert sorted(world.api.claims) == ["a0", "a1", "a2", "a3"]
 
 
 def test_claims_for_a_kueue_workload_name_it_renew_the_jobs_own_and_are_undone_on_an_error() -> (

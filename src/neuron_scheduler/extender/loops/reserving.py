@@ -486,6 +486,10 @@ class Reservations:
                 writes.append((grown, mine))
         if not await self._write_claims(job, writes):
             return False
+        # What a crash left half written elsewhere goes, or the job would keep it (claimed
+        # alongside a whole unit, such a node passes the rule and a member lands there: the job
+        # split over two units, the other one's node held for nothing).
+        await self._let_go_outside(job, planned.nodes)
         self._said.pop(job, None)
         if planned.slots:
             shown = ", ".join(
@@ -540,7 +544,8 @@ class Reservations:
         error, what it wrote is undone. Whether it claimed them."""
         now = self.wall_clock()
         writes: list[tuple[NodeClaim, NodeClaim | None]] = []  # (to write, what it replaces)
-        for node in sorted(self.occupancy.claimed(job)):
+        kept = set(planned.slots) | self._held_whole(job)
+        for node in sorted(self.occupancy.claimed(job) & kept):  # (the rest is let go below)
             mine = self.occupancy.claims[node]
             renewed = dataclasses.replace(
                 mine,
@@ -560,6 +565,7 @@ class Reservations:
                 writes.append((claim, None))
         if not await self._write_claims(job, writes):
             return False
+        await self._let_go_outside(job, planned.nodes)
         self._said.pop(job, None)
         self.occupancy.shortfalls.pop(job, None)
         log.info(
@@ -673,7 +679,7 @@ class Reservations:
     async def _let_go_outside(self, job: JobKey, nodes: Collection[str]) -> None:
         """Ends the job's claim on nodes neither in `nodes` nor in a unit it holds whole: what a
         crash left of an earlier attempt, which this one did not take again."""
-        held = {n for unit in self.occupancy.held_units(job) for n in self.occupancy.nodes_of(unit)}
+        held = self._held_whole(job)
         outside = [
             self.occupancy.claims[n]
             for n in sorted(self.occupancy.claimed(job))
@@ -682,6 +688,10 @@ class Reservations:
         if outside:
             why = "a crash left it half written, and it was planned anew"
             await self._release(job, outside, why)
+
+    def _held_whole(self, job: JobKey) -> set[str]:
+        """The nodes of the units the job holds whole."""
+        return {n for unit in self.occupancy.held_units(job) for n in self.occupancy.nodes_of(unit)}
 
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (
