@@ -468,6 +468,35 @@ async def test_a_half_written_claim_the_new_plan_leaves_out_is_let_go() -> None:
     assert world.stored("j") == ["c0", "c1", "c2", "c3"]
 
 
+async def test_claims_under_running_members_are_kept_when_their_unit_stops_being_whole() -> None:
+    """A job runs on units a and b; a replacement node joins b's UltraServer (5 nodes: no unit
+    any more) and one member is recreated. The plan goes to unit c, and what lies outside it is
+    let go, but never the claims under running members: released, those members ran outside any
+    claim, the job's claim never went Bound again, and when it expired every claim of the job
+    ended (found by the review of the change that lets go what lies outside a plan)."""
+    world = World(units=3)
+    members = world.job("j", 8)
+    await world.loop.step()
+    bound = [
+        world.bind(p, f"{u}{i}")
+        for (u, i), p in zip([(u, i) for u in "ab" for i in range(4)], members, strict=True)
+    ]
+    await world.loop.step()
+    world.delete(bound[7])  # on b3: its controller makes it again
+    again = world.member("j", 8, 8)
+    labels = {PREFIX + "mode": "1_2_4", PREFIX + "server-id-4": "b" * 16}
+    for view in (world.ledger, world.occupancy):
+        view.apply_node(node("b4", "trn2u.48xlarge", labels=labels))
+    await world.loop.step()
+    kept = ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
+    assert set(kept) <= set(world.claimed("j")), world.claimed("j")
+    world.bind(again, "c0")  # where the rule sends it
+    await world.loop.step()
+    world.now += 61
+    await world.loop.step()
+    assert set(kept) <= set(world.claimed("j")), world.claimed("j")
+
+
 async def test_claims_of_another_schedulers_jobs_are_its_extenders_to_tend() -> None:
     world = World()
     written = await world.api.create_claim(

@@ -123,7 +123,10 @@ def plan_preemption(
             if any(n in occupancy.rejected or unfit(n) is not None for n in nodes):
                 continue  # (a claim not read: not ours to take)
             near = list(occupancy.others(job, nodes))
-            if any(held and _held_for_admission(occupancy.claims.get(n)) for n, held, _ in near):
+            if any(
+                is_claim and _held_for_admission(occupancy.claims.get(n), now)
+                for n, is_claim, _ in near
+            ):
                 continue
             jobs = {other for _, _, other in near if other is not None}
             there = [p for n in sorted(nodes) for p in loose(n)]
@@ -266,12 +269,14 @@ def _priorities(occupancy: Occupancy) -> dict[JobKey, int]:
     return found
 
 
-def _held_for_admission(claim: NodeClaim | None) -> bool:
-    """A node Kueue's admission check claimed for a workload whose pods are not all bound yet
-    (docs/kueue.md: the block is the workload's, nobody else may take it, whatever their
-    priority). Its job has no member yet, so it counted as the lowest priority and a claim of it
-    was taken for any job that asked, leaving the admitted workload's pods without their block."""
-    return claim is not None and bool(claim.workload) and claim.phase == PENDING
+def _held_for_admission(claim: NodeClaim | None, now: float) -> bool:
+    """A node Kueue's admission check claimed for a workload whose pods are not all bound yet,
+    within its time (docs/kueue.md: the block is the workload's, nobody else may take it,
+    whatever their priority). Its job has no member yet, so it counted as the lowest priority
+    and a claim of it was taken for any job that asked, leaving the admitted workload's pods
+    without their block. (Expired, it protects nothing: another scheduler's, which this extender
+    does not end, would otherwise keep its unit from preemption for good.)"""
+    return claim is not None and claim.awaits_members(now)
 
 
 def _ran(started: float, now: float) -> float:

@@ -679,7 +679,7 @@ class Reservations:
     async def _let_go_outside(self, job: JobKey, nodes: Collection[str]) -> None:
         """Ends the job's claim on nodes neither in `nodes` nor in a unit it holds whole: what a
         crash left of an earlier attempt, which this one did not take again."""
-        held = self._held_whole(job)
+        held = self._held_whole(job) | self._with_members(job)
         outside = [
             self.occupancy.claims[n]
             for n in sorted(self.occupancy.claimed(job))
@@ -692,6 +692,15 @@ class Reservations:
     def _held_whole(self, job: JobKey) -> set[str]:
         """The nodes of the units the job holds whole."""
         return {n for unit in self.occupancy.held_units(job) for n in self.occupancy.nodes_of(unit)}
+
+    def _with_members(self, job: JobKey) -> set[str]:
+        """The nodes of the units where the job has members: never let go, even when the unit is
+        no longer whole (a node joined its UltraServer) and the plan goes elsewhere, or the
+        members there would run outside any claim, and the job's claims would end with them."""
+        found: set[str] = set()
+        for worker in self.occupancy.job_workers(job):
+            found |= self.occupancy.footprint(worker.node, worker.config)
+        return found
 
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (
