@@ -437,24 +437,12 @@ async def test_a_half_written_claim_is_completed_or_let_go() -> None:
     await world.loop.step()
     assert world.claimed("j") == ["a0", "a1", "a2", "a3"]
     # Another crash left half a claim on b, whose other nodes another job has now.
-    world2 = World()
-    written = await world2.api.create_claim(
-        to_object(NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world2.now, 60, "my-scheduler"))
-    )
-    world2.occupancy.apply_claim(written)
-    for i, pod in enumerate(world2.job("busy", 4)):
-        world2.bind(pod, f"a{i}")
-    world2.bind(world2.member("busy2", 0, 1), "b1")
-    world2.job("j", 4)
-    await world2.loop.step()
+    world2 = await left_on_b0_beside_busy_units(World())
     assert world2.claimed("j") == [] and world2.stored("j") == []
 
 
-async def test_a_half_written_claim_the_new_plan_leaves_out_is_let_go() -> None:
-    """A crash left the job's claim on b0 alone; unit b can no longer hold the job, unit c can.
-    The job claims c and lets b0 go: kept, b0 passed the rule beside the whole unit c, a member
-    landed there (the job split over two UltraServers) and b was held for nothing."""
-    world = World(units=3)
+async def left_on_b0_beside_busy_units(world: World) -> World:
+    """The job's claim on b0 alone (a crash), unit a full and b1 taken, then a step for the job."""
     written = await world.api.create_claim(
         to_object(NodeClaim("b0", ("ns", "j"), 4, 4, PENDING, world.now, 60, "my-scheduler"))
     )
@@ -464,6 +452,14 @@ async def test_a_half_written_claim_the_new_plan_leaves_out_is_let_go() -> None:
     world.bind(world.member("busy2", 0, 1), "b1")
     world.job("j", 4)
     await world.loop.step()
+    return world
+
+
+async def test_a_half_written_claim_the_new_plan_leaves_out_is_let_go() -> None:
+    """A crash left the job's claim on b0 alone; unit b can no longer hold the job, unit c can.
+    The job claims c and lets b0 go: kept, b0 passed the rule beside the whole unit c, a member
+    landed there (the job split over two UltraServers) and b was held for nothing."""
+    world = await left_on_b0_beside_busy_units(World(units=3))
     assert world.claimed("j") == ["c0", "c1", "c2", "c3"]
     assert world.stored("j") == ["c0", "c1", "c2", "c3"]
 
