@@ -648,6 +648,40 @@ def test_multi_container_and_init_container_pods(real: RealNode, namespace: str)
         assert init["metadata"]["annotations"]["NEURON_ALLOCATED"] == "true"
 
 
+def test_a_pod_never_shares_a_device_with_a_pod_placed_without_the_scheduler(
+    real: RealNode, namespace: str
+) -> None:
+    """kubelet keeps ids apart within one resource only. A pod bound straight to the node with 2
+    neuroncores gets cores 0 and 1, which no annotation records; the extender, knowing only that
+    2 cores are taken somewhere, annotates device 0 for a pod asking `neuron: 1`, and kubelet,
+    to which device 0 of `neuron` is free, offers it. The device plugin reads kubelet's pod
+    resources, steers kubelet to another device, and the correction records it."""
+    stray = pod_body(namespace, "stray", {NEURONCORE: 2})
+    stray["spec"]["nodeName"] = NODE
+    del stray["spec"]["schedulerName"], stray["spec"]["nodeSelector"]
+    create_at_once(real, [stray])
+    assert real.kubelet.held()[(namespace, "stray", "c0")] == {NEURONCORE: [0, 1]}
+
+    create_at_once(real, [pod_body(namespace, "device", {NEURON: 1})])
+    assert not shared_cores(real), shared_cores(real)
+
+    def corrections() -> list[str]:
+        listed = real.events(namespace, CORRECTED)
+        return [e["message"] for e in listed if e["involvedObject"]["name"] == "device"]
+
+    wait_for(corrections, "the device pod's annotations corrected", PATIENCE)
+    (message,) = corrections()
+    assert "through another Neuron resource" in message, message
+    holds = real.kubelet.held()[(namespace, "device", "c0")][NEURON]
+    assert holds != [0]
+    pod = real.pod(namespace, "device")
+    assert annotated(pod) == {"c0": holds}
+    assert visible_cores(created(real, namespace, "device")["c0"]) == list(
+        cores_of_devices(holds, CORES_PER_DEVICE)
+    )
+    assert f"{namespace}/device container c0 gets device" in real.log()
+
+
 @pytest.fixture(scope="module")
 def peer_binary() -> Path:
     result = subprocess.run(

@@ -17,9 +17,9 @@ from neuron_scheduler.deviceplugin.admission import (
     arrival,
     version_rank,
 )
-from neuron_scheduler.deviceplugin.assigning import Assigner, ContainerRequest
+from neuron_scheduler.deviceplugin.assigning import AllocationError, Assigner, ContainerRequest
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
-from neuron_scheduler.deviceplugin.holdings import HoldingsError, KubeletHoldings
+from neuron_scheduler.deviceplugin.holdings import HoldingsError, KubeletHoldings, kubelet_view
 from neuron_scheduler.deviceplugin.inventory import DeviceHealth
 from neuron_scheduler.deviceplugin.matching import (
     Matched,
@@ -49,7 +49,7 @@ def pending(name: str, ids: str, *, version: str, created: str = "2026-11-25T10:
 
 
 def kubelet_lists(*pods: tuple[str, dict[str, dict[str, list[str]]]]) -> KubeletView:
-    return KubeletView(held(*pods).pods)
+    return kubelet_view(held(*pods))
 
 
 def prefer(pods: list[Pod], kubelet: KubeletView, available: list[int] = EVERY_CORE) -> object:
@@ -264,4 +264,88 @@ async def test_kubelet_start_takes_the_pods_bound_by_then_as_its_batch() -> None
     assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["2", "3"]]
     await subject.kubelet_started()
     assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["0", "1"]]
+    await subject.close()
+
+
+# --- ids another pod holds through another resource ----------------------------------------------
+# kubelet keeps ids apart within one resource only: to it, device 0 of `neuron` and cores 0-3 of
+# `neuroncore` are unrelated. A pod placed without the scheduler holds ids no annotation records.
+
+
+def device_pod(name: str, ids: str, version: str = "20") -> Pod:
+    return pod(name, {"main": ids}, resource=NEURON, version=version, allocated=False)
+
+
+def decide_devices(pods: list[Pod], ids: list[int], kubelet: KubeletView) -> object:
+    view = node_view(pods, NODE, INF1)
+    return decide_allocation(view, Unit.DEVICE, ids, 4, INF1, frozenset(), kubelet)
+
+
+def test_annotated_ids_another_pod_holds_through_another_resource_are_refused() -> None:
+    d = device_pod("d", "0")
+    kubelet = kubelet_lists(("stray", {"main": cores(1, 2)}), ("d", {"main": {}}))
+    refused = decide_devices([d], [0], kubelet)
+    assert isinstance(refused, Rejected)
+    assert "pod ns/d container main" in refused.message
+    assert "ns/stray holds cores 1,2" in refused.message and "my-scheduler" in refused.message
+    # Ids no assignment names are refused the same way, and accepted where nobody is.
+    assert isinstance(decide_devices([], [0], kubelet), Rejected)
+    assert not isinstance(decide_devices([d], [1], kubelet), Rejected)
+    # Without pod resources nothing is known of them.
+    assert isinstance(decide_devices([d], [0], KubeletView()), Matched)
+
+
+def test_a_pods_own_listed_ids_are_its_own_unless_its_name_is_listed_twice() -> None:
+    # Whatever kubelet asks for a pod, the ids it lists for that pod never count against it.
+    admitted = pod("admitted", {"main": "4,5"}, version="3")
+    kubelet = kubelet_lists(("admitted", {"main": cores(4, 5)}), ("other", {"main": cores(8)}))
+    assert kubelet.held_elsewhere(("ns", "admitted"), 4) == {"ns/other": 1 << 8}
+    again = decide([admitted], [4, 5], kubelet)
+    assert isinstance(again, Matched) and again.again
+    # An older pod of the same name still holds device 0 while the new one is admitted.
+    new = device_pod("p", "0")
+    twice = kubelet_lists(("p", {"main": cores(0, 1)}), ("p", {"main": {}}))
+    assert twice.shadowed == {("ns", "p"): {NEURONCORE: frozenset({0, 1})}}
+    refused = decide_devices([new], [0], twice)
+    assert isinstance(refused, Rejected) and "ns/p holds cores 0,1" in refused.message
+
+
+def test_the_preference_steers_kubelet_off_ids_another_pod_holds() -> None:
+    d = device_pod("d", "0")
+    kubelet = kubelet_lists(("stray", {"main": cores(0, 1)}), ("d", {"main": {}}))
+    view = node_view([d], NODE, INF1)
+    choice = preferred_ids(view, Unit.DEVICE, [0, 1, 2, 3], [], 1, 4, INF1, (), kubelet)
+    assert choice.slot is not None and choice.slot.pod == "ns/d" and choice.withheld
+    assert choice.ids != (0,)
+    # kubelet admits a pod placed without the scheduler: it is steered off them too.
+    stranger = kubelet_lists(("stray", {"main": cores(0, 1)}), ("other", {"main": {}}))
+    choice = preferred_ids(node_view([], NODE, INF1), Unit.CORE, EVERY_CORE, [], 2, 4, INF1)
+    assert choice.ids == (0, 1)  # nothing known: kubelet's first
+    choice = preferred_ids(
+        node_view([], NODE, INF1), Unit.CORE, EVERY_CORE, [], 2, 4, INF1, (), stranger
+    )
+    assert not set(choice.ids) & {0, 1}
+
+
+async def test_a_pod_steered_off_another_pods_ids_runs_and_its_annotations_are_corrected() -> None:
+    pods = Pods([device_pod("d", "0")])
+    kubelet = FakeLister(held(("stray", {"main": cores(0, 1)}), ("d", {"main": {}})))
+    subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
+    every = ("0", "1", "2", "3")
+    # Had kubelet ignored the preference, device 0 is refused: two pods would share its cores.
+    with pytest.raises(AllocationError, match="ns/stray holds cores 0,1"):
+        await subject.allocate(NEURON, Unit.DEVICE, [["0"]])
+    (ids,) = await subject.preferred(Unit.DEVICE, [ContainerRequest(every, (), 1)])
+    assert ids != ["0"]
+    await subject.allocate(NEURON, Unit.DEVICE, [ids])
+    record = subject.withheld[("uid-d", "main")]
+    assert record.cause is WithheldCause.HELD_ELSEWHERE and record.annotated == (0,)
+
+    kubelet.answer = held(("stray", {"main": cores(0, 1)}), ("d", {"main": {NEURON: ids}}))
+    fixer = corrector(pods, kubelet)
+    fixer.withheld = subject.withheld
+    await fixer.reconcile()
+    (event,) = pods.events
+    assert event[1] == CORRECTED and "through another Neuron resource" in event[2]
+    assert pods.pods["d"].metadata.annotations["AWS_NEURON_IDS"] == ids[0]
     await subject.close()

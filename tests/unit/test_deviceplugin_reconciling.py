@@ -133,6 +133,8 @@ def test_a_pod_listed_twice_is_ambiguous_and_dropped() -> None:
     found = held(("p", {"main": cores(0, 1)}), ("p", {"main": cores(2, 3)}), ("q", {}))
     assert found.ambiguous == {("ns", "p")}
     assert set(found.pods) == {("ns", "q")}
+    # What the two pods of that name hold still counts against every other pod.
+    assert found.shadowed == {("ns", "p"): {NEURONCORE: frozenset({0, 1, 2, 3})}}
 
 
 @pytest.mark.parametrize("ids", [["x"], ["-1"], ["1", "1"], [str(i) for i in range(2000)]], ids=str)

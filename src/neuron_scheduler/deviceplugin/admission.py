@@ -42,15 +42,19 @@ then by kubelet's own order.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from neuron_scheduler.core.ids import core_mask_of_devices
 from neuron_scheduler.core.resources import RESOURCE_UNITS, Unit
+from neuron_scheduler.core.topology import MAX_CORES
 from neuron_scheduler.kube.objects import Pod
 
 # (namespace, name) -> container -> resource -> ids: one pod resources List answer, our resources.
 Listing = Mapping[tuple[str, str], Mapping[str, Mapping[str, Sequence[int]]]]
+# (namespace, name) -> resource -> ids: what the pods of a name kubelet lists twice hold together.
+Shadowed = Mapping[tuple[str, str], Mapping[str, Iterable[int]]]
 
 # Beyond any etcd revision or epoch second: what cannot be read ranks last.
 UNRANKED = 1 << 63
@@ -105,11 +109,40 @@ def _epoch(stamp: str | None) -> int:
 @dataclass(frozen=True, slots=True)
 class KubeletView:
     """What the plugin knows of kubelet while it asks: its pod resources (None when they could not
-    be read) and the pods of its start batch (uids; the pods that were bound when the plugin saw
-    it start)."""
+    be read), the pods of its start batch (uids; the pods that were bound when the plugin saw
+    it start), and the ids held under names kubelet lists twice (`listed` names them with no
+    containers: which of the two holds what is unknown)."""
 
     listed: Listing | None = None
     batch: frozenset[str] = frozenset()
+    shadowed: Shadowed = field(default_factory=dict)
+
+    def held_elsewhere(self, pod: tuple[str, str] | None, cores_per_device: int) -> dict[str, int]:
+        """The cores (mask) that kubelet says the containers of each pod other than `pod` hold,
+        in any of our resources, by "namespace/name"; empty when pod resources were not read.
+
+        kubelet keeps ids apart within one resource only: device 0 given through `neuron` and
+        cores 0 and 1 through `neuroncore` are, to it, unrelated. A pod placed without the
+        scheduler has ids no annotation records, so this is the one place that knows them.
+        `pod`, the one kubelet admits, holds its own ids; a name listed twice counts whole, as
+        the older pod of that name is still there."""
+        if self.listed is None:
+            return {}
+        held: dict[str, int] = {}
+        for (namespace, name), containers in self.listed.items():
+            if (namespace, name) == pod:
+                continue
+            mask = 0
+            for resources in containers.values():
+                mask |= cores_held(resources, cores_per_device)
+            if mask:
+                held[f"{namespace}/{name}"] = mask
+        for (namespace, name), together in self.shadowed.items():
+            mask = cores_held(together, cores_per_device)
+            if mask:
+                key = f"{namespace}/{name}"
+                held[key] = held.get(key, 0) | mask
+        return held
 
     def stage(self, pod: Arrival, container: str, init: bool, unit: Unit) -> Stage:
         if self.listed is None:
@@ -147,6 +180,22 @@ class KubeletView:
 UNREAD = KubeletView()
 
 
+def cores_held(resources: Mapping[str, Iterable[int]], cores_per_device: int) -> int:
+    """The cores (mask) that ids of our resources stand for; ids no node has are left out, so
+    that no answer can make a mask of any size."""
+    cores = 0
+    devices = 0
+    for name, ids in resources.items():
+        unit = RESOURCE_UNITS.get(name)
+        for i in ids:
+            if 0 <= i < MAX_CORES:
+                if unit is Unit.CORE:
+                    cores |= 1 << i
+                elif unit is Unit.DEVICE:
+                    devices |= 1 << i
+    return cores | core_mask_of_devices(devices, cores_per_device)
+
+
 def _holds(resources: Mapping[str, Sequence[int]], unit: Unit) -> bool:
     return any(ids for name, ids in resources.items() if RESOURCE_UNITS.get(name) is unit)
 
@@ -157,6 +206,9 @@ class WithheldCause(enum.StrEnum):
     FAILED = "failed"  # one of them is on a device this plugin reports unhealthy
     RESTART = "restart"  # a restarted kubelet still counts a deleted pod's ids until its start
     IN_USE = "in_use"  # kubelet counted them as another pod's at that moment
+    # Offered, but another pod's containers hold them through another resource (kubelet keeps
+    # ids apart within one resource only); the plugin steered kubelet to other ids.
+    HELD_ELSEWHERE = "held_elsewhere"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from neuron_scheduler.core.resources import Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld, WithheldCause
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
-from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader
+from neuron_scheduler.deviceplugin.holdings import HoldingsError, HoldingsReader, kubelet_view
 from neuron_scheduler.deviceplugin.matching import (
     ALLOCATED_CONTAINERS,
     AnnotatedPod,
@@ -37,8 +37,10 @@ from neuron_scheduler.deviceplugin.matching import (
     Rejected,
     Slot,
     Unclaimed,
+    cores_of,
     decide_allocation,
     failed_among,
+    held_elsewhere,
     kubelet_ids,
     node_view,
     preferred_ids,
@@ -220,9 +222,7 @@ class Assigner:
                 "admission order"
             )
             return KubeletView(None, self._batch)
-        # A name kubelet lists twice is an old and a new pod: listed, with no ids known.
-        listed = {**held.pods, **{key: {} for key in held.ambiguous}}
-        return KubeletView(listed, self._batch)
+        return kubelet_view(held, self._batch)
 
     async def kubelet_started(self) -> None:
         """A new kubelet registered: the pods bound now reach it in one batch, in its own order."""
@@ -281,15 +281,18 @@ class Assigner:
                 taken.append((slot.uid, slot.container))
                 total = len(self.state.advertised(unit))
                 self._offers[(slot.uid, slot.container)] = (len(available), total)
+                held = set(slot.ids) <= set(available)  # offered: another pod holds them
                 log.warning(
-                    "kubelet is admitting %s container %s but did not offer its annotated %s %s "
-                    "(it offered %d of %d); preferring %s",
+                    "kubelet is admitting %s container %s but %s its annotated %s %s (%s); "
+                    "preferring %s",
                     slot.pod,
                     slot.container,
+                    "offers another pod's cores as" if held else "did not offer",
                     unit.value,
                     format_ids(list(slot.ids)),
-                    len(available),
-                    total,
+                    "held through another Neuron resource"
+                    if held
+                    else f"it offered {len(available)} of {total}",
                     format_ids(list(ids)),
                 )
             elif slot is not None:
@@ -375,7 +378,7 @@ class Assigner:
                         visible,
                     )
                     if decision.substitute:
-                        self._substituted(unit, slot, ids)
+                        self._substituted(unit, slot, ids, kubelet)
                     if not decision.again:
                         self._handed_out.add((slot.uid, slot.container))
                         marks.append(decision.holding)
@@ -390,20 +393,29 @@ class Assigner:
         """The devices (mask) this plugin reports failed to kubelet now."""
         return ids_mask(i for i, h in self.state.health.items() if not h.healthy)
 
-    def _substituted(self, unit: Unit, slot: Slot, ids: Sequence[int]) -> None:
+    def _substituted(
+        self, unit: Unit, slot: Slot, ids: Sequence[int], kubelet: KubeletView
+    ) -> None:
         key = (slot.uid, slot.container)
         offered, total = self._offers.pop(key, (None, None))
-        failed = failed_among(unit, slot.ids, self.unhealthy_devices(), self.state.cores_per_device)
+        per_device = self.state.cores_per_device
+        failed = failed_among(unit, slot.ids, self.unhealthy_devices(), per_device)
+        annotated = cores_of(unit, slot.ids, per_device)
         if failed:
-            cause, why = WithheldCause.FAILED, f"device {format_ids(list(failed))} failed"
+            cause = WithheldCause.FAILED
+            why = f"kubelet did not offer them: device {format_ids(list(failed))} failed"
+        elif held_elsewhere(kubelet, slot, per_device) & annotated:
+            cause = WithheldCause.HELD_ELSEWHERE
+            why = "another pod's containers hold them through another Neuron resource"
         elif slot.uid in self._batch:
-            cause, why = WithheldCause.RESTART, "the restarted kubelet still counted them in use"
+            cause = WithheldCause.RESTART
+            why = "kubelet did not offer them: the restarted kubelet still counted them in use"
         else:
-            cause, why = WithheldCause.IN_USE, "kubelet counted them as in use"
+            cause, why = WithheldCause.IN_USE, "kubelet did not offer them: it counted them in use"
         self.withheld[key] = Withheld(tuple(slot.ids), offered, total, cause, failed)
         log.warning(
-            "%s container %s gets %s %s instead of its annotated %s: kubelet did not offer "
-            "them (%s); the annotations will be corrected from kubelet's pod resources",
+            "%s container %s gets %s %s instead of its annotated %s (%s); the annotations will "
+            "be corrected from kubelet's pod resources",
             slot.pod,
             slot.container,
             unit.value,

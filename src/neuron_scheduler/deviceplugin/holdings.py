@@ -18,6 +18,7 @@ from typing import Protocol
 import grpc
 
 from neuron_scheduler.core.topology import MAX_CORES
+from neuron_scheduler.deviceplugin.admission import KubeletView
 from neuron_scheduler.deviceplugin.matching import kubelet_ids
 from neuron_scheduler.deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc
 
@@ -42,12 +43,20 @@ class HoldingsError(Exception):
 @dataclass(frozen=True, slots=True)
 class KubeletHoldings:
     """One `List` answer: each pod's containers and the ids of our resources they hold. A pod
-    listed twice (an old and a new pod of the same name, both still active) is `ambiguous`, and
-    none of its entries is kept."""
+    listed twice (an old and a new pod of the same name, both still active) is `ambiguous`: none
+    of its entries is kept in `pods`, and `shadowed` has what its entries hold together."""
 
     pods: dict[PodKey, ContainerIds] = field(default_factory=dict)
     ambiguous: frozenset[PodKey] = frozenset()
     skipped: tuple[str, ...] = ()  # what was left out and why
+    shadowed: dict[PodKey, dict[str, frozenset[int]]] = field(default_factory=dict)
+
+
+def kubelet_view(held: KubeletHoldings, batch: frozenset[str] = frozenset()) -> KubeletView:
+    """What a `List` answer tells about kubelet's admission: a name it lists twice is an old and
+    a new pod, listed with no ids known, and what they hold together is `shadowed`."""
+    listed = {**held.pods, **{key: {} for key in held.ambiguous}}
+    return KubeletView(listed, batch, held.shadowed)
 
 
 class HoldingsReader(Protocol):
@@ -61,7 +70,7 @@ def _name_ok(name: str) -> bool:
 def holdings_of(pods: Iterable[api_pb2.PodResources], resources: frozenset[str]) -> KubeletHoldings:
     """The answer's ids for `resources`, bounded and checked."""
     found: dict[PodKey, ContainerIds] = {}
-    seen: set[PodKey] = set()
+    every: dict[PodKey, list[ContainerIds]] = {}
     ambiguous: set[PodKey] = set()
     skipped: list[str] = []
     for count, pod in enumerate(pods):
@@ -72,15 +81,28 @@ def holdings_of(pods: Iterable[api_pb2.PodResources], resources: frozenset[str])
         if not (_name_ok(pod.namespace) and _name_ok(pod.name)):
             skipped.append("a pod with an unusable name")
             continue
-        if key in seen:
+        containers = _containers(pod, resources, skipped)
+        if key in every:
             ambiguous.add(key)
             found.pop(key, None)
-            continue
-        seen.add(key)
-        containers = _containers(pod, resources, skipped)
+        else:
+            every[key] = []
+            if containers is not None:
+                found[key] = containers
         if containers is not None:
-            found[key] = containers
-    return KubeletHoldings(found, frozenset(ambiguous), tuple(skipped))
+            every[key].append(containers)
+    shadowed = {key: _together(every[key]) for key in ambiguous}
+    return KubeletHoldings(found, frozenset(ambiguous), tuple(skipped), shadowed)
+
+
+def _together(entries: Iterable[ContainerIds]) -> dict[str, frozenset[int]]:
+    """Resource -> every id the containers of these entries hold."""
+    ids: dict[str, set[int]] = {}
+    for containers in entries:
+        for resources in containers.values():
+            for resource, held in resources.items():
+                ids.setdefault(resource, set()).update(held)
+    return {resource: frozenset(held) for resource, held in ids.items()}
 
 
 def _containers(

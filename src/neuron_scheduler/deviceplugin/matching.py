@@ -307,7 +307,53 @@ def decide_allocation(
     handed_out: (pod uid, container) pairs this process gave ids to but whose annotation may not
     show it yet (the patch failed or is in flight); unhealthy: devices (mask) this plugin
     reports failed, named when they are why a pod cannot get its ids.
+
+    Whatever the match, ids whose cores kubelet's pod resources show in another pod's containers
+    are refused: kubelet keeps ids apart within one resource only, so a `neuron` pod can be
+    offered the device whose cores a `neuroncore` pod placed without the scheduler runs on.
     """
+    decision = _match(view, unit, ids, cores_per_device, topology, handed_out, kubelet, unhealthy)
+    if isinstance(decision, Rejected):
+        return decision
+    pod = (
+        (decision.slot.arrival.namespace, decision.slot.arrival.name)
+        if isinstance(decision, Matched)
+        else None
+    )
+    held = kubelet.held_elsewhere(pod, cores_per_device)
+    mask = cores_of(unit, ids, cores_per_device)
+    holders = [(owner, cores & mask) for owner, cores in sorted(held.items()) if cores & mask]
+    if not holders:
+        return decision
+    owners = "; ".join(
+        f"{loggable(owner)} holds {_ids_text(Unit.CORE, mask_ids(cores))}"
+        for owner, cores in holders[:3]
+    )
+    whom = (
+        f"pod {decision.slot.pod} container {decision.slot.container}"
+        if isinstance(decision, Matched)
+        else "a container no pod's assignment names"
+    )
+    return Rejected(
+        f"kubelet offered {_ids_text(unit, ids)} to {whom}, but kubelet's pod resources show "
+        f"other pods' containers on them ({owners}). kubelet keeps ids apart within one Neuron "
+        "resource only, so it cannot see that these are the same cores; a pod placed without "
+        f"the neuron scheduler holds ids the scheduler does not know. {SCHEDULER_HINT}; the pod "
+        "can run once the scheduler places it again (delete it; its controller recreates it)."
+    )
+
+
+def _match(
+    view: NodeView,
+    unit: Unit,
+    ids: Sequence[int],
+    cores_per_device: int,
+    topology: Topology,
+    handed_out: frozenset[tuple[str, str]],
+    kubelet: KubeletView,
+    unhealthy: int,
+) -> Match:
+    """Whose container `ids` are for, by the annotations and kubelet's admission."""
     wanted = set(ids)
     exact = [(slot, holding) for slot, holding in view.slots(unit) if set(slot.ids) == wanted]
 
@@ -544,17 +590,33 @@ def preferred_ids(
             key=lambda slot: slot.order(unit, kubelet),
         )
     for slot in candidates:
-        if offered.issuperset(slot.ids) and required.issubset(slot.ids):
+        elsewhere = held_elsewhere(kubelet, slot, cores_per_device)
+        free = not cores_of(unit, slot.ids, cores_per_device) & elsewhere
+        if offered.issuperset(slot.ids) and required.issubset(slot.ids) and free:
             return Preference(tuple(slot.ids), slot)
-        if kubelet.listed is not None and not offered.issuperset(slot.ids):
-            # kubelet is admitting this very container and does not offer its ids: any legal
-            # set of what it offers, its own annotated ids among them.
+        if kubelet.listed is not None and not (offered.issuperset(slot.ids) and free):
+            # kubelet is admitting this very container and does not offer its ids, or another
+            # pod holds them through another resource: any legal set of what it offers that
+            # nobody holds, its own annotated ids among them.
             fallback = _fallback(
-                view, unit, offered, required, size, cores_per_device, topology, slot.uid
+                view, unit, offered, required, size, cores_per_device, topology, slot.uid, elsewhere
             )
             return Preference(fallback, slot, withheld=True)
-    fallback = _fallback(view, unit, offered, required, size, cores_per_device, topology)
+    elsewhere = held_elsewhere(kubelet, None, cores_per_device)
+    fallback = _fallback(
+        view, unit, offered, required, size, cores_per_device, topology, avoid=elsewhere
+    )
     return Preference(fallback, None)
+
+
+def held_elsewhere(kubelet: KubeletView, slot: Slot | None, cores_per_device: int) -> int:
+    """The cores (mask) kubelet's pod resources show in the containers of pods other than the
+    slot's (of every pod when there is no slot)."""
+    pod = (slot.arrival.namespace, slot.arrival.name) if slot is not None else None
+    mask = 0
+    for cores in kubelet.held_elsewhere(pod, cores_per_device).values():
+        mask |= cores
+    return mask
 
 
 def _fallback(
@@ -566,11 +628,13 @@ def _fallback(
     cores_per_device: int,
     topology: Topology,
     own: str = "",
+    avoid: int = 0,
 ) -> tuple[int, ...]:
     """The best legal set of `size` among the offered ids that holds no other pod's ids; `own`:
-    the uid of the pod being admitted, whose annotated ids are its to take."""
+    the uid of the pod being admitted, whose annotated ids are its to take; `avoid`: cores
+    (mask) other pods hold that no annotation shows."""
     everything = range(topology.total_cores if unit is Unit.CORE else topology.devices)
-    used = cores_of(unit, (i for i in everything if i not in offered), cores_per_device)
+    used = avoid | cores_of(unit, (i for i in everything if i not in offered), cores_per_device)
     for holding in view.holdings:
         if holding.uid != own:
             used |= holding.core_mask

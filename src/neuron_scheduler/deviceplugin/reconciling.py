@@ -203,6 +203,11 @@ def _compare(
             )
         elif record is not None and record.cause is WithheldCause.IN_USE:
             cause = "kubelet counted them as in use when it admitted this pod"
+        elif record is not None and record.cause is WithheldCause.HELD_ELSEWHERE:
+            cause = (
+                "another pod's containers held them through another Neuron resource (a pod "
+                "placed without the neuron scheduler, whose ids the scheduler does not know)"
+            )
         else:
             cause = (
                 "it still counted them as in use (after a restart it holds the devices of pods "
