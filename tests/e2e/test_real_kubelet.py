@@ -679,6 +679,11 @@ def test_a_pod_never_shares_a_device_with_a_pod_placed_without_the_scheduler(
     assert visible_cores(created(real, namespace, "device")["c0"]) == list(
         cores_of_devices(holds, CORES_PER_DEVICE)
     )
+    # The extender had annotated device 0, which kubelet offered.
+    assert (
+        f"kubelet is admitting {namespace}/device container c0 but offers another pod's cores "
+        "as its annotated device 0 (held through another Neuron resource)"
+    ) in real.log()
     assert f"{namespace}/device container c0 gets device" in real.log()
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from neuron_scheduler.core.resources import NEURON, NEURONCORE, Unit
+from neuron_scheduler.core.resources import NEURON, NEURONCORE, NEURONDEVICE, Unit
 from neuron_scheduler.deviceplugin.admission import (
     UNRANKED,
     KubeletView,
@@ -211,7 +211,7 @@ async def test_withheld_ids_end_in_an_event_that_says_so(caplog: pytest.LogCaptu
     subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
     offered = tuple(str(i) for i in range(4, 16))
     with caplog.at_level(logging.WARNING, "neuron_scheduler.deviceplugin"):
-        (ids,) = await subject.preferred(Unit.CORE, [ContainerRequest(offered, (), 2)])
+        (ids,) = await subject.preferred(NEURONCORE, [ContainerRequest(offered, (), 2)])
     assert "kubelet is admitting ns/a container main but did not offer its annotated core 0,1 " in (
         caplog.text
     )
@@ -248,7 +248,7 @@ async def test_an_unreadable_pod_resources_socket_falls_back_to_the_order(
     every = tuple(str(i) for i in range(16))
     with caplog.at_level(logging.WARNING, "neuron_scheduler.deviceplugin"):
         for _ in range(2):
-            assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [
+            assert await subject.preferred(NEURONCORE, [ContainerRequest(every, (), 2)]) == [
                 ["0", "1"]
             ]
     assert caplog.text.count("cannot ask kubelet which pod it is admitting") == 1
@@ -261,9 +261,9 @@ async def test_kubelet_start_takes_the_pods_bound_by_then_as_its_batch() -> None
     pods = Pods([older, newer])
     subject = Assigner(pods, NODE, inf1())  # type: ignore[arg-type]
     every = tuple(str(i) for i in range(16))
-    assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["2", "3"]]
+    assert await subject.preferred(NEURONCORE, [ContainerRequest(every, (), 2)]) == [["2", "3"]]
     await subject.kubelet_started()
-    assert await subject.preferred(Unit.CORE, [ContainerRequest(every, (), 2)]) == [["0", "1"]]
+    assert await subject.preferred(NEURONCORE, [ContainerRequest(every, (), 2)]) == [["0", "1"]]
     await subject.close()
 
 
@@ -299,7 +299,7 @@ def test_a_pods_own_listed_ids_are_its_own_unless_its_name_is_listed_twice() -> 
     # Whatever kubelet asks for a pod, the ids it lists for that pod never count against it.
     admitted = pod("admitted", {"main": "4,5"}, version="3")
     kubelet = kubelet_lists(("admitted", {"main": cores(4, 5)}), ("other", {"main": cores(8)}))
-    assert kubelet.held_elsewhere(("ns", "admitted"), 4) == {"ns/other": 1 << 8}
+    assert kubelet.held_elsewhere(("ns", "admitted"), 4, NEURONCORE) == {"ns/other": 1 << 8}
     again = decide([admitted], [4, 5], kubelet)
     assert isinstance(again, Matched) and again.again
     # An older pod of the same name still holds device 0 while the new one is admitted.
@@ -308,6 +308,22 @@ def test_a_pods_own_listed_ids_are_its_own_unless_its_name_is_listed_twice() -> 
     assert twice.shadowed == {("ns", "p"): {NEURONCORE: frozenset({0, 1})}}
     refused = decide_devices([new], [0], twice)
     assert isinstance(refused, Rejected) and "ns/p holds cores 0,1" in refused.message
+
+
+def test_a_device_held_through_neuron_is_not_given_through_neurondevice() -> None:
+    # Both are devices: the ids match a's slice exactly, but a holds them through `neuron`.
+    a = pod("a", {"main": "0"}, resource=NEURON, version="3")
+    kubelet = kubelet_lists(("a", {"main": {NEURON: ["0"]}}), ("stray", {"main": {}}))
+    view = node_view([a], NODE, INF1)
+    refused = decide_allocation(
+        view, Unit.DEVICE, [0], 4, INF1, frozenset(), kubelet, resource=NEURONDEVICE
+    )
+    assert isinstance(refused, Rejected) and "ns/a holds cores 0-3" in refused.message
+    # Through `neuron` they are a's own: kubelet asks again for it.
+    again = decide_allocation(
+        view, Unit.DEVICE, [0], 4, INF1, frozenset(), kubelet, resource=NEURON
+    )
+    assert isinstance(again, Matched) and again.again
 
 
 def test_the_preference_steers_kubelet_off_ids_another_pod_holds() -> None:
@@ -335,7 +351,7 @@ async def test_a_pod_steered_off_another_pods_ids_runs_and_its_annotations_are_c
     # Had kubelet ignored the preference, device 0 is refused: two pods would share its cores.
     with pytest.raises(AllocationError, match="ns/stray holds cores 0,1"):
         await subject.allocate(NEURON, Unit.DEVICE, [["0"]])
-    (ids,) = await subject.preferred(Unit.DEVICE, [ContainerRequest(every, (), 1)])
+    (ids,) = await subject.preferred(NEURON, [ContainerRequest(every, (), 1)])
     assert ids != ["0"]
     await subject.allocate(NEURON, Unit.DEVICE, [ids])
     record = subject.withheld[("uid-d", "main")]
@@ -346,6 +362,25 @@ async def test_a_pod_steered_off_another_pods_ids_runs_and_its_annotations_are_c
     fixer.withheld = subject.withheld
     await fixer.reconcile()
     (event,) = pods.events
-    assert event[1] == CORRECTED and "through another Neuron resource" in event[2]
+    assert event[1] == CORRECTED
+    assert event[2].startswith(
+        "kubelet offered the annotated ids, but another pod's containers held them through "
+        f"another Neuron resource (kubelet keeps ids apart within one resource only); the device "
+        f"plugin gave a legal set of what it offered instead: container main holds device "
+        f"{ids[0]}, not the annotated 0."
+    ), event[2]
     assert pods.pods["d"].metadata.annotations["AWS_NEURON_IDS"] == ids[0]
+    await subject.close()
+
+
+async def test_ids_another_pod_holds_through_the_same_resource_are_kubelets_to_withhold() -> None:
+    # kubelet itself keeps them apart: it does not offer them, and the cause says so.
+    pods = Pods([pending("a", "0,1", version="10")])
+    kubelet = FakeLister(held(("stray", {"main": cores(0, 1)}), ("a", {"main": {}})))
+    subject = Assigner(pods, NODE, inf1(), kubelet=kubelet)  # type: ignore[arg-type]
+    offered = tuple(str(i) for i in range(2, 16))
+    (ids,) = await subject.preferred(NEURONCORE, [ContainerRequest(offered, (), 2)])
+    await subject.allocate(NEURONCORE, Unit.CORE, [ids])
+    record = subject.withheld[("uid-a", "main")]
+    assert record.cause is WithheldCause.IN_USE and record.offered == 14
     await subject.close()

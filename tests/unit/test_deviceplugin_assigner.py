@@ -140,7 +140,7 @@ async def test_preference_survives_an_unreachable_api() -> None:
     pods = MemoryPods([])
     pods.list_failures = 1
     answers = await assigner(pods).preferred(
-        Unit.CORE, [ContainerRequest(tuple(str(c) for c in range(24)), (), 2)]
+        NEURONCORE, [ContainerRequest(tuple(str(c) for c in range(24)), (), 2)]
     )
     assert len(answers[0]) == 2
 

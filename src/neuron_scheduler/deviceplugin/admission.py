@@ -117,31 +117,39 @@ class KubeletView:
     batch: frozenset[str] = frozenset()
     shadowed: Shadowed = field(default_factory=dict)
 
-    def held_elsewhere(self, pod: tuple[str, str] | None, cores_per_device: int) -> dict[str, int]:
-        """The cores (mask) that kubelet says the containers of each pod other than `pod` hold,
-        in any of our resources, by "namespace/name"; empty when pod resources were not read.
+    def held_elsewhere(
+        self,
+        pod: tuple[str, str] | None,
+        cores_per_device: int,
+        resource: str,
+        *,
+        across: bool = False,
+    ) -> dict[str, int]:
+        """The cores (mask) that kubelet says the containers of each pod hold, in any of our
+        resources, by "namespace/name"; empty when pod resources were not read.
 
         kubelet keeps ids apart within one resource only: device 0 given through `neuron` and
         cores 0 and 1 through `neuroncore` are, to it, unrelated. A pod placed without the
         scheduler has ids no annotation records, so this is the one place that knows them.
-        `pod`, the one kubelet admits, holds its own ids; a name listed twice counts whole, as
-        the older pod of that name is still there."""
+        What `pod`, the one kubelet admits for `resource`, holds through `resource` is its own
+        and left out. `across`: only what is held through other resources than `resource`,
+        which kubelet itself cannot see. A name listed twice counts whole: an older pod of that
+        name still holds its ids."""
         if self.listed is None:
             return {}
         held: dict[str, int] = {}
-        for (namespace, name), containers in self.listed.items():
-            if (namespace, name) == pod:
-                continue
+        for key, containers in self.listed.items():
+            mine = resource if across or key == pod else None
             mask = 0
             for resources in containers.values():
-                mask |= cores_held(resources, cores_per_device)
+                mask |= cores_held(resources, cores_per_device, mine)
             if mask:
-                held[f"{namespace}/{name}"] = mask
-        for (namespace, name), together in self.shadowed.items():
-            mask = cores_held(together, cores_per_device)
+                held[f"{key[0]}/{key[1]}"] = mask
+        for key, together in self.shadowed.items():
+            mask = cores_held(together, cores_per_device, resource if across else None)
             if mask:
-                key = f"{namespace}/{name}"
-                held[key] = held.get(key, 0) | mask
+                name = f"{key[0]}/{key[1]}"
+                held[name] = held.get(name, 0) | mask
         return held
 
     def stage(self, pod: Arrival, container: str, init: bool, unit: Unit) -> Stage:
@@ -180,12 +188,16 @@ class KubeletView:
 UNREAD = KubeletView()
 
 
-def cores_held(resources: Mapping[str, Iterable[int]], cores_per_device: int) -> int:
-    """The cores (mask) that ids of our resources stand for; ids no node has are left out, so
-    that no answer can make a mask of any size."""
+def cores_held(
+    resources: Mapping[str, Iterable[int]], cores_per_device: int, leave_out: str | None = None
+) -> int:
+    """The cores (mask) that ids of our resources (but `leave_out`) stand for; ids no node has
+    are left out, so that no answer can make a mask of any size."""
     cores = 0
     devices = 0
     for name, ids in resources.items():
+        if name == leave_out:
+            continue
         unit = RESOURCE_UNITS.get(name)
         for i in ids:
             if 0 <= i < MAX_CORES:

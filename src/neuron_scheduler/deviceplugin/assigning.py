@@ -24,7 +24,7 @@ from neuron_scheduler.core.ids import (
     ids_mask,
 )
 from neuron_scheduler.core.logtext import loggable
-from neuron_scheduler.core.resources import Unit
+from neuron_scheduler.core.resources import RESOURCE_UNITS, Unit
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.deviceplugin.admission import KubeletView, Withheld, WithheldCause
 from neuron_scheduler.deviceplugin.devicewatch import DeviceState
@@ -243,7 +243,10 @@ class Assigner:
 
     # --- GetPreferredAllocation -----------------------------------------------------------
 
-    async def preferred(self, unit: Unit, requests: Sequence[ContainerRequest]) -> list[list[str]]:
+    async def preferred(
+        self, resource: str, requests: Sequence[ContainerRequest]
+    ) -> list[list[str]]:
+        unit = RESOURCE_UNITS[resource]
         topology = await self.topology()
         try:
             view = self._view(await self._pods(attempts=1), topology)
@@ -275,13 +278,15 @@ class Assigner:
                 topology,
                 taken,
                 kubelet,
+                resource,
             )
             ids, slot = choice.ids, choice.slot
             if slot is not None and choice.withheld:
                 taken.append((slot.uid, slot.container))
                 total = len(self.state.advertised(unit))
-                self._offers[(slot.uid, slot.container)] = (len(available), total)
                 held = set(slot.ids) <= set(available)  # offered: another pod holds them
+                if not held:
+                    self._offers[(slot.uid, slot.container)] = (len(available), total)
                 log.warning(
                     "kubelet is admitting %s container %s but %s its annotated %s %s (%s); "
                     "preferring %s",
@@ -357,6 +362,7 @@ class Assigner:
                     frozenset(self._handed_out),
                     kubelet,
                     self.unhealthy_devices(),
+                    resource,
                 )
                 if isinstance(decision, Rejected):
                     log.warning("Allocate refused: %s", loggable(decision.message))
@@ -378,7 +384,7 @@ class Assigner:
                         visible,
                     )
                     if decision.substitute:
-                        self._substituted(unit, slot, ids, kubelet)
+                        self._substituted(resource, slot, ids, kubelet)
                     if not decision.again:
                         self._handed_out.add((slot.uid, slot.container))
                         marks.append(decision.holding)
@@ -394,8 +400,9 @@ class Assigner:
         return ids_mask(i for i, h in self.state.health.items() if not h.healthy)
 
     def _substituted(
-        self, unit: Unit, slot: Slot, ids: Sequence[int], kubelet: KubeletView
+        self, resource: str, slot: Slot, ids: Sequence[int], kubelet: KubeletView
     ) -> None:
+        unit = RESOURCE_UNITS[resource]
         key = (slot.uid, slot.container)
         offered, total = self._offers.pop(key, (None, None))
         per_device = self.state.cores_per_device
@@ -404,7 +411,7 @@ class Assigner:
         if failed:
             cause = WithheldCause.FAILED
             why = f"kubelet did not offer them: device {format_ids(list(failed))} failed"
-        elif held_elsewhere(kubelet, slot, per_device) & annotated:
+        elif held_elsewhere(kubelet, slot, per_device, resource, across=True) & annotated:
             cause = WithheldCause.HELD_ELSEWHERE
             why = "another pod's containers hold them through another Neuron resource"
         elif slot.uid in self._batch:

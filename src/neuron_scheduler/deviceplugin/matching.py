@@ -301,27 +301,29 @@ def decide_allocation(
     handed_out: frozenset[tuple[str, str]] = frozenset(),
     kubelet: KubeletView = UNREAD,
     unhealthy: int = 0,
+    resource: str | None = None,
 ) -> Match:
-    """Whose container kubelet's `ids` are for.
+    """Whose container kubelet's `ids` (of `resource`; default: the unit's first) are for.
 
     handed_out: (pod uid, container) pairs this process gave ids to but whose annotation may not
     show it yet (the patch failed or is in flight); unhealthy: devices (mask) this plugin
     reports failed, named when they are why a pod cannot get its ids.
 
-    Whatever the match, ids whose cores kubelet's pod resources show in another pod's containers
-    are refused: kubelet keeps ids apart within one resource only, so a `neuron` pod can be
-    offered the device whose cores a `neuroncore` pod placed without the scheduler runs on.
+    Whatever the match, ids whose cores kubelet's pod resources show held already are refused
+    (but those the matched pod holds through `resource`): kubelet keeps ids apart within one
+    resource only, so a `neuron` pod can be offered the device whose cores a `neuroncore` pod
+    placed without the scheduler runs on, or the device a `neuron` pod holds through
+    `neurondevice`.
     """
-    decision = _match(view, unit, ids, cores_per_device, topology, handed_out, kubelet, unhealthy)
+    resource = resource or resource_of(unit)
+    decision = _match(
+        view, unit, ids, cores_per_device, topology, handed_out, kubelet, unhealthy, resource
+    )
     if isinstance(decision, Rejected):
         return decision
-    pod = (
-        (decision.slot.arrival.namespace, decision.slot.arrival.name)
-        if isinstance(decision, Matched)
-        else None
-    )
-    held = kubelet.held_elsewhere(pod, cores_per_device)
+    slot = decision.slot if isinstance(decision, Matched) else None
     mask = cores_of(unit, ids, cores_per_device)
+    held = held_by_others(kubelet, slot, cores_per_device, resource)
     holders = [(owner, cores & mask) for owner, cores in sorted(held.items()) if cores & mask]
     if not holders:
         return decision
@@ -330,17 +332,51 @@ def decide_allocation(
         for owner, cores in holders[:3]
     )
     whom = (
-        f"pod {decision.slot.pod} container {decision.slot.container}"
-        if isinstance(decision, Matched)
+        f"pod {slot.pod} container {slot.container}"
+        if slot is not None
         else "a container no pod's assignment names"
     )
     return Rejected(
-        f"kubelet offered {_ids_text(unit, ids)} to {whom}, but kubelet's pod resources show "
-        f"other pods' containers on them ({owners}). kubelet keeps ids apart within one Neuron "
-        "resource only, so it cannot see that these are the same cores; a pod placed without "
-        f"the neuron scheduler holds ids the scheduler does not know. {SCHEDULER_HINT}; the pod "
-        "can run once the scheduler places it again (delete it; its controller recreates it)."
+        f"kubelet offered {_ids_text(unit, ids)} of {resource} to {whom}, but kubelet's pod "
+        f"resources show them held already ({owners}). kubelet keeps ids apart within one "
+        "Neuron resource only, so it cannot see that these are the same cores; the neuron "
+        "scheduler's annotations keep the pods it places apart, but not a pod placed without "
+        f"it. {SCHEDULER_HINT}; the pod can run once the scheduler places it again (delete it; "
+        "its controller recreates it)."
     )
+
+
+def resource_of(unit: Unit) -> str:
+    """The resource kubelet asks through when the caller does not say: the unit's first."""
+    return NEURONCORE if unit is Unit.CORE else NEURON
+
+
+def held_by_others(
+    kubelet: KubeletView,
+    slot: Slot | None,
+    cores_per_device: int,
+    resource: str,
+    *,
+    across: bool = False,
+) -> dict[str, int]:
+    """KubeletView.held_elsewhere for the slot's pod (none: every pod counts)."""
+    pod = (slot.arrival.namespace, slot.arrival.name) if slot is not None else None
+    return kubelet.held_elsewhere(pod, cores_per_device, resource, across=across)
+
+
+def held_elsewhere(
+    kubelet: KubeletView,
+    slot: Slot | None,
+    cores_per_device: int,
+    resource: str,
+    *,
+    across: bool = False,
+) -> int:
+    """The cores (mask) held_by_others says are held, together."""
+    mask = 0
+    for cores in held_by_others(kubelet, slot, cores_per_device, resource, across=across).values():
+        mask |= cores
+    return mask
 
 
 def _match(
@@ -352,6 +388,7 @@ def _match(
     handed_out: frozenset[tuple[str, str]],
     kubelet: KubeletView,
     unhealthy: int,
+    resource: str,
 ) -> Match:
     """Whose container `ids` are for, by the annotations and kubelet's admission."""
     wanted = set(ids)
@@ -391,7 +428,8 @@ def _match(
     admitting = _admitting(view, unit, len(ids), handed_out, kubelet)
     if len({(s.uid, s.container) for s, _ in admitting}) == 1:
         slot, holding = admitting[0]
-        return _cannot_substitute(view, unit, ids, mask, topology, slot, holding, unhealthy)
+        across = held_elsewhere(kubelet, slot, cores_per_device, resource, across=True)
+        return _cannot_substitute(view, unit, ids, mask, topology, slot, holding, unhealthy, across)
     clashes = [h for h in view.holdings if h.core_mask & mask]
     if clashes:
         owners = "; ".join(
@@ -442,17 +480,21 @@ def _cannot_substitute(
     slot: Slot,
     holding: AnnotatedPod,
     unhealthy: int,
+    across: int = 0,
 ) -> Rejected:
     """The container kubelet is admitting gets ids that are not its annotated ones and cannot
-    stand in for them: say why kubelet did not offer its own, and what is wrong with these."""
+    stand in for them: say why it did not get its own, and what is wrong with these. `across`:
+    the cores (mask) other pods hold through other resources than kubelet's."""
     failed = failed_among(unit, slot.ids, unhealthy, topology.cores_per_device)
     if failed:
         cause = (
-            f"device {format_ids(list(failed))} failed (this device plugin reports it unhealthy,"
-            " so kubelet offers it to nobody)"
+            f"kubelet did not offer them: device {format_ids(list(failed))} failed (this device "
+            "plugin reports it unhealthy, so kubelet offers it to nobody)"
         )
+    elif across & cores_of(unit, slot.ids, topology.cores_per_device):
+        cause = "other pods' containers hold them through another Neuron resource"
     else:
-        cause = "kubelet still counted them as in use"
+        cause = "kubelet still counted them as in use and did not offer them"
     problems = []
     others = [h for h in view.holdings if h.uid != holding.uid and h.core_mask & mask]
     if others:
@@ -466,7 +508,7 @@ def _cannot_substitute(
         problems.append(f"are not {shape} on {topology.instance_type} ({topology.kind.value})")
     return Rejected(
         f"pod {slot.pod} container {slot.container} was annotated {_ids_text(unit, slot.ids)} "
-        f"by the neuron scheduler, which kubelet did not offer: {cause}. kubelet then chose "
+        f"by the neuron scheduler, which it cannot have: {cause}. kubelet then chose "
         f"{_ids_text(unit, ids)}, which {' and '.join(problems) or 'cannot be used'} (the "
         "device plugin prefers a legal set of what kubelet offers when there is one). The pod "
         "can run once the scheduler places it again (delete it; its controller recreates it)."
@@ -569,9 +611,12 @@ def preferred_ids(
     topology: Topology,
     taken: Iterable[tuple[str, str]] = (),
     kubelet: KubeletView = UNREAD,
+    resource: str | None = None,
 ) -> Preference:
-    """The annotated slice of the container kubelet admits now; when it is not offered, or no
+    """The annotated slice of the container kubelet admits now (for `resource`; default: the
+    unit's first); when it is not offered, another pod holds it through another resource, or no
     container can be named, a topology-valid choice that avoids everyone's ids."""
+    resource = resource or resource_of(unit)
     offered = set(available)
     required = set(must_include)
     skip = set(taken)
@@ -590,7 +635,7 @@ def preferred_ids(
             key=lambda slot: slot.order(unit, kubelet),
         )
     for slot in candidates:
-        elsewhere = held_elsewhere(kubelet, slot, cores_per_device)
+        elsewhere = held_elsewhere(kubelet, slot, cores_per_device, resource)
         free = not cores_of(unit, slot.ids, cores_per_device) & elsewhere
         if offered.issuperset(slot.ids) and required.issubset(slot.ids) and free:
             return Preference(tuple(slot.ids), slot)
@@ -602,21 +647,11 @@ def preferred_ids(
                 view, unit, offered, required, size, cores_per_device, topology, slot.uid, elsewhere
             )
             return Preference(fallback, slot, withheld=True)
-    elsewhere = held_elsewhere(kubelet, None, cores_per_device)
+    elsewhere = held_elsewhere(kubelet, None, cores_per_device, resource)
     fallback = _fallback(
         view, unit, offered, required, size, cores_per_device, topology, avoid=elsewhere
     )
     return Preference(fallback, None)
-
-
-def held_elsewhere(kubelet: KubeletView, slot: Slot | None, cores_per_device: int) -> int:
-    """The cores (mask) kubelet's pod resources show in the containers of pods other than the
-    slot's (of every pod when there is no slot)."""
-    pod = (slot.arrival.namespace, slot.arrival.name) if slot is not None else None
-    mask = 0
-    for cores in kubelet.held_elsewhere(pod, cores_per_device).values():
-        mask |= cores
-    return mask
 
 
 def _fallback(
@@ -639,7 +674,7 @@ def _fallback(
         if holding.uid != own:
             used |= holding.core_mask
     used &= ~cores_of(unit, required, cores_per_device)
-    resource = NEURONCORE if unit is Unit.CORE else NEURON
+    resource = resource_of(unit)
     if size >= 1:
         decision = allocate(topology, NodeState(used), NeuronRequest(resource, size))
         if isinstance(decision, Placement):

@@ -75,6 +75,17 @@ def _owners(held: KubeletHoldings) -> Owners:
     return owners
 
 
+def _not_given(cause: str) -> str:
+    """Why a container did not get its annotated ids; no cause: kubelet offered them, but
+    another pod held them through another resource."""
+    if cause:
+        return f"kubelet did not offer the annotated ids: {cause}"
+    return (
+        "kubelet offered the annotated ids, but another pod's containers held them through "
+        "another Neuron resource (kubelet keeps ids apart within one resource only)"
+    )
+
+
 def review(
     pods: Iterable[Pod],
     held: KubeletHoldings,
@@ -171,7 +182,7 @@ def _compare(
         keys.ALLOCATED: "true",
     }
     swapped: list[str] = []
-    not_offered: dict[str, list[str]] = {}  # why kubelet did not offer them -> containers
+    not_offered: dict[str, list[str]] = {}  # why they were not given -> containers
     for name in real:
         wanted_ids = annotated.get(name, ())
         if set(real[name]) == set(wanted_ids):
@@ -204,10 +215,7 @@ def _compare(
         elif record is not None and record.cause is WithheldCause.IN_USE:
             cause = "kubelet counted them as in use when it admitted this pod"
         elif record is not None and record.cause is WithheldCause.HELD_ELSEWHERE:
-            cause = (
-                "another pod's containers held them through another Neuron resource (a pod "
-                "placed without the neuron scheduler, whose ids the scheduler does not know)"
-            )
+            cause = ""
         else:
             cause = (
                 "it still counted them as in use (after a restart it holds the devices of pods "
@@ -216,8 +224,8 @@ def _compare(
             )
         not_offered.setdefault(cause, []).append(text)
     parts = [
-        f"kubelet did not offer the annotated ids: {cause}; the device plugin gave a legal set "
-        f"of what it offered instead: {'; '.join(texts)}."
+        f"{_not_given(cause)}; the device plugin gave a legal set of what it offered instead: "
+        f"{'; '.join(texts)}."
         for cause, texts in not_offered.items()
     ]
     if swapped:

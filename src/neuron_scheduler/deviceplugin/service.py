@@ -61,7 +61,7 @@ class NeuronDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             for r in request.container_requests
         ]
         try:
-            answers = await self.assigner.preferred(self.unit, requests)
+            answers = await self.assigner.preferred(self.resource, requests)
         except Exception as error:  # advice only: a bug here must not fail the pod
             log.exception("GetPreferredAllocation for %s failed", self.resource)
             await context.abort(grpc.StatusCode.INTERNAL, f"GetPreferredAllocation: {error}")
