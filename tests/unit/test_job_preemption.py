@@ -48,6 +48,29 @@ async def test_preemption_never_takes_a_unit_a_failed_device_keeps_its_members_o
     assert world.claimed("low2") == ["c0", "c1", "c2", "c3"] and low2
 
 
+def test_preemption_on_nodes_of_their_own_counts_what_each_node_takes() -> None:
+    """Nodes of their own take as many 4-device members as they have free blocks: x and y four,
+    z three (its device 3 failed). Three low jobs of 3 members, one job a node, z's the oldest.
+    An 8-member job needs x and y: two jobs evicted, not three (counting every node as the
+    smallest, it asked for 8 / 3 rounded up = 3 nodes)."""
+    world = World(units=0)
+    nodes = [node(n, "trn2.48xlarge") for n in "xy"] + [node("z", "trn2.48xlarge", failed=[3])]
+    for view in (world.ledger, world.occupancy):
+        view.replace_nodes(nodes)
+    for k, where in enumerate("zxy"):
+        for i in range(3):
+            started = f"2026-01-01T0{k}:00:00Z"
+            world.member(f"low{k}", i, 3, where, priority=10, started=started, devices=4)
+    big = world.job("big", 8, priority=1000, devices=4)
+    member = member_of(big[0])
+    assert member is not None
+    planned = preemption_for(world.ledger, world.occupancy, big[0], member, 1, world.now)
+    assert isinstance(planned, Preemption)
+    assert (planned.nodes, planned.slots) == (("x", "y"), (4, 4))
+    assert sorted(j[1] for j in planned.jobs) == ["low1", "low2"]
+    assert sorted(planned.victims) == [f"low{k}-{i}" for k in (1, 2) for i in range(3)]
+
+
 async def test_victims_are_evicted_once_when_the_watch_shows_them_leaving_late() -> None:
     world = World(units=3)
     _, low1, low2 = await three_low_jobs(world)

@@ -177,11 +177,12 @@ class World:
         node_name: str = "",
         priority: int = 0,
         started: str = "",
+        devices: int = 16,
         **kwargs: Any,
     ) -> Pod:
         body = pod_json(
             f"{job}-{index}",
-            {NEURON: 16},
+            {NEURON: devices},
             namespace="ns",
             node=node_name,
             uid=f"{job}-{index}",

@@ -11,12 +11,16 @@ both. The choice is the cheapest set of units by, in order:
 2. then the fewest pods of no job evicted;
 3. then the least work lost (what the victims have run: the jobs' and the pods of no job's).
 
+Units need not take as many members each (`Opening.room`: a node of its own with a failed device
+takes fewer): the choice covers the members needed, not a number of units, so a smaller unit
+never makes every unit count as small as it (3 jobs evicted where 2 would do).
+
 Exact, by dynamic programming over groups (a multiple-choice knapsack): each unit no job holds is
 a group of its own (taken or not); jobs linked by a shared unit, with their units, are one group,
-whose options are each set of its jobs with each number of the units they free (those with the
-fewest pods of no job). A group of more than `MAX_LINKED` linked jobs (a fleet of 1-node jobs
-sharing units in a chain) is offered whole only: never a wrong answer, at worst a dearer one.
-A property test checks the choice against brute force (tests/property).
+whose options are each set of its jobs with, for each number of members, the units they free
+that take them with the fewest pods of no job. A group of more than `MAX_LINKED` linked jobs (a
+fleet of 1-node jobs sharing units in a chain) is offered whole only: never a wrong answer, at
+worst a dearer one. A property test checks the choice against brute force (tests/property).
 """
 
 from __future__ import annotations
@@ -42,11 +46,14 @@ class Opening(Generic[U, J]):
     jobs: frozenset[J]
     loose: int = 0
     loose_work: float = 0.0
+    room: int = 1  # the preemptor's members it takes once every pod there is gone
 
 
 @dataclass(frozen=True, slots=True)
 class Choice(Generic[U, J]):
-    openings: tuple[Opening[U, J], ...]  # exactly the units asked for, in the openings' order
+    openings: tuple[
+        Opening[U, J], ...
+    ]  # units taking the members asked for, in the openings' order
     jobs: tuple[J, ...]  # evicted whole
     cost: Cost
 
@@ -58,27 +65,33 @@ class _Option(Generic[U, J]):
     openings: tuple[Opening[U, J], ...]
     cost: Cost
 
+    @property
+    def room(self) -> int:
+        return sum(o.room for o in self.openings)
+
 
 def cheapest(
     openings: Sequence[Opening[U, J]], needed: int, work: Callable[[J], float]
 ) -> Choice[U, J] | None:
-    """The cheapest `needed` of the openings (order above; ties go to the earlier openings), or
-    None when even all of them are too few. `work(job)`: what evicting it loses."""
+    """The cheapest units taking `needed` members together (order above; ties go to the earlier
+    openings), none of which could be left out; None when even all of them are too few.
+    `work(job)`: what evicting it loses."""
     if needed <= 0:
         return Choice((), (), (0, 0, 0.0))
-    if len(openings) < needed:
+    openings = [o for o in openings if o.room > 0]
+    if sum(o.room for o in openings) < needed:
         return None
     order = {id(o): n for n, o in enumerate(openings)}
-    # best[c]: the cheapest options, one per group at most, reaching c units (capped).
+    # best[c]: the cheapest options, one per group at most, taking c members (capped).
     best: list[tuple[Cost, tuple[_Option[U, J], ...]] | None] = [None] * (needed + 1)
     best[0] = ((0, 0, 0.0), ())
-    for group in _groups(openings, work, order):
+    for group in _groups(openings, work, order, needed):
         reached_before = list(best)
         for reached, known in enumerate(reached_before):
             if known is None:
                 continue
             for option in group:
-                to = min(needed, reached + len(option.openings))
+                to = min(needed, reached + option.room)
                 cost = _add(known[0], option.cost)
                 current = best[to]
                 if current is None or cost < current[0]:
@@ -86,10 +99,7 @@ def cheapest(
     found = best[needed]
     if found is None:
         return None
-    chosen = [o for option in found[1] for o in option.openings]
-    # Past `needed` (an option may free more): keep those with the fewest pods of no job.
-    kept = sorted(chosen, key=lambda o: (o.loose, o.loose_work, order[id(o)]))[:needed]
-    kept.sort(key=lambda o: order[id(o)])
+    kept = _trimmed([o for option in found[1] for o in option.openings], needed, order)
     jobs = tuple(dict.fromkeys(j for o in kept for j in sorted(o.jobs, key=repr)))
     cost = (
         len(jobs),
@@ -99,12 +109,32 @@ def cheapest(
     return Choice(tuple(kept), jobs, cost)
 
 
+def _trimmed(
+    chosen: list[Opening[U, J]], needed: int, order: dict[int, int]
+) -> list[Opening[U, J]]:
+    """The chosen units less those the others cover for (an option may take more than needed):
+    the dearest go first (most pods of no job, then work, then the latest). Leaving one out
+    never costs more, so the choice stays the cheapest; and a unit that cannot be left out now
+    cannot once others are, so one pass leaves none that could."""
+    kept = list(chosen)
+    total = sum(o.room for o in kept)
+    for opening in sorted(chosen, key=lambda o: (o.loose, o.loose_work, order[id(o)]))[::-1]:
+        if total - opening.room >= needed:
+            kept.remove(opening)
+            total -= opening.room
+    kept.sort(key=lambda o: order[id(o)])
+    return kept
+
+
 def _add(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 def _groups(
-    openings: Sequence[Opening[U, J]], work: Callable[[J], float], order: dict[int, int]
+    openings: Sequence[Opening[U, J]],
+    work: Callable[[J], float],
+    order: dict[int, int],
+    needed: int,
 ) -> list[list[_Option[U, J]]]:
     """Each group's options (taking nothing from it is always possible, so not listed)."""
     parent: dict[J, J] = {}
@@ -139,13 +169,43 @@ def _groups(
         for evicted in sets:
             chosen = set(evicted)
             freed = [o for o in units if o.jobs <= chosen]
-            freed.sort(key=lambda o: (o.loose, o.loose_work, order[id(o)]))
             lost = sum(work(j) for j in evicted)
-            for taken in range(1, len(freed) + 1):
-                part = tuple(freed[:taken])
+            for part in _covers(freed, needed, order):
                 loose = sum(o.loose for o in part)
                 options.append(
                     _Option(part, (len(evicted), loose, lost + sum(o.loose_work for o in part)))
                 )
         groups.append(options)
     return groups
+
+
+def _covers(
+    units: Sequence[Opening[U, J]], needed: int, order: dict[int, int]
+) -> list[tuple[Opening[U, J], ...]]:
+    """For each number of members up to `needed`, the units taking at least that many with the
+    fewest pods of no job (then the least work, then the earliest), each set once."""
+
+    def dearness(o: Opening[U, J]) -> tuple[int, float, int]:
+        return (o.loose, o.loose_work, order[id(o)])
+
+    ranked = sorted(units, key=dearness)
+    if len({o.room for o in ranked}) <= 1:
+        # Units of one size: the cheapest k are the best for k units' members.
+        return [tuple(ranked[:k]) for k in range(1, len(ranked) + 1)]
+    # best[c]: the cheapest units taking c members (capped at `needed`), a 0/1 knapsack.
+    Key = tuple[int, float, tuple[int, ...]]
+    best: list[tuple[Key, tuple[Opening[U, J], ...]] | None] = [None] * (needed + 1)
+    best[0] = ((0, 0.0, ()), ())
+    for opening in ranked:
+        for reached in range(needed - 1, -1, -1):
+            known = best[reached]
+            if known is None:
+                continue
+            to = min(needed, reached + opening.room)
+            (loose, lost, which), part = known
+            key = (loose + opening.loose, lost + opening.loose_work, (*which, order[id(opening)]))
+            current = best[to]
+            if current is None or key < current[0]:
+                best[to] = (key, (*part, opening))
+    found = dict.fromkeys(entry[1] for entry in best[1:] if entry is not None)
+    return list(found)

@@ -17,8 +17,8 @@ every running job). Here the preemptor is the member's whole job:
 - when even every one of them is too few, there is no preemption at all (`Shortfall`), so a job
   that cannot fit with every lower-priority job gone evicts nobody;
 - a unit counts for the members it takes empty (an UltraServer node one; a node of its own as many
-  blocks as it holds), and a job's units are counted by the smallest of them (every pod there is
-  evicted: a fleet of one type takes exactly what it needs);
+  blocks as it holds, fewer with a failed device); the units chosen take all the members, and
+  none of them could be left out (every pod there is evicted);
 - a job that requires one network domain (jobs.network) takes units within one domain of that
   level only, the cheapest domain;
 - a unit claimed for a Kueue workload that is admitted and not bound yet is never taken.
@@ -137,7 +137,7 @@ def plan_preemption(
             pods_of_no_job[unit] = there
             rooms[unit] = room
             work = sum(_ran(p.started, now) for p in there)
-            opening = Opening(unit, frozenset(jobs), len(there), work)
+            opening = Opening(unit, frozenset(jobs), len(there), work, room)
             openings.append((0 if nodes & own else 1, unit[1], opening))
         openings.sort(key=lambda o: (o[0], o[1]))
         counted.append((ultra, len(openings)))
@@ -147,8 +147,7 @@ def plan_preemption(
 
         choice: Choice[UnitKey, JobKey] | None = None
         for domain in _domains(occupancy, [o for _, _, o in openings], required):
-            needed = math.ceil(need / min(rooms[o.unit] for o in domain)) if domain else 1
-            here = cheapest(domain, needed, lost)
+            here = cheapest(domain, need, lost)
             if here is not None and (choice is None or here.cost < choice.cost):
                 choice = here
         if choice is None:
