@@ -242,6 +242,21 @@ def test_pods_that_agree_or_are_not_admitted_are_left_alone() -> None:
     assert found.corrections == () and found.agreeing == 1 and not found.problems
 
 
+def test_a_pod_kubelet_has_not_started_is_not_given_an_older_pods_ids_of_its_name() -> None:
+    # web-0 recreated (new uid, new ids) before kubelet has seen the old web-0 go: kubelet's
+    # List, which names no uid, still shows the old one's cores.
+    new = pod("web-0", {"main": "4,5"}, allocated=False)
+    kubelet = held(("web-0", {"main": cores(0, 1)}))
+    assert review([new], kubelet, NODE, INF1).corrections == ()
+    # Once kubelet has started it, its annotations follow what it holds, marked allocated or not
+    # (the plugin's mark can be lost).
+    started = msgspec.structs.replace(
+        new, status=msgspec.structs.replace(new.status, startTime="2026-11-25T10:00:05Z")
+    )
+    (correction,) = review([started], kubelet, NODE, INF1).corrections
+    assert correction.values["AWS_NEURON_IDS"] == "0,1"
+
+
 def test_each_container_of_a_multi_container_pod_gets_its_own_slice() -> None:
     pods = [pod("pair", {"a": "0,1", "b": "2,3"})]
     (correction,) = review(

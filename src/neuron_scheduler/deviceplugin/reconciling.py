@@ -119,6 +119,12 @@ def review(
             continue
         if found is None:
             continue
+        if not found.allocated and pod.status.startTime is None:
+            # Neither handed ids by this plugin nor started by kubelet: what kubelet lists under
+            # its name can be an older pod's of that name (a StatefulSet's replacement, bound
+            # before kubelet has seen the old one go). List names no uid; a pod kubelet has
+            # started has a startTime, so a lost allocated mark is still corrected.
+            continue
         outcome = _compare(pod, found, containers, topology, owners, withheld or {}, unhealthy)
         if isinstance(outcome, Correction):
             corrections.append(outcome)
