@@ -15,11 +15,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from neuron_scheduler.core.allocation import Policy
 from neuron_scheduler.core.catalog import Catalog
 from neuron_scheduler.core.resources import NEURON
 from neuron_scheduler.extender.loops import reserving
 from neuron_scheduler.extender.loops.reserving import Reservations
 from neuron_scheduler.extender.metrics import Metrics
+from neuron_scheduler.extender.state.admission import NotPlaced, Placed, place
 from neuron_scheduler.extender.state.budgets import DisruptionBudgets
 from neuron_scheduler.extender.state.ledger import Ledger
 from neuron_scheduler.extender.state.members import preemption_for
@@ -42,6 +44,7 @@ from neuron_scheduler.jobs.placement import (
     job_progress,
 )
 from neuron_scheduler.kube.errors import api_error
+from neuron_scheduler.kube.kueue import Workload
 from neuron_scheduler.kube.objects import JobClaim, ObjectRef, Pod
 from neuron_scheduler.kube.reading import KUEUE_ADMISSION_GATE
 from tests.builders import node, pod_json
@@ -841,3 +844,72 @@ def test_claims_for_a_kueue_workload_name_it_renew_the_jobs_own_and_are_undone_o
     assert not failed
     assert not world.occupancy.claimed(other)
     assert sorted(world.api.claims) == ["a0", "a1", "a2", "a3"]
+
+
+def test_the_placement_check_refuses_a_pin_to_a_claim_its_workload_would_let_go() -> None:
+    """Kueue's topology assignment pins a member to b0, which a crash left claimed for the job
+    beside busy units; the plan is unit c, and the workload's claim lets b0 go. Accepted, the
+    member pinned there could never land, and the workload would time out into a retry."""
+    world = World(units=3)
+    job = ("ml", "k")  # a job of a Kueue workload: no member exists yet
+    left = NodeClaim("b0", job, 4, 4, PENDING, world.now, 60, "my-scheduler")
+    world.occupancy.apply_claim(asyncio.run(world.api.create_claim(to_object(left))))
+    for i, pod in enumerate(world.job("busy", 4)):
+        world.bind(pod, f"a{i}")
+    world.bind(world.member("busy2", 0, 1), "b1")
+    template = pod_json(
+        "x",
+        {NEURON: 16},
+        labels={"training.kubeflow.org/job-name": "k", "training.kubeflow.org/job-role": "worker"},
+        annotations={"neuron-scheduler.io/gang-size": "4"},
+    )
+    flavors = {"trn2u": ({"node.kubernetes.io/instance-type": "trn2u.48xlarge"}, [])}
+
+    def asked(*hosts: str) -> Placed | NotPlaced:
+        pinned = {
+            "levels": ["kubernetes.io/hostname"],
+            "slices": [
+                {
+                    "domainCount": len(hosts),
+                    "valuesPerLevel": [{"individual": {"roots": list(hosts)}}],
+                    "podCounts": {"universal": 1},
+                }
+            ],
+        }
+        assignment = {"name": "w", "flavors": {NEURON: "trn2u"}, "count": 4}
+        body = {
+            "metadata": {"name": "w", "namespace": "ml", "uid": "w1", "resourceVersion": "7"},
+            "spec": {
+                "podSets": [
+                    {
+                        "name": "w",
+                        "count": 4,
+                        "template": {
+                            "metadata": {
+                                "labels": template["metadata"]["labels"],
+                                "annotations": template["metadata"]["annotations"],
+                            },
+                            "spec": template["spec"],
+                        },
+                    }
+                ]
+            },
+            "status": {
+                "conditions": [{"type": "QuotaReserved", "status": "True"}],
+                "admission": {
+                    "clusterQueue": "cq",
+                    "podSetAssignments": [{**assignment, "topologyAssignment": pinned}],
+                },
+            },
+        }
+        workload = msgspec.convert(body, Workload)
+        return place(
+            workload, flavors, world.ledger, world.occupancy, Policy.BEST_FIT, {"my-scheduler"}
+        )
+
+    placed = asked("c0", "c1", "c2", "c3")
+    assert isinstance(placed, Placed), placed
+    assert [sorted(u.planned.nodes) for u in placed.jobs] == [["c0", "c1", "c2", "c3"]]
+    refused = asked("b0", "c1", "c2", "c3")
+    assert isinstance(refused, NotPlaced)
+    assert "pins members of job ml/k to b0, which are not among the units" in refused.reason

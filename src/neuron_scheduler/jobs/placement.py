@@ -418,6 +418,19 @@ class Occupancy:
                 units.add(unit)
         return units
 
+    def kept_beside(self, job: JobKey, nodes: Iterable[str]) -> set[str]:
+        """`nodes` (the job's plan) and the nodes whose claims the job keeps beside them: those
+        of the units it holds whole, and of the units where it has members, even when such a
+        unit is no longer whole (a node joined its UltraServer) and the plan goes elsewhere: let
+        go, the members there would run outside any claim, and the job's claims would end with
+        them. The reservation loop lets go of the rest."""
+        kept = set(nodes)
+        for unit in self.held_units(job):
+            kept |= self.nodes_of(unit)
+        for worker in self.job_workers(job):
+            kept |= self.footprint(worker.node, worker.config)
+        return kept
+
     def claimed_size(self, job: JobKey) -> int:
         """The members the job's claim was written for (the largest, while it grows)."""
         return max((self.claims[n].size for n in self.by_job.get(job, ())), default=0)

@@ -544,7 +544,7 @@ class Reservations:
         error, what it wrote is undone. Whether it claimed them."""
         now = self.wall_clock()
         writes: list[tuple[NodeClaim, NodeClaim | None]] = []  # (to write, what it replaces)
-        kept = self._kept(job, planned.nodes)
+        kept = self.occupancy.kept_beside(job, planned.nodes)
         for node in sorted(self.occupancy.claimed(job) & kept):  # (the rest is let go below)
             mine = self.occupancy.claims[node]
             renewed = dataclasses.replace(
@@ -677,27 +677,15 @@ class Reservations:
         return True
 
     async def _let_go_outside(self, job: JobKey, nodes: Collection[str]) -> None:
-        """Ends the job's claim on nodes it does not keep (`_kept`): what a crash left of an
-        earlier attempt, which this one did not take again."""
-        kept = self._kept(job, nodes)
+        """Ends the job's claim on nodes it does not keep (`Occupancy.kept_beside`): what a crash
+        left of an earlier attempt, which this one did not take again."""
+        kept = self.occupancy.kept_beside(job, nodes)
         outside = [
             self.occupancy.claims[n] for n in sorted(self.occupancy.claimed(job)) if n not in kept
         ]
         if outside:
             why = "a crash left it half written, and it was planned anew"
             await self._release(job, outside, why)
-
-    def _kept(self, job: JobKey, nodes: Collection[str]) -> set[str]:
-        """The nodes whose claims the job keeps beside `nodes` (its plan): those of the units it
-        holds whole, and of the units where it has members, even when such a unit is no longer
-        whole (a node joined its UltraServer) and the plan goes elsewhere: let go, the members
-        there would run outside any claim, and the job's claims would end with them."""
-        kept = set(nodes)
-        for unit in self.occupancy.held_units(job):
-            kept |= self.occupancy.nodes_of(unit)
-        for worker in self.occupancy.job_workers(job):
-            kept |= self.occupancy.footprint(worker.node, worker.config)
-        return kept
 
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (

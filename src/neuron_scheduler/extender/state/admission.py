@@ -276,7 +276,8 @@ def _units(
     if isinstance(chosen, Shortfall):
         cannot = never_fits(occupancy, job, config, size, fit, closeness, opened)
         return NotPlaced((cannot or chosen).reason, never=cannot is not None)
-    nodes = set(chosen.nodes) | occupancy.claimed(job)
+    # What the workload's claim will hold: the reservation loop lets go of the job's other claims.
+    nodes = occupancy.kept_beside(job, chosen.nodes)
     for pod_set in sets:
         pinned = [d for d in pod_set.domains if d.selector and d.selector[-1][0] == HOSTNAME]
         outside = [d.selector[-1][1] for d in pinned if d.selector[-1][1] not in nodes]
