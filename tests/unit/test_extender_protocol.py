@@ -236,6 +236,25 @@ def test_full_node_list_judges_nodes_the_cache_has_not_seen(
     assert "cannot read the node" in result["FailedAndUnresolvableNodes"]["odd"]
 
 
+def test_values_nested_past_the_limit_where_nothing_reads_are_read_as_absent(
+    extender: tuple[str, Extender],
+) -> None:
+    """Without nodeCacheCapable, kube-scheduler sends each Node whole, managedFields included
+    (it strips them from pods only), and whoever may patch a Node may nest them 10,000 deep:
+    that node is judged as any other, and so is every other node of the request."""
+    base, _ = extender
+    nodes = [node_json("fresh-inf2", "inf2.24xlarge"), node_json("deep-inf2", "inf2.24xlarge")]
+    nodes[1]["metadata"]["managedFields"] = [{"fieldsV1": "DEEP"}]
+    text = json.dumps(full_args(pod_json("one", {DEV: 1}), nodes)).encode()
+    body = text.replace(b'"DEEP"', b'{"f:x":' * 5000 + b"{}" + b"}" * 5000)
+    with pytest.raises(RecursionError):
+        msgspec.json.decode(body)  # what the verb decoded before
+    result = post(base, "/filter", body)
+    assert result["NodeNames"] == ["fresh-inf2", "deep-inf2"], result
+    scores = post(base, "/prioritize", body)
+    assert {s["Host"] for s in scores} == {"fresh-inf2", "deep-inf2"}
+
+
 def test_prioritize_scores_tight_fits_higher(extender: tuple[str, Extender]) -> None:
     base, _ = extender
     scores = post(base, "/prioritize", cache_args(pod_json("p", {DEV: 4}), ALL))
@@ -382,7 +401,7 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
         bodies += [
             (verb, "invalid UTF-8", b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}'),
             (verb, "invalid UTF-8 node name", b'{"Pod": {}, "NodeNames": ["\xff"]}'),
-            (verb, "nesting past the limit", b'{"Pod": {"x": ' + deep + b'}, "NodeNames": []}'),
+            (verb, "node names nested past the limit", b'{"NodeNames": ' + deep + b"}"),
             (verb, "a Unicode digit", args.replace('"1"', '"\u00b2k"').encode()),
             (verb, "5,000 digits", args.replace('"1"', "1" + "0" * 5000).encode()),
             (verb, "1e100 cores", args.replace('"1"', '"1e100"').encode()),
@@ -395,7 +414,6 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
     )
     bodies += [
         ("preempt", "invalid UTF-8", b'{"Pod": {}, "NodeNameToMetaVictims": {"\xff": {}}}'),
-        ("preempt", "nesting past the limit", b'{"Pod": {"x": ' + deep + b"}}"),
         ("preempt", "a Unicode digit", preempt.replace('"1"', '"\u00b2k"').encode()),
         ("preempt", "1e100 cores", preempt.replace('"1"', '"1e100"').encode()),
         ("preempt", "a UID that is a number", preempt.replace('"v"', "7").encode()),
@@ -404,7 +422,7 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
     ]
     bodies += [
         ("bind", "invalid UTF-8", b'{"PodName": "\xff", "PodNamespace": "d", "PodUID": "u"}'),
-        ("bind", "nesting past the limit", b'{"PodName": "p", "x": ' + deep + b"}"),
+        ("bind", "a name nested past the limit", b'{"PodName": ' + deep + b"}"),
         ("bind", "5,000 digits", b'{"PodName": 1' + b"0" * 5000 + b"}"),
         (
             "bind",

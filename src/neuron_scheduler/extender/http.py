@@ -31,6 +31,7 @@ from neuron_scheduler.extender.verbs.wire import (
     ExtenderPreemptionArgs,
 )
 from neuron_scheduler.extender.wiring import Extender
+from neuron_scheduler.kube.decoding import shallow
 from neuron_scheduler.kube.election import LeaderElector
 
 log = logging.getLogger("neuron_scheduler.server")
@@ -115,15 +116,20 @@ class Verb:
             if answer is not None:
                 return 200, answer
         try:
-            args = self.decoder.decode(body)
+            try:
+                args = self.decoder.decode(body)
+            except RecursionError:
+                # Nested past the limit where nothing reads: without nodeCacheCapable a Node's
+                # managedFields come whole (kube-scheduler strips them from pods only), and one
+                # node would otherwise fail every request. Read as if those values were null.
+                body = shallow(body)
+                args = self.decoder.decode(body)
         except msgspec.ValidationError as error:
             raise Refused(400, f"{name}: malformed request: {_line(error)}") from error
         except msgspec.DecodeError as error:
             raise Refused(400, f"{name}: request is not JSON: {_line(error)}") from error
         except UnicodeDecodeError as error:  # msgspec reads strings as UTF-8 where it keeps them
             raise Refused(400, f"{name}: request is not valid UTF-8: {_line(error)}") from error
-        except RecursionError as error:  # msgspec's nesting limit
-            raise Refused(400, f"{name}: request nests too deeply") from error
         try:
             return 200, msgspec.json.encode(await self.handler(args, body))
         except (BadRequest, RequestError) as error:
