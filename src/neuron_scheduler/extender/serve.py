@@ -231,11 +231,9 @@ def start_watches(api: KubeAPI, extender: Extender) -> list[asyncio.Task[None]]:
         await pods.run()
 
     loop = asyncio.get_running_loop()
-    dra_tasks = [loop.create_task(t, name="a DRA watch") for t in dra_watches(api, extender)]
-    kueue_tasks = [loop.create_task(t, name="a Kueue watch") for t in kueue_watches(api, extender)]
+    named = [*dra_watches(api, extender), *kueue_watches(api, extender)]
     return [
-        *dra_tasks,
-        *kueue_tasks,
+        *(loop.create_task(work, name=name) for name, work in named),
         loop.create_task(nodes.run(), name="the node watch"),
         loop.create_task(pods_after_nodes(), name="the pod watch"),
         # Disruption budgets only order preemption victims: not waited for.
@@ -280,9 +278,10 @@ async def sample_loop_lag(observe: Callable[[float], None], interval: float = LA
         observe(max(0.0, time.perf_counter() - start - interval))
 
 
-def dra_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, None]]:
+def dra_watches(api: KubeAPI, extender: Extender) -> list[tuple[str, Coroutine[Any, Any, None]]]:
     """Our DRA driver's counter slices and every ResourceClaim into the DRA view, where the
-    cluster serves resource.k8s.io/v1 and we may read them. Not waited for: they only score."""
+    cluster serves resource.k8s.io/v1 and we may read them. Not waited for: they only score.
+    Each with its name, for the line that says it failed."""
     dra = extender.dra
     if dra is None:
         return []
@@ -305,13 +304,14 @@ def dra_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, No
         on_delete=dra.remove_claim,
         timer=extender.metrics.watch_seconds.labels("resourceclaims").observe,
     )
+    unscored = "{} (pods with DRA claims are not scored)"
     return [
-        run_if_served(api, slices, "ResourceSlices (pods with DRA claims are not scored)"),
-        run_if_served(api, claims, "ResourceClaims (pods with DRA claims are not scored)"),
+        ("the ResourceSlice watch", run_if_served(api, slices, unscored.format("ResourceSlices"))),
+        ("the ResourceClaim watch", run_if_served(api, claims, unscored.format("ResourceClaims"))),
     ]
 
 
-def kueue_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, None]]:
+def kueue_watches(api: KubeAPI, extender: Extender) -> list[tuple[str, Coroutine[Any, Any, None]]]:
     """Kueue's Workloads, AdmissionChecks and ResourceFlavors into the placement check's view,
     when the check is on (and once Kueue's CRDs are served: looked for again every minute). The
     check decides only once all three are listed and the extender's cache is synced."""
@@ -357,16 +357,17 @@ def kueue_watches(api: KubeAPI, extender: Extender) -> list[Coroutine[Any, Any, 
         )
 
     what = "Kueue's {} (the placement admission check waits for them)"
+    watches = (("Workload", workloads), ("AdmissionCheck", checks), ("ResourceFlavor", flavors))
     return [
-        listed(),
-        run_if_served(
-            api, workloads, what.format("Workloads"), lambda _: None, None, CRD_RETRY_SECONDS
-        ),
-        run_if_served(
-            api, checks, what.format("AdmissionChecks"), lambda _: None, None, CRD_RETRY_SECONDS
-        ),
-        run_if_served(
-            api, flavors, what.format("ResourceFlavors"), lambda _: None, None, CRD_RETRY_SECONDS
+        ("the Kueue sync marker", listed()),
+        *(
+            (
+                f"the {kind} watch",
+                run_if_served(
+                    api, watch, what.format(f"{kind}s"), lambda _: None, None, CRD_RETRY_SECONDS
+                ),
+            )
+            for kind, watch in watches
         ),
     ]
 
