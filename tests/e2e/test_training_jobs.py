@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.harness import wait_for
 from tests.e2e.trainingjobs import SETTLE, Gangs, evicted, nobody_evicted
-from tests.testbed import ControlPlane, Stack
+from tests.testbed import ControlPlane, KubeError, Stack
 from tests.testbed.standin import KubeletStandIn
 
 pytestmark = pytest.mark.e2e
@@ -248,9 +248,8 @@ def stand_in(cluster: Gangs) -> Iterator[KubeletStandIn]:
         found.stop()
 
 
-def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
-    cluster: Gangs, stand_in: KubeletStandIn
-) -> None:
+def two_running_jobs(cluster: Gangs, stand_in: KubeletStandIn) -> list[list[str]]:
+    """low0 and low1, 4 members each on 8 nodes, running; low1 the younger."""
     cluster.add_nodes([f"n{i}" for i in range(8)])
     low = cluster.priority_class(LOW)
     jobs = []
@@ -260,6 +259,13 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
         wait_for(lambda n=names: set(n) <= set(stand_in.started), f"low{j} running", 30)
         time.sleep(1.1)  # start times have second resolution: the second is younger
         jobs.append(names)
+    return jobs
+
+
+def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
+    cluster: Gangs, stand_in: KubeletStandIn
+) -> None:
+    jobs = two_running_jobs(cluster, stand_in)
     youngest = set(cluster.nodes(jobs[1]).values())  # (before big exists: it evicts them)
     big = workers(cluster, "big", 4, cluster.priority_class(HIGH))
     placed = cluster.placed(big, 120)
@@ -267,6 +273,90 @@ def test_a_higher_priority_job_evicts_the_fewest_whole_jobs_on_nodes(
     assert gone == {"low1": jobs[1]}, f"evicted: {gone}"  # the youngest, whole
     assert set(placed.values()) == youngest
     assert len(cluster.nodes(jobs[0])) == 4
+
+
+POLICY = "e2e-no-deleting-protected-pods"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+def test_a_victim_the_api_server_will_not_delete_means_no_preemption_until_it_will(
+    cluster: Gangs, stand_in: KubeletStandIn
+) -> None:
+    """An admission policy refuses deleting one member of low1, the job preemption would
+    evict: evicting the others first, then failing on it until the claim ended, would leave
+    low1 partly evicted. The extender asks a dry run of each deletion first: nobody is evicted,
+    and its log says which pod and why. Once the policy goes, big preempts as usual."""
+    jobs = two_running_jobs(cluster, stand_in)
+    protected = jobs[1][2]
+    cluster.cp.request(
+        "PATCH",
+        f"/api/v1/namespaces/{cluster.namespace}/pods/{protected}",
+        {"metadata": {"labels": {"e2e-protected": "true"}}},
+        "application/merge-patch+json",
+    )
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["DELETE"],
+                        "resources": ["pods"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!has(oldObject.metadata.labels) || "
+                    "!('e2e-protected' in oldObject.metadata.labels)",
+                    "message": "protected pods are not deleted",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY},
+        "spec": {"policyName": POLICY, "validationActions": ["Deny"]},
+    }
+    pod_path = f"/api/v1/namespaces/{cluster.namespace}/pods/{protected}"
+    dry_run = {"apiVersion": "v1", "kind": "DeleteOptions", "dryRun": ["All"]}
+
+    def refused() -> bool:
+        try:
+            cluster.cp.request("DELETE", pod_path, dry_run)
+        except KubeError as error:
+            return error.status in (400, 403, 422)
+        return False
+
+    cluster.cp.request("POST", f"{ADMISSION}/validatingadmissionpolicies", policy)
+    cluster.cp.request("POST", f"{ADMISSION}/validatingadmissionpolicybindings", binding)
+    try:
+        wait_for(refused, "the policy in force", 30)
+        big = workers(cluster, "big", 4, cluster.priority_class(HIGH))
+        log = cluster.stack.extender.process.log_tail
+        wait_for(
+            lambda: f"refuses to delete {cluster.namespace}/{protected}" in log(400),
+            "the extender saying which victim the API server will not delete",
+            60,
+        )
+        nobody_evicted(cluster, stand_in, big)
+    finally:
+        cluster.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{POLICY}")
+        cluster.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{POLICY}")
+        wait_for(lambda: not refused(), "the policy gone", 30)  # (the next test deletes pods)
+    # kube-scheduler tries big's members again on a cluster event (or within 5 minutes): a node
+    # joins, which alone is not enough for big.
+    cluster.add_nodes(["n8"])
+    cluster.placed(big, 120)
+    gone = evicted(cluster, stand_in)
+    assert gone == {"low1": jobs[1]}, f"evicted: {gone}"
 
 
 def test_a_higher_priority_job_larger_than_the_fleet_evicts_nobody_on_nodes(

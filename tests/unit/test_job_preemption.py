@@ -71,6 +71,33 @@ def test_preemption_on_nodes_of_their_own_counts_what_each_node_takes() -> None:
     assert sorted(planned.victims) == [f"low{k}-{i}" for k in (1, 2) for i in range(3)]
 
 
+async def test_a_victim_the_api_server_will_not_delete_stops_the_preemption_before_any_eviction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An admission policy refuses deleting one member of low2: evicting low1 and the rest of
+    low2 first, then failing on it until the claim ended, left low2 partly evicted and its
+    units held for nothing. A dry run of each deletion comes first; with one refused, nobody
+    is evicted and nothing is claimed, and the log says which pod and why."""
+    caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    world.api.refuse_deletes = {"low2-2"}
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big") == []
+    assert world.claimed("low2") == ["c0", "c1", "c2", "c3"]
+    assert "the API server refuses to delete ns/low2-2: DELETE low2-2: HTTP 400: denied" in (
+        caplog.text
+    )
+    # Allowed again: the next ask preempts, each victim asked as a dry run first.
+    world.api.refuse_deletes, world.api.dry_runs = set(), []
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)
+    assert sorted(world.api.dry_runs) == uids(low1, low2)
+
+
 async def test_victims_are_evicted_once_when_the_watch_shows_them_leaving_late() -> None:
     world = World(units=3)
     _, low1, low2 = await three_low_jobs(world)

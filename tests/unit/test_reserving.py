@@ -61,6 +61,8 @@ class FakeClaims:
         self.fail_on: set[str] = set()  # names whose create fails with a 500
         self.log: list[str] = []  # claim writes and pod evictions, in order
         self.fail_deletes: set[str] = set()  # pod uids whose delete fails with a 500
+        self.refuse_deletes: set[str] = set()  # pod uids whose delete admission refuses (400)
+        self.dry_runs: list[str] = []  # pod uids whose delete was asked as a dry run
         self.on_delete: Any = None  # told the uid of a pod deleted (it is terminating)
 
     def _stamp(self, claim: JobClaim, uid: str) -> JobClaim:
@@ -79,9 +81,14 @@ class FakeClaims:
     async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None:
         self.log.append(f"mark {uid}")
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str, dry_run: bool = False) -> None:
+        if uid in self.refuse_deletes:
+            raise api_error("DELETE", name, 400, b'{"message": "denied by policy no-deletes"}')
         if uid in self.fail_deletes:
             raise api_error("DELETE", name, 500, b'{"message": "injected"}')
+        if dry_run:
+            self.dry_runs.append(uid)
+            return
         self.log.append(f"delete {uid}")
         if self.on_delete is not None:
             self.on_delete(uid)

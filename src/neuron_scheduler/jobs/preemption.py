@@ -23,9 +23,10 @@ every running job). Here the preemptor is the member's whole job:
   level only, the cheapest domain;
 - a unit claimed for a Kueue workload that is admitted and not bound yet is never taken.
 
-The extender's reservation loop carries it out (extender/loops/reserving.py): the job's claim on
-the units first (the victims listed on it, so a restart finishes the evictions), then the
-evictions; the victims' replacements find the units claimed.
+The extender's reservation loop carries it out (extender/loops/reserving.py): a dry run of each
+victim's deletion (one refused: no preemption), the job's claim on the units (the victims listed
+on it, so a restart finishes the evictions), then the evictions; the victims' replacements find
+the units claimed.
 """
 
 from __future__ import annotations

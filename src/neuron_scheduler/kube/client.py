@@ -337,14 +337,20 @@ class KubeAPI:
             content_type="application/strategic-merge-patch+json",
         )
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+    async def delete_pod(
+        self, namespace: str, name: str, uid: str, *, dry_run: bool = False
+    ) -> None:
         """A graceful delete (the pod's own grace period) of only the pod with this uid (a pod
-        recreated under the name is left alone: Conflict)."""
-        await self.request(
-            "DELETE",
-            pod_path(namespace, name),
-            body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
-        )
+        recreated under the name is left alone: Conflict). `dry_run`: asked of the API server's
+        admission (policies, webhooks, authorization) without deleting anything."""
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"uid": uid},
+        }
+        if dry_run:
+            options["dryRun"] = ["All"]
+        await self.request("DELETE", pod_path(namespace, name), body=options)
 
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, resource_version: str

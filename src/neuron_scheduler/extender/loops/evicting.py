@@ -21,7 +21,13 @@ from typing import Protocol
 
 from neuron_scheduler.core.logtext import loggable
 from neuron_scheduler.extender.state.ledger import Ledger
-from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound
+from neuron_scheduler.kube.errors import (
+    READ_ERRORS,
+    ApiError,
+    Conflict,
+    NotFound,
+    TooManyRequests,
+)
 from neuron_scheduler.kube.events import Report
 from neuron_scheduler.kube.objects import ObjectRef
 
@@ -34,7 +40,9 @@ class PodEvicter(Protocol):
 
     async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None: ...
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+    async def delete_pod(
+        self, namespace: str, name: str, uid: str, *, dry_run: bool = False
+    ) -> None: ...
 
 
 class Evictions:
@@ -49,6 +57,31 @@ class Evictions:
     def leaving(self, uids: Iterable[str]) -> list[str]:
         """Those still holding devices (bound, not finished), leaving or not."""
         return [uid for uid in uids if self.ledger.holding(uid) is not None]
+
+    async def refusals(self, uids: Iterable[str]) -> list[str]:
+        """Those of `uids` still there whose deletion the API server refuses now, each as
+        "namespace/name: why", by a dry run of it (an admission policy or webhook, or a missing
+        permission). Evicting whole jobs, one refusal found only after the others went would
+        leave a job partly evicted; an error that may pass (the server unreachable, 5xx,
+        throttled) refuses nothing: the eviction tries again each step."""
+        found: list[str] = []
+        for uid in uids:
+            holding = self.ledger.holding(uid)
+            if holding is None or holding.terminating or uid in self._deleted:
+                continue
+            namespace, _, name = self.ledger.pod_key(uid).partition("/")
+            if not name:
+                continue
+            try:
+                await self.api.delete_pod(namespace, name, uid, dry_run=True)
+            except (NotFound, Conflict):
+                continue  # gone meanwhile, or another pod of that name
+            except ApiError as error:
+                if 400 <= error.status < 500 and not isinstance(error, TooManyRequests):
+                    found.append(f"{namespace}/{name}: {str(error)[:300]}")
+            except READ_ERRORS:
+                continue
+        return found
 
     async def evict(self, uids: Iterable[str], message: str, below: int) -> int:
         """Evicts those of `uids` still there and not leaving already, of a priority below

@@ -92,7 +92,9 @@ class ClaimWriter(Protocol):
 
     async def mark_preempted(self, namespace: str, name: str, uid: str, message: str) -> None: ...
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+    async def delete_pod(
+        self, namespace: str, name: str, uid: str, *, dry_run: bool = False
+    ) -> None: ...
 
 
 class Reservations:
@@ -380,6 +382,8 @@ class Reservations:
                     self.policy,
                 )
                 if isinstance(planned, Preemption):
+                    planned = await self._deletable(planned)
+                if isinstance(planned, Preemption):
                     self._no_preemption.pop(job, None)
                     await self._preempt(first, size, planned)
                     opened.clear()  # what is open is worked out again
@@ -401,6 +405,19 @@ class Reservations:
             if chosen.slots or own:
                 await self._claim(job, first, size, chosen)
                 opened.clear()  # those units are taken: what is open is worked out again
+
+    async def _deletable(self, planned: Preemption) -> Preemption | Shortfall:
+        """The preemption, when the API server would delete every victim now (a dry run of
+        each); else no preemption, saying which it refuses: evicting whole jobs, a refusal met
+        after the others went would leave a job partly evicted, its units held for nothing."""
+        refused = await self.evictions.refusals(planned.victims)
+        if not refused:
+            return planned
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        return Shortfall(
+            f"job {job_text(planned.job)} would evict {planned.summary}, but the API server "
+            f"refuses to delete {refused[0]}{more}: no preemption"
+        )
 
     def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
