@@ -450,3 +450,19 @@ async def test_an_unchanged_agreeing_answer_does_not_ask_the_api_again() -> None
     lister.answer = held(("a", {"main": cores(4, 5)}))  # b is gone from kubelet
     await fixer.reconcile()
     assert pods.lists == 3
+
+
+async def test_a_pod_kubelet_starts_after_a_pass_is_corrected_though_kubelet_says_the_same() -> None:
+    """b, admitted without the plugin's allocated mark (a crash), is not compared while kubelet
+    has not recorded its start; that pass agrees on nothing else to do, and kubelet's answer
+    stays the same: the next pass still lists the pods again, and corrects b once it started."""
+    b = pod("b", {"main": "4,5"}, allocated=False)
+    pods = MemoryPods([b])
+    fixer = corrector(pods, FakeLister(held(("b", {"main": cores(0, 1)}))))
+    found = await fixer.reconcile()
+    assert found is not None and found.unstarted == 1 and not found.corrections
+    pods.pods["b"] = msgspec.structs.replace(
+        b, status=msgspec.structs.replace(b.status, startTime="2026-11-25T10:00:05Z")
+    )
+    found = await fixer.reconcile()
+    assert pods.lists == 2 and found is not None and len(found.corrections) == 1

@@ -104,7 +104,7 @@ class Corrector:
         self._tell(problems)
         for correction in found.corrections:
             await self._apply(correction)
-        agreed = not problems and not found.corrections
+        agreed = not problems and not found.corrections and not found.unstarted
         self._settled = (held, found) if agreed else None
         return found
 

@@ -51,6 +51,9 @@ class Review:
     corrections: tuple[Correction, ...]
     agreeing: int  # pods whose annotations already say what their containers hold
     problems: tuple[str, ...]  # pods left alone, and why
+    # Pods kubelet lists whose start it has not recorded yet (not compared: the entry may be an
+    # older pod's of that name): the next pass must look again, even if kubelet says the same.
+    unstarted: int = 0
 
 
 def _ids_text(unit: Unit, ids: Iterable[int]) -> str:
@@ -101,7 +104,7 @@ def review(
     owners = _owners(held)
     corrections: list[Correction] = []
     problems: list[str] = []
-    agreeing = 0
+    agreeing = unstarted = 0
     for pod in pods:
         if pod.spec.nodeName != node or pod.finished or pod.metadata.deletionTimestamp:
             continue
@@ -124,6 +127,7 @@ def review(
             # its name can be an older pod's of that name (a StatefulSet's replacement, bound
             # before kubelet has seen the old one go). List names no uid; a pod kubelet has
             # started has a startTime, so a lost allocated mark is still corrected.
+            unstarted += 1
             continue
         outcome = _compare(pod, found, containers, topology, owners, withheld or {}, unhealthy)
         if isinstance(outcome, Correction):
@@ -132,7 +136,7 @@ def review(
             agreeing += 1
         elif outcome:
             problems.append(f"{pod.key}: {outcome}")
-    return Review(tuple(corrections), agreeing, tuple(problems))
+    return Review(tuple(corrections), agreeing, tuple(problems), unstarted)
 
 
 def _compare(
