@@ -165,16 +165,29 @@ def _groups(
             if len(jobs) <= MAX_LINKED
             else [tuple(jobs)]
         )
-        options: list[_Option[U, J]] = []
+        # The cheapest option for each number of members it gives (capped): the DP's cost is
+        # the counts it reaches times the options, and 2**10 evicted sets would each add one
+        # per count otherwise (25 s for one call at 256 members, measured).
+        by_room: dict[int, _Option[U, J]] = {}
         for evicted in sets:
             chosen = set(evicted)
             freed = [o for o in units if o.jobs <= chosen]
             lost = sum(work(j) for j in evicted)
             for part in _covers(freed, needed, order):
                 loose = sum(o.loose for o in part)
-                options.append(
-                    _Option(part, (len(evicted), loose, lost + sum(o.loose_work for o in part)))
+                option = _Option(
+                    part, (len(evicted), loose, lost + sum(o.loose_work for o in part))
                 )
+                room = min(option.room, needed)
+                known = by_room.get(room)
+                if known is None or option.cost < known.cost:
+                    by_room[room] = option
+        # And none that gives fewer members for no less.
+        options: list[_Option[U, J]] = []
+        for room in sorted(by_room, reverse=True):
+            option = by_room[room]
+            if not options or option.cost < options[-1].cost:
+                options.append(option)
         groups.append(options)
     return groups
 
@@ -189,21 +202,24 @@ def _covers(
         return (o.loose, o.loose_work, order[id(o)])
 
     ranked = sorted(units, key=dearness)
-    if len({o.room for o in ranked}) <= 1:
-        # Units of one size: the cheapest k are the best for k units' members.
-        return [tuple(ranked[:k]) for k in range(1, len(ranked) + 1)]
-    # best[c]: the cheapest units taking c members (capped at `needed`), a 0/1 knapsack.
-    Key = tuple[int, float, tuple[int, ...]]
-    best: list[tuple[Key, tuple[Opening[U, J], ...]] | None] = [None] * (needed + 1)
-    best[0] = ((0, 0.0, ()), ())
+    rooms = {o.room for o in ranked}
+    if len(rooms) <= 1:
+        # Units of one size: the cheapest k are the best for k units' members (no more than
+        # `needed` takes).
+        most = min(len(ranked), -(-needed // max(rooms, default=1)))
+        return [tuple(ranked[:k]) for k in range(1, most + 1)]
+    # best[c]: the cheapest units taking c members (capped at `needed`), a 0/1 knapsack; the
+    # cheapest first, and a tie keeps what it found first: the earlier units.
+    best: list[tuple[tuple[int, float], tuple[Opening[U, J], ...]] | None] = [None] * (needed + 1)
+    best[0] = ((0, 0.0), ())
     for opening in ranked:
         for reached in range(needed - 1, -1, -1):
             known = best[reached]
             if known is None:
                 continue
             to = min(needed, reached + opening.room)
-            (loose, lost, which), part = known
-            key = (loose + opening.loose, lost + opening.loose_work, (*which, order[id(opening)]))
+            (loose, lost), part = known
+            key = (loose + opening.loose, lost + opening.loose_work)
             current = best[to]
             if current is None or key < current[0]:
                 best[to] = (key, (*part, opening))
