@@ -452,7 +452,9 @@ async def test_an_unchanged_agreeing_answer_does_not_ask_the_api_again() -> None
     assert pods.lists == 3
 
 
-async def test_a_pod_kubelet_starts_after_a_pass_is_corrected_though_kubelet_says_the_same() -> None:
+async def test_a_pod_kubelet_starts_after_a_pass_is_corrected_though_kubelet_says_the_same() -> (
+    None
+):
     """b, admitted without the plugin's allocated mark (a crash), is not compared while kubelet
     has not recorded its start; that pass agrees on nothing else to do, and kubelet's answer
     stays the same: the next pass still lists the pods again, and corrects b once it started."""

@@ -402,6 +402,8 @@ def _hostile_bodies() -> list[tuple[str, str, bytes]]:
             (verb, "invalid UTF-8", b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}'),
             (verb, "invalid UTF-8 node name", b'{"Pod": {}, "NodeNames": ["\xff"]}'),
             (verb, "node names nested past the limit", b'{"NodeNames": ' + deep + b"}"),
+            (verb, "cut off past the limit", b'{"Pod": {"x": ' + b"[" * 5000),
+            (verb, "an open string past the limit", b'{"Pod": {"x": ' + deep[:5000] + b'"\\"'),
             (verb, "a Unicode digit", args.replace('"1"', '"\u00b2k"').encode()),
             (verb, "5,000 digits", args.replace('"1"', "1" + "0" * 5000).encode()),
             (verb, "1e100 cores", args.replace('"1"', '"1e100"').encode()),

@@ -124,6 +124,8 @@ class Verb:
                 # node would otherwise fail every request. Read as if those values were null.
                 body = shallow(body)
                 args = self.decoder.decode(body)
+        except RecursionError as error:  # still: not JSON that the shallow pass could cut
+            raise Refused(400, f"{name}: request nests too deeply") from error
         except msgspec.ValidationError as error:
             raise Refused(400, f"{name}: malformed request: {_line(error)}") from error
         except msgspec.DecodeError as error:

@@ -23,8 +23,10 @@ import msgspec
 T = TypeVar("T")
 
 KEPT_LEVELS = 100
-# A JSON string (its escapes skipped, unrolled so that a long one is one match) or a bracket.
-_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# A JSON string (its escapes skipped, unrolled so that a long one is one match), a bracket, or a
+# quote that opens no whole string: unterminated, the rest of the text is malformed (without it,
+# each later quote would start a scan to the end again: quadratic).
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"')
 _OPENING = frozenset(b"[{")
 
 
@@ -55,6 +57,8 @@ def shallow(text: bytes | str | msgspec.Raw, levels: int = KEPT_LEVELS) -> bytes
     for token in _TOKENS.finditer(raw):
         first = raw[token.start()]
         if first == 0x22:  # a string: brackets in it are no brackets
+            if token.end() - token.start() == 1:
+                return raw  # unterminated: malformed, for the decoder to say so
             continue
         if first in _OPENING:
             depth += 1
