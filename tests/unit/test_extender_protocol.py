@@ -205,6 +205,26 @@ def test_filter_mixed_kinds_is_refused_everywhere(extender: tuple[str, Extender]
     )
 
 
+def test_filter_refuses_a_sidecar_asking_for_neuron_resources_everywhere(
+    extender: tuple[str, Extender],
+) -> None:
+    """kubelet keeps a sidecar's devices (an init container with restartPolicy: Always) beside
+    the app containers' for the pod's whole life, not reused as a finished init container's:
+    counted as one, the pod would hold devices nobody knows of. An init container that runs to
+    completion is served as before."""
+    base, _ = extender
+    body = pod_json("side", [{DEV: 1}], init_limits=[{DEV: 1}])
+    result = post(base, "/filter", cache_args(body, ALL))
+    assert result["NodeNames"] == ["inf1-a", "inf2-a", "trn1-a", "trn1-b"]
+    body["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    result = post(base, "/filter", cache_args(body, ALL))
+    assert result["NodeNames"] == []
+    assert all(
+        "init container 'init0' is a sidecar (restartPolicy: Always)" in reason
+        for reason in result["FailedAndUnresolvableNodes"].values()
+    ), result
+
+
 def test_filter_unknown_node_name_is_a_resolvable_failure(extender: tuple[str, Extender]) -> None:
     base, _ = extender
     result = post(base, "/filter", cache_args(pod_json("p", {CORE: 1}), ["new-node"]))

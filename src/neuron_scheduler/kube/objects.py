@@ -53,6 +53,8 @@ class EnvVar(msgspec.Struct):
 class Container(msgspec.Struct):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    # "Always" on an init container: a sidecar, running beside the app containers.
+    restartPolicy: str = ""
     # Read for the size of a training job whose framework says it only there (PET_NNODES).
     env: list[EnvVar] = []
 

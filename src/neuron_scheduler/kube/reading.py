@@ -24,6 +24,8 @@ from neuron_scheduler.core.resources import (
 from neuron_scheduler.core.topology import Topology
 from neuron_scheduler.kube.objects import Container, Node, Pod
 
+SIDECAR = "Always"  # an init container's restartPolicy that makes it a sidecar
+
 
 def _neuron_counts(container: Container) -> dict[str, int]:
     # Extended resources must have requests == limits; limits alone imply requests.
@@ -55,7 +57,12 @@ def _shape(containers: list[Container]) -> tuple[object, ...] | None:
         if len(resources.requests) + len(resources.limits) > _KEPT_ENTRIES:
             return None
         shape.append(
-            (container.name, tuple(resources.requests.items()), tuple(resources.limits.items()))
+            (
+                container.name,
+                container.restartPolicy,
+                tuple(resources.requests.items()),
+                tuple(resources.limits.items()),
+            )
         )
     return tuple(shape)
 
@@ -70,10 +77,17 @@ def neuron_request(pod: Pod) -> NeuronRequest | None:
             return _known_requests[key]
         except KeyError:
             pass
-    request = pod_request(
-        [_neuron_counts(c) for c in spec.containers],
-        [_neuron_counts(c) for c in spec.initContainers],
-    )
+    init_counts = [_neuron_counts(c) for c in spec.initContainers]
+    for container, counts in zip(spec.initContainers, init_counts, strict=True):
+        if container.restartPolicy == SIDECAR and any(counts.values()):
+            raise RequestError(
+                f"init container {container.name!r} is a sidecar (restartPolicy: Always) and "
+                f"requests {', '.join(sorted(n for n, v in counts.items() if v))}: kubelet keeps "
+                "a sidecar's devices beside the app containers' for the pod's whole life, which "
+                "neither the scheduler's count nor its annotations can say; request Neuron "
+                "resources in app containers, or in init containers that run to completion"
+            )
+    request = pod_request([_neuron_counts(c) for c in spec.containers], init_counts)
     if key is not None:
         if len(_known_requests) >= _KEPT:
             _known_requests.clear()
