@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from prometheus_client import generate_latest
 
 from neuron_scheduler.core.allocation import NodeState, Placement, Policy, allocate
@@ -12,6 +13,7 @@ from neuron_scheduler.core.resources import NEURONCORE as CORE
 from neuron_scheduler.core.resources import NeuronRequest
 from neuron_scheduler.extender.metrics import Metrics
 from neuron_scheduler.extender.state.ledger import ANNOUNCED_SECONDS, Claimant, Ledger
+from neuron_scheduler.kube.reading import SidecarRequest, neuron_request
 from tests.builders import node, pod
 
 
@@ -493,3 +495,17 @@ def test_decisions_stand_while_a_bind_shows_the_same_cores_again() -> None:
     assert decide() == 1  # another node under the same name: decided afresh
     ledger.remove_pod("u1")
     assert decide() == 1
+
+
+def test_a_pod_with_a_neuron_sidecar_placed_anyway_counts_what_kubelet_gave_it() -> None:
+    """A sidecar (restartPolicy: Always) asking for Neuron resources is never placed by us (filter
+    refuses it), but one bound by another scheduler, or before, holds its sidecar's devices
+    beside the app containers': counted as kube-scheduler and kubelet count it, not dropped."""
+    ledger = ledger_with()
+    sidecar = pod("side", {DEV: 1}, uid="s", node="n1", init_limits=[{DEV: 1}, {DEV: 2}])
+    sidecar.spec.initContainers[0].restartPolicy = "Always"
+    ledger.apply_pod(sidecar)
+    # max(app 1 + sidecar 1, sidecar 1 + the regular init container's 2) = 3 devices.
+    assert ledger.state("n1") == NodeState(0, 3 * 4)
+    with pytest.raises(SidecarRequest, match="init container 'init0' is a sidecar"):
+        neuron_request(sidecar)

@@ -51,7 +51,7 @@ from neuron_scheduler.deviceplugin.admission import (
     arrival,
 )
 from neuron_scheduler.kube.objects import Container, Pod
-from neuron_scheduler.kube.reading import assignment, neuron_request
+from neuron_scheduler.kube.reading import assignment, held_request, neuron_request
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ def node_view(pods: Iterable[Pod], node: str, topology: Topology) -> NodeView:
 def _beyond_request(pod: Pod, found: keys.Assignment) -> str | None:
     """Why the pod's ids are more than it asks for (its creator may write any), or None."""
     try:
-        request = neuron_request(pod)
+        request = held_request(pod)
     except RequestError as error:
         return str(error)
     if request is None:

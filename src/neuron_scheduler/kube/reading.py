@@ -22,7 +22,7 @@ from neuron_scheduler.core.resources import (
     pod_request,
 )
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.kube.objects import Container, Node, Pod
+from neuron_scheduler.kube.objects import Container, Node, Pod, PodSpec
 
 SIDECAR = "Always"  # an init container's restartPolicy that makes it a sidecar
 
@@ -78,21 +78,61 @@ def neuron_request(pod: Pod) -> NeuronRequest | None:
         except KeyError:
             pass
     init_counts = [_neuron_counts(c) for c in spec.initContainers]
-    for container, counts in zip(spec.initContainers, init_counts, strict=True):
-        if container.restartPolicy == SIDECAR and any(counts.values()):
-            raise RequestError(
-                f"init container {container.name!r} is a sidecar (restartPolicy: Always) and "
-                f"requests {', '.join(sorted(n for n, v in counts.items() if v))}: kubelet keeps "
-                "a sidecar's devices beside the app containers' for the pod's whole life, which "
-                "neither the scheduler's count nor its annotations can say; request Neuron "
-                "resources in app containers, or in init containers that run to completion"
-            )
-    request = pod_request([_neuron_counts(c) for c in spec.containers], init_counts)
+    app_counts = [_neuron_counts(c) for c in spec.containers]
+    request = pod_request(app_counts, init_counts)
+    sidecars = [
+        (container.name, counts)
+        for container, counts in zip(spec.initContainers, init_counts, strict=True)
+        if container.restartPolicy == SIDECAR and any(counts.values())
+    ]
+    if sidecars and request is not None:
+        raise SidecarRequest(sidecars[0][0], request, _held_with_sidecars(spec, request.resource))
     if key is not None:
         if len(_known_requests) >= _KEPT:
             _known_requests.clear()
         _known_requests[key] = request
     return request
+
+
+class SidecarRequest(RequestError):
+    """A sidecar (an init container with restartPolicy: Always) asks for Neuron resources.
+    Never placed; `held` is what such a pod placed anyway holds, as kubelet and kube-scheduler
+    count it: a sidecar's devices are its own for the pod's whole life, beside the app
+    containers', not reused as a finished init container's."""
+
+    def __init__(self, container: str, request: NeuronRequest, held: NeuronRequest) -> None:
+        super().__init__(
+            f"init container {container!r} is a sidecar (restartPolicy: Always) and requests "
+            f"{request.resource}: kubelet keeps a sidecar's devices beside the app containers' "
+            "for the pod's whole life, which neither the scheduler's count nor its annotations "
+            "can say; request Neuron resources in app containers, or in init containers that "
+            "run to completion"
+        )
+        self.held = held
+
+
+def _held_with_sidecars(spec: PodSpec, resource: str) -> NeuronRequest:
+    """kube-scheduler's count (and kubelet's): the app containers and every sidecar together,
+    or a regular init container with the sidecars started before it, whichever is more."""
+    sidecars = most = 0
+    for container in spec.initContainers:
+        count = _neuron_counts(container).get(resource, 0)
+        if container.restartPolicy == SIDECAR:
+            sidecars += count
+        else:
+            most = max(most, sidecars + count)
+    apps = sum(_neuron_counts(c).get(resource, 0) for c in spec.containers)
+    return NeuronRequest(resource, max(most, apps + sidecars))
+
+
+def held_request(pod: Pod) -> NeuronRequest | None:
+    """What a pod placed on a node holds there: its request, or, with a sidecar asking for
+    Neuron resources (never placed by us, but bound before, or by another scheduler), what
+    kubelet gave it. RequestError when it cannot be read at all."""
+    try:
+        return neuron_request(pod)
+    except SidecarRequest as sidecar:
+        return sidecar.held
 
 
 def servable_request(pod: Pod) -> NeuronRequest | None:

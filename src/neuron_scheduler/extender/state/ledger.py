@@ -64,6 +64,7 @@ from neuron_scheduler.kube.reading import (
     assignment,
     epoch,
     held_by_others,
+    held_request,
     neuron_request,
     node_topology,
     unhealthy_devices,
@@ -630,7 +631,7 @@ class Ledger:
         if not node or pod.finished:
             return None
         try:
-            request = neuron_request(pod)
+            request = held_request(pod)
         except RequestError as error:
             log.warning(
                 "pod %s on %s: %s; not counted", loggable(pod.key), loggable(node), loggable(error)
