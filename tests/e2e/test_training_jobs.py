@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_scheduler.extender.loops.evicting import REFUSAL_SECONDS
 from tests.e2e.harness import wait_for
 from tests.e2e.trainingjobs import SETTLE, Gangs, evicted, nobody_evicted
 from tests.testbed import ControlPlane, KubeError, Stack
@@ -352,7 +353,8 @@ def test_a_victim_the_api_server_will_not_delete_means_no_preemption_until_it_wi
         cluster.cp.request("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{POLICY}")
         wait_for(lambda: not refused(), "the policy gone", 30)  # (the next test deletes pods)
     # kube-scheduler tries big's members again on a cluster event (or within 5 minutes): a node
-    # joins, which alone is not enough for big.
+    # joins, which alone is not enough for big. (Past the time a refusal is believed.)
+    time.sleep(REFUSAL_SECONDS)
     cluster.add_nodes(["n8"])
     cluster.placed(big, 120)
     gone = evicted(cluster, stand_in)

@@ -90,8 +90,14 @@ async def test_a_victim_the_api_server_will_not_delete_stops_the_preemption_befo
     assert "the API server refuses to delete ns/low2-2: DELETE low2-2: HTTP 400: denied" in (
         caplog.text
     )
-    # Allowed again: the next ask preempts, each victim asked as a dry run first.
-    world.api.refuse_deletes, world.api.dry_runs = set(), []
+    # Asked again at once: the refusal is believed for a while, and nothing is asked again.
+    world.api.dry_runs = []
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert world.evicted() == [] and world.api.dry_runs == []
+    # Allowed again: the next ask after that preempts, each victim asked as a dry run first.
+    world.api.refuse_deletes = set()
+    world.now += 6
     await world.preempt(big[0], {"a0": ["low0-0"]})
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1, low2)
@@ -187,11 +193,16 @@ async def test_half_a_claim_a_crash_left_is_planned_again_and_its_victims_only_i
 # --- a victim job's members binding while the claim is written ---------------------------------
 
 
-async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_with_it() -> None:
+@pytest.mark.parametrize("refused", [False, True], ids=["deletable", "refused"])
+async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_with_it(
+    refused: bool,
+) -> None:
     """low2 has 1 of its 4 members bound when big's preemption is planned; kube-scheduler binds
     a second (filtered before) while the claim is written. Each node is held for big as soon
     as its claim is written (filter and bind refuse it to low2 from then on), and the victims
-    are worked out again once the claim is whole: low2 goes whole, the late one too."""
+    are worked out again once the claim is whole: low2 goes whole, the late one too. Its
+    deletion is asked as a dry run first, as the plan's victims' were: refused, the attempt is
+    undone and nobody is evicted."""
     world = World(units=3)
     await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
     await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
@@ -212,9 +223,16 @@ async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_
         return await replace(claim)
 
     world.api.replace_claim = racing  # type: ignore[method-assign]
+    if refused:
+        world.api.refuse_deletes = {"low2-1"}
     await world.loop.step()
     # From the first node taken, low2's claim is not whole: none of its members is admitted.
     assert admitted == {"c0": False, "c2": False}
+    if refused:
+        assert world.evicted() == [] and world.claimed("big") == []
+        assert world.claimed("low1") == ["b0", "b1", "b2", "b3"]
+        assert world.claimed("low2") == ["c0", "c1", "c2", "c3"]
+        return
     assert world.claimed("big") == [f"{u}{i}" for u in "bc" for i in range(4)]
     assert "low2-1" in world.evicted()
     assert sorted(world.evicted()) == sorted([f"low1-{i}" for i in range(4)] + ["low2-0", "low2-1"])

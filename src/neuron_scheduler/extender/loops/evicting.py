@@ -15,8 +15,10 @@ claim's victims on every step until they are gone (a restart in between finishes
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from neuron_scheduler.core.logtext import loggable
@@ -33,6 +35,8 @@ from neuron_scheduler.kube.objects import ObjectRef
 
 log = logging.getLogger("neuron_scheduler.extender.reserving")
 MAX_REMEMBERED = 10_000
+DRY_RUNS_AT_ONCE = 8
+REFUSAL_SECONDS = 5.0  # a refused deletion is believed that long without asking again
 
 
 class PodEvicter(Protocol):
@@ -46,10 +50,18 @@ class PodEvicter(Protocol):
 
 
 class Evictions:
-    def __init__(self, api: PodEvicter, ledger: Ledger, report: Report | None = None) -> None:
+    def __init__(
+        self,
+        api: PodEvicter,
+        ledger: Ledger,
+        report: Report | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.api = api
         self.ledger = ledger
         self.report = report
+        self.clock = clock
+        self._refused: dict[str, tuple[float, str]] = {}  # uid -> (believed until, why)
         self._failed: set[str] = set()  # uids whose eviction failed and was logged
         self._deleted: dict[str, None] = {}  # uids deleted, oldest first (at most MAX_REMEMBERED)
         self._spared: set[str] = set()  # uids not evicted for their priority, logged
@@ -63,24 +75,48 @@ class Evictions:
         "namespace/name: why", by a dry run of it (an admission policy or webhook, or a missing
         permission). Evicting whole jobs, one refusal found only after the others went would
         leave a job partly evicted; an error that may pass (the server unreachable, 5xx,
-        throttled) refuses nothing: the eviction tries again each step."""
-        found: list[str] = []
+        throttled) refuses nothing: the eviction tries again each step. A refusal is believed
+        for REFUSAL_SECONDS without asking again: kube-scheduler asks about every member of a
+        job, and each ask would otherwise dry-run every victim again."""
+        now = self.clock()
+        for uid, (until, _) in list(self._refused.items()):
+            if until <= now:
+                del self._refused[uid]
+        asked = []
         for uid in uids:
             holding = self.ledger.holding(uid)
             if holding is None or holding.terminating or uid in self._deleted:
                 continue
+            if uid in self._refused:
+                return [self._refused[uid][1]]  # still refused: nothing to ask
             namespace, _, name = self.ledger.pod_key(uid).partition("/")
-            if not name:
-                continue
-            try:
-                await self.api.delete_pod(namespace, name, uid, dry_run=True)
-            except (NotFound, Conflict):
-                continue  # gone meanwhile, or another pod of that name
-            except ApiError as error:
-                if 400 <= error.status < 500 and not isinstance(error, TooManyRequests):
-                    found.append(f"{namespace}/{name}: {str(error)[:300]}")
-            except READ_ERRORS:
-                continue
+            if name:
+                asked.append((uid, namespace, name))
+        gate = asyncio.Semaphore(DRY_RUNS_AT_ONCE)
+
+        async def refusal(uid: str, namespace: str, name: str) -> str | None:
+            async with gate:
+                try:
+                    await self.api.delete_pod(namespace, name, uid, dry_run=True)
+                except (NotFound, Conflict):
+                    return None  # gone meanwhile, or another pod of that name
+                except ApiError as error:
+                    if 400 <= error.status < 500 and not isinstance(error, TooManyRequests):
+                        return f"{namespace}/{name}: {str(error)[:300]}"
+                    return None
+                except READ_ERRORS:
+                    return None
+                return None
+
+        # At once (a few at a time): the plan waits for them, and the world moves meanwhile.
+        answers = await asyncio.gather(*(refusal(*each) for each in asked))
+        found = []
+        for (uid, _, _), text in zip(asked, answers, strict=True):
+            if text is not None:
+                if len(self._refused) >= MAX_REMEMBERED:
+                    self._refused.clear()
+                self._refused[uid] = (now + REFUSAL_SECONDS, text)
+                found.append(text)
         return found
 
     async def evict(self, uids: Iterable[str], message: str, below: int) -> int:

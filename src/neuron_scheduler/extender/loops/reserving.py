@@ -79,6 +79,7 @@ COALESCE = 0.1
 CLAIM_WRITE_ERRORS: tuple[type[BaseException], ...] = (Conflict, *READ_ERRORS, ClaimError)
 NEVER_EVENTS = 64  # members of one job told, per reason, that it cannot run here (never, or now)
 NEVER = "Never"  # a pod's preemptionPolicy that forbids preempting
+DRY_RUN_ROUNDS = 3  # plans whose victims are asked before a preemption waits for the next ask
 
 
 class ClaimWriter(Protocol):
@@ -117,7 +118,7 @@ class Reservations:
         """`units`: the filter, whose `asked` says which jobs kube-scheduler is working on (by
         `clock`); `report`: events on pods (victims, members of a job that can never run)."""
         self.api = api
-        self.evictions = Evictions(api, ledger, report)
+        self.evictions = Evictions(api, ledger, report, clock)
         self.report = report
         self.metrics = metrics
         self.occupancy = occupancy
@@ -372,17 +373,19 @@ class Reservations:
             half = own and not self.occupancy.complete(job) and self._half_preemption(job)
             if (isinstance(chosen, Shortfall) or half) and self._preempting(job, waiting):
                 asks.pop(job, None)
-                planned = preemption_for(
-                    self.ledger,
-                    self.occupancy,
-                    first.pod,
-                    first.member,
-                    first.config,
-                    self.wall_clock(),
-                    self.policy,
-                )
-                if isinstance(planned, Preemption):
-                    planned = await self._deletable(planned)
+
+                def planning(first: Pending = first) -> Preemption | Shortfall:
+                    return preemption_for(
+                        self.ledger,
+                        self.occupancy,
+                        first.pod,
+                        first.member,
+                        first.config,
+                        self.wall_clock(),
+                        self.policy,
+                    )
+
+                planned = await self._deletable(planning)
                 if isinstance(planned, Preemption):
                     self._no_preemption.pop(job, None)
                     await self._preempt(first, size, planned)
@@ -406,18 +409,32 @@ class Reservations:
                 await self._claim(job, first, size, chosen)
                 opened.clear()  # those units are taken: what is open is worked out again
 
-    async def _deletable(self, planned: Preemption) -> Preemption | Shortfall:
-        """The preemption, when the API server would delete every victim now (a dry run of
-        each); else no preemption, saying which it refuses: evicting whole jobs, a refusal met
-        after the others went would leave a job partly evicted, its units held for nothing."""
-        refused = await self.evictions.refusals(planned.victims)
-        if not refused:
-            return planned
-        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        return Shortfall(
-            f"job {job_text(planned.job)} would evict {planned.summary}, but the API server "
-            f"refuses to delete {refused[0]}{more}: no preemption"
-        )
+    async def _deletable(
+        self, planning: Callable[[], Preemption | Shortfall]
+    ) -> Preemption | Shortfall:
+        """The preemption `planning` makes, once the API server would delete every victim now
+        (a dry run of each); else no preemption, saying which it refuses: evicting whole jobs,
+        a refusal met after the others went would leave a job partly evicted, its units held
+        for nothing. The dry runs take time, so the plan is made again after them and holds
+        only when its victims were all asked."""
+        asked: set[str] = set()
+        planned = planning()
+        for _ in range(DRY_RUN_ROUNDS):
+            if not isinstance(planned, Preemption):
+                return planned
+            new = [uid for uid in planned.victims if uid not in asked]
+            if not new:
+                return planned
+            refused = await self.evictions.refusals(new)
+            if refused:
+                more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+                return Shortfall(
+                    f"job {job_text(planned.job)} would evict {planned.summary}, but the API "
+                    f"server refuses to delete {refused[0]}{more}: no preemption"
+                )
+            asked.update(new)
+            planned = planning()
+        return Shortfall("its victims kept changing while their deletions were asked: not now")
 
     def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:
         """Whether kube-scheduler asked the preempt verb for one of the job's members, or a
@@ -661,12 +678,21 @@ class Reservations:
             # node to the victim jobs' members (and to pods of no job) while the rest is written.
             self.occupancy.hold(ours)
         await self._let_go_outside(job, planned.nodes)
-        self._said.pop(job, None)
-        self._count("carried_out")
         # Worked out again now that the claim holds every node: a victim job's member that was
-        # already past filter when the plan was made may have bound (or be binding) since.
+        # already past filter when the plan was made may have bound (or be binding) since. Its
+        # deletion is asked before any eviction, as the plan's own victims' were.
         claims = [self.occupancy.claims[n] for n in self.occupancy.claimed(job)]
         victims = claim_victims(self.occupancy, claims)
+        listed = set(planned.victims)
+        late = [uid for uid in victims if uid not in listed]
+        refused = await self.evictions.refusals(late) if late else []
+        if refused:
+            self._undoing_refused(job, refused)
+            await self._undo(written)
+            self._count("failed")
+            return False
+        self._said.pop(job, None)
+        self._count("carried_out")
         log.info(
             "preemption for job %s (%d members, %s, priority %d): reserved %s; "
             "evicting %s (%d pods)",
@@ -703,6 +729,14 @@ class Reservations:
         if outside:
             why = "a crash left it half written, and it was planned anew"
             await self._release(job, outside, why)
+
+    def _undoing_refused(self, job: JobKey, refused: list[str]) -> None:
+        log.warning(
+            "preemption for job %s: a member of a victim job bound since the plan, and the API "
+            "server refuses to delete %s; undoing this attempt, nobody is evicted",
+            loggable(job_text(job), NAME_LIMIT),
+            loggable(refused[0]),
+        )
 
     def _undoing(self, job: JobKey, node: str, error: BaseException) -> None:
         why = (
