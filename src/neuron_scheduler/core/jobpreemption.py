@@ -73,8 +73,10 @@ class _Option(Generic[U, J]):
 def cheapest(
     openings: Sequence[Opening[U, J]], needed: int, work: Callable[[J], float]
 ) -> Choice[U, J] | None:
-    """The cheapest units taking `needed` members together (order above; ties go to the earlier
-    openings), none of which could be left out; None when even all of them are too few.
+    """The cheapest units taking `needed` members together (order above; among equal choices
+    one the same inputs always give, mostly the earlier openings: a group's option that gives
+    more members for no more cost stands for those that give fewer), none of which could be
+    left out; None when even all of them are too few.
     `work(job)`: what evicting it loses."""
     if needed <= 0:
         return Choice((), (), (0, 0, 0.0))
