@@ -7,6 +7,7 @@ tests/unit/test_reserving.py's: the preempt verb and the loop on an in-memory cl
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -18,6 +19,7 @@ from neuron_scheduler.extender.verbs.wire import ExtenderBindingArgs
 from neuron_scheduler.extender.wiring import wire
 from neuron_scheduler.jobs.claims import PENDING, NodeClaim, to_object
 from neuron_scheduler.jobs.members import member_of
+from neuron_scheduler.jobs.placement import Shortfall
 from neuron_scheduler.jobs.preemption import Preemption
 from neuron_scheduler.kube.objects import JobClaim, Pod
 from tests.builders import node, pod_json
@@ -433,3 +435,23 @@ async def test_a_unit_held_for_an_admitted_kueue_workload_is_never_preempted() -
     assert world.claimed("k") == ["a0", "a1", "a2", "a3"]
     assert world.claimed("asking") == []
     assert not any(answer.values()) and world.evicted() == []
+
+
+async def test_the_plan_made_after_the_last_dry_runs_is_the_one_taken() -> None:
+    """The plan is made again after each round of dry runs; the last one is looked at too: its
+    own reason when it gives no preemption, and itself when its victims were all asked."""
+    world = World(units=3)
+    plans: list[Preemption | Shortfall] = [
+        Preemption(("ns", "big"), ("a0",), (), (v,), (0, 0, 0.0)) for v in ("a", "b", "c")
+    ]
+
+    def planning(answers: list[Preemption | Shortfall]) -> Callable[[], Preemption | Shortfall]:
+        return lambda: answers.pop(0)
+
+    last = Shortfall("the real reason")
+    assert await world.loop._deletable(planning([*plans, last])) == last
+    again = Preemption(("ns", "big"), ("a0",), (), ("a", "b"), (0, 0, 0.0))
+    assert await world.loop._deletable(planning([*plans, again])) == again
+    changing = Preemption(("ns", "big"), ("a0",), (), ("d",), (0, 0, 0.0))
+    found = await world.loop._deletable(planning([*plans, changing]))
+    assert isinstance(found, Shortfall) and "kept changing" in found.reason

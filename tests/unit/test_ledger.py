@@ -509,3 +509,17 @@ def test_a_pod_with_a_neuron_sidecar_placed_anyway_counts_what_kubelet_gave_it()
     assert ledger.state("n1") == NodeState(0, 3 * 4)
     with pytest.raises(SidecarRequest, match="init container 'init0' is a sidecar"):
         neuron_request(sidecar)
+    # Ids a bind wrote before sidecars were refused, sized as if the sidecar's device were
+    # reused (2 devices where kubelet holds 3): the pod counts by its size, not by them.
+    bound = pod(
+        "side2",
+        {DEV: 1},
+        uid="s2",
+        node="n1",
+        init_limits=[{DEV: 1}, {DEV: 2}],
+        annotations=ours("n1", "4,5,6,7,8,9,10,11", "1,2", "1,2", DEV),
+    )
+    bound.spec.initContainers[0].restartPolicy = "Always"
+    ledger.remove_pod("s")
+    ledger.apply_pod(bound)
+    assert ledger.state("n1") == NodeState(0, 3 * 4)

@@ -434,6 +434,8 @@ class Reservations:
                 )
             asked.update(new)
             planned = planning()
+        if not isinstance(planned, Preemption) or asked.issuperset(planned.victims):
+            return planned
         return Shortfall("its victims kept changing while their deletions were asked: not now")
 
     def _preempting(self, job: JobKey, waiting: list[Pending]) -> bool:

@@ -61,10 +61,10 @@ from neuron_scheduler.kube.kueue import hold_owner
 from neuron_scheduler.kube.nodefit import NodeFacts
 from neuron_scheduler.kube.objects import Node, ObjectRef, Pod
 from neuron_scheduler.kube.reading import (
+    SidecarRequest,
     assignment,
     epoch,
     held_by_others,
-    held_request,
     neuron_request,
     node_topology,
     unhealthy_devices,
@@ -630,8 +630,11 @@ class Ledger:
         node = pod.spec.nodeName
         if not node or pod.finished:
             return None
+        sidecar = False
         try:
-            request = held_request(pod)
+            request = neuron_request(pod)
+        except SidecarRequest as error:
+            request, sidecar = error.held, True
         except RequestError as error:
             log.warning(
                 "pod %s on %s: %s; not counted", loggable(pod.key), loggable(node), loggable(error)
@@ -653,6 +656,10 @@ class Ledger:
             if problem is not None:
                 self._reject(pod.metadata.uid, pod.key, node, request, problem)
                 found = None
+        if sidecar and found is not None and len(found.ids) < request.count:
+            # Ids a bind wrote before sidecars were refused, sized as if the sidecar's devices
+            # were reused: kubelet holds more than they say, so the pod counts by its size.
+            found = None
         # Without our ids (placed by another scheduler, or ids that cannot be used) the pod's
         # size still counts. On a node not listed (yet, or again: its capacity goes while its
         # kubelet restarts), ids are kept: cores beyond the node are rejected when it is listed
