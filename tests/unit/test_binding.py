@@ -195,3 +195,16 @@ async def test_a_stale_hold_read_back_after_a_restart_never_frees_a_bound_pods_c
     assert await extender.binder.bind(bind("late")) == ""
     again = assignment(msgspec.convert(api.pods["late"], Pod), None)
     assert again is not None and not again.core_mask & whole.core_mask, (again, whole)
+
+
+async def test_a_retried_bind_of_a_pod_bound_with_a_request_it_cannot_serve_is_done() -> None:
+    """kube-scheduler retries a bind whose answer it did not get. The pod is bound to that node
+    already, and its request is one the extender refuses (a sidecar asking for a device): the
+    bind happened, and is answered so, not with an error the server could not handle."""
+    api = FakeAPI()
+    body = pod_json("s", {NEURON: 1}, uid="uid-s", node=NODE, init_limits=[{NEURON: 1}])
+    body["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    body["metadata"]["resourceVersion"] = str(next(api.version))
+    api.pods["s"] = body
+    extender = extender_with(api)
+    assert await extender.binder.bind(args("s")) == ""

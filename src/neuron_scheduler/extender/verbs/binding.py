@@ -48,7 +48,7 @@ from neuron_scheduler.kube.errors import READ_ERRORS, Conflict, NotFound, error_
 from neuron_scheduler.kube.events import EventRecorder
 from neuron_scheduler.kube.nodefit import why_not
 from neuron_scheduler.kube.objects import ObjectRef, Pod
-from neuron_scheduler.kube.reading import assignment, neuron_request
+from neuron_scheduler.kube.reading import assignment, neuron_request, servable_request
 
 log = logging.getLogger("neuron_scheduler.extender")
 
@@ -504,8 +504,9 @@ class Binder:
                 ours = assignment(pod, entry.topology.cores_per_device if entry else None)
             except handoff.AnnotationError:
                 ours = None
-            if ours is not None or neuron_request(pod) is None:
-                # kube-scheduler retries a bind whose answer it did not get; it already happened.
+            if ours is not None or servable_request(pod) is None:
+                # kube-scheduler retries a bind whose answer it did not get; it already happened
+                # (also for a request the extender cannot serve: there is nothing left to do).
                 self.metrics.binds.labels("already_bound").inc()
                 log.info(
                     "POD %s is already bound to Node:%s; nothing to do",
