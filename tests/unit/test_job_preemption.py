@@ -455,3 +455,16 @@ async def test_the_plan_made_after_the_last_dry_runs_is_the_one_taken() -> None:
     changing = Preemption(("ns", "big"), ("a0",), (), ("d",), (0, 0, 0.0))
     found = await world.loop._deletable(planning([*plans, changing]))
     assert isinstance(found, Shortfall) and "kept changing" in found.reason
+
+
+def test_a_bound_member_with_a_neuron_sidecar_is_still_its_jobs() -> None:
+    """Never placed by us, but bound before, or by another scheduler: it holds its devices, and
+    its job is evicted whole with it; a pending one is nobody's to place."""
+    world = World(units=1)
+    bound = world.member("side", 0, 2, node_name="a0", init_limits=[{NEURON: 1}])
+    pending = world.member("side", 1, 2, init_limits=[{NEURON: 1}])
+    for pod in (bound, pending):
+        pod.spec.initContainers[0].restartPolicy = "Always"
+        world.occupancy.apply_pod(pod)
+    assert [w.node for w in world.occupancy.job_workers(("ns", "side"))] == ["a0"]
+    assert not world.occupancy.jobs()

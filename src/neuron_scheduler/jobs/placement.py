@@ -75,7 +75,7 @@ from neuron_scheduler.jobs.units import (
     server_id_label,
 )
 from neuron_scheduler.kube.objects import JobClaim, Node, Pod, PodGroup
-from neuron_scheduler.kube.reading import epoch, gated, neuron_request, node_capacity
+from neuron_scheduler.kube.reading import epoch, gated, held_request, neuron_request, node_capacity
 from neuron_scheduler.kube.views import node_name, pod_uid, replace_all
 
 UnitKey = tuple[int, str]  # (config, server id); config 1: (1, node name)
@@ -221,8 +221,11 @@ class Occupancy:
         if uid in self.reserved and not pod.spec.nodeName and not pod.finished:
             return  # the watch has not caught up with the bind in flight (it shows our patch)
         self.reserved.discard(uid)  # bound or gone: from now on the watch speaks for it
+        # A bound member counts by what it holds there: one with a Neuron sidecar, never placed
+        # by us but bound before, or by another scheduler, is still its job's (evicted with it).
+        read = held_request if pod.spec.nodeName else neuron_request
         try:
-            member = member_of(pod) if neuron_request(pod) is not None else None
+            member = member_of(pod) if read(pod) is not None else None
         except (MembershipError, RequestError):
             member = None
         if (
