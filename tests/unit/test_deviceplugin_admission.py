@@ -299,7 +299,7 @@ def test_a_pods_own_listed_ids_are_its_own_unless_its_name_is_listed_twice() -> 
     # Whatever kubelet asks for a pod, the ids it lists for that pod never count against it.
     admitted = pod("admitted", {"main": "4,5"}, version="3")
     kubelet = kubelet_lists(("admitted", {"main": cores(4, 5)}), ("other", {"main": cores(8)}))
-    assert kubelet.held_elsewhere(("ns", "admitted"), 4, NEURONCORE) == {"ns/other": 1 << 8}
+    assert kubelet.holders(("ns", "admitted"), 4, NEURONCORE) == {"ns/other": 1 << 8}
     again = decide([admitted], [4, 5], kubelet)
     assert isinstance(again, Matched) and again.again
     # An older pod of the same name still holds device 0 while the new one is admitted.

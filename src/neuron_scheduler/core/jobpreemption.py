@@ -88,12 +88,13 @@ def cheapest(
     best: list[tuple[Cost, tuple[_Option[U, J], ...]] | None] = [None] * (needed + 1)
     best[0] = ((0, 0, 0.0), ())
     for group in _groups(openings, work, order, needed):
+        sized = [(option, option.room) for option in group]  # (a sum: once, not per count)
         reached_before = list(best)
         for reached, known in enumerate(reached_before):
             if known is None:
                 continue
-            for option in group:
-                to = min(needed, reached + option.room)
+            for option, room in sized:
+                to = min(needed, reached + room)
                 cost = _add(known[0], option.cost)
                 current = best[to]
                 if current is None or cost < current[0]:

@@ -117,7 +117,7 @@ class KubeletView:
     batch: frozenset[str] = frozenset()
     shadowed: Shadowed = field(default_factory=dict)
 
-    def held_elsewhere(
+    def holders(
         self,
         pod: tuple[str, str] | None,
         cores_per_device: int,

@@ -77,6 +77,11 @@ class Slot:
     position: int  # among the pod's Neuron containers, init containers first
     init: bool
 
+    @property
+    def name_key(self) -> tuple[str, str]:
+        """(namespace, name): how kubelet's pod resources name its pod."""
+        return (self.arrival.namespace, self.arrival.name)
+
     def order(self, unit: Unit, kubelet: KubeletView) -> OrderKey:
         """Among candidates, the one kubelet admits first; stable across calls."""
         return kubelet.order(self.arrival, self.uid, self.container, self.position, self.init, unit)
@@ -323,7 +328,7 @@ def decide_allocation(
         return decision
     slot = decision.slot if isinstance(decision, Matched) else None
     mask = cores_of(unit, ids, cores_per_device)
-    held = held_by_others(kubelet, slot, cores_per_device, resource)
+    held = kubelet.holders(slot.name_key if slot else None, cores_per_device, resource)
     holders = [(owner, cores & mask) for owner, cores in sorted(held.items()) if cores & mask]
     if not holders:
         return decision
@@ -351,19 +356,6 @@ def resource_of(unit: Unit) -> str:
     return NEURONCORE if unit is Unit.CORE else NEURON
 
 
-def held_by_others(
-    kubelet: KubeletView,
-    slot: Slot | None,
-    cores_per_device: int,
-    resource: str,
-    *,
-    across: bool = False,
-) -> dict[str, int]:
-    """KubeletView.held_elsewhere for the slot's pod (none: every pod counts)."""
-    pod = (slot.arrival.namespace, slot.arrival.name) if slot is not None else None
-    return kubelet.held_elsewhere(pod, cores_per_device, resource, across=across)
-
-
 def held_elsewhere(
     kubelet: KubeletView,
     slot: Slot | None,
@@ -372,9 +364,11 @@ def held_elsewhere(
     *,
     across: bool = False,
 ) -> int:
-    """The cores (mask) held_by_others says are held, together."""
+    """The cores (mask) kubelet's pod resources show in the containers of pods other than the
+    slot's (of every pod without one): KubeletView.holders, together."""
+    pod = slot.name_key if slot is not None else None
     mask = 0
-    for cores in held_by_others(kubelet, slot, cores_per_device, resource, across=across).values():
+    for cores in kubelet.holders(pod, cores_per_device, resource, across=across).values():
         mask |= cores
     return mask
 

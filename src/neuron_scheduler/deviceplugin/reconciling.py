@@ -78,15 +78,11 @@ def _owners(held: KubeletHoldings) -> Owners:
     return owners
 
 
-def _not_given(cause: str) -> str:
-    """Why a container did not get its annotated ids; no cause: kubelet offered them, but
-    another pod held them through another resource."""
-    if cause:
-        return f"kubelet did not offer the annotated ids: {cause}"
-    return (
-        "kubelet offered the annotated ids, but another pod's containers held them through "
-        "another Neuron resource (kubelet keeps ids apart within one resource only)"
-    )
+NOT_OFFERED = "kubelet did not offer the annotated ids: "
+HELD_THROUGH_ANOTHER = (
+    "kubelet offered the annotated ids, but another pod's containers held them through another "
+    "Neuron resource (kubelet keeps ids apart within one resource only)"
+)
 
 
 def review(
@@ -192,7 +188,7 @@ def _compare(
         keys.ALLOCATED: "true",
     }
     swapped: list[str] = []
-    not_offered: dict[str, list[str]] = {}  # why they were not given -> containers
+    not_given: dict[str, list[str]] = {}  # why they were not given -> containers
     for name in real:
         wanted_ids = annotated.get(name, ())
         if set(real[name]) == set(wanted_ids):
@@ -218,25 +214,24 @@ def _compare(
         if record is not None and record.offered is not None:
             text += f" (kubelet offered {record.offered} of {record.total} {unit.value}s)"
         if failed:
-            cause = (
+            why = NOT_OFFERED + (
                 f"device {format_ids(list(failed))} failed (the device plugin reports it "
                 "unhealthy, and kubelet offers an unhealthy device to nobody)"
             )
         elif record is not None and record.cause is WithheldCause.IN_USE:
-            cause = "kubelet counted them as in use when it admitted this pod"
+            why = NOT_OFFERED + "kubelet counted them as in use when it admitted this pod"
         elif record is not None and record.cause is WithheldCause.HELD_ELSEWHERE:
-            cause = ""
+            why = HELD_THROUGH_ANOTHER
         else:
-            cause = (
+            why = NOT_OFFERED + (
                 "it still counted them as in use (after a restart it holds the devices of pods "
                 "deleted since its last allocation until it has admitted the pods it started "
                 "with)"
             )
-        not_offered.setdefault(cause, []).append(text)
+        not_given.setdefault(why, []).append(text)
     parts = [
-        f"{_not_given(cause)}; the device plugin gave a legal set of what it offered instead: "
-        f"{'; '.join(texts)}."
-        for cause, texts in not_offered.items()
+        f"{why}; the device plugin gave a legal set of what it offered instead: {'; '.join(texts)}."
+        for why, texts in not_given.items()
     ]
     if swapped:
         parts.append(

@@ -22,7 +22,7 @@ from neuron_scheduler.core.resources import (
     pod_request,
 )
 from neuron_scheduler.core.topology import Topology
-from neuron_scheduler.kube.objects import Container, Node, Pod, PodSpec
+from neuron_scheduler.kube.objects import Container, Node, Pod
 
 SIDECAR = "Always"  # an init container's restartPolicy that makes it a sidecar
 
@@ -80,13 +80,18 @@ def neuron_request(pod: Pod) -> NeuronRequest | None:
     init_counts = [_neuron_counts(c) for c in spec.initContainers]
     app_counts = [_neuron_counts(c) for c in spec.containers]
     request = pod_request(app_counts, init_counts)
-    sidecars = [
-        (container.name, counts)
-        for container, counts in zip(spec.initContainers, init_counts, strict=True)
-        if container.restartPolicy == SIDECAR and any(counts.values())
-    ]
-    if sidecars and request is not None:
-        raise SidecarRequest(sidecars[0][0], request, _held_with_sidecars(spec, request.resource))
+    sidecar = next(
+        (
+            c.name
+            for c, counts in zip(spec.initContainers, init_counts, strict=True)
+            if c.restartPolicy == SIDECAR and any(counts.values())
+        ),
+        None,
+    )
+    if sidecar is not None and request is not None:
+        kinds = [c.restartPolicy == SIDECAR for c in spec.initContainers]
+        held = _held_with_sidecars(kinds, init_counts, app_counts, request.resource)
+        raise SidecarRequest(sidecar, request, held)
     if key is not None:
         if len(_known_requests) >= _KEPT:
             _known_requests.clear()
@@ -111,18 +116,23 @@ class SidecarRequest(RequestError):
         self.held = held
 
 
-def _held_with_sidecars(spec: PodSpec, resource: str) -> NeuronRequest:
+def _held_with_sidecars(
+    sidecars: list[bool],
+    init_counts: list[dict[str, int]],
+    app_counts: list[dict[str, int]],
+    resource: str,
+) -> NeuronRequest:
     """kube-scheduler's count (and kubelet's): the app containers and every sidecar together,
     or a regular init container with the sidecars started before it, whichever is more."""
-    sidecars = most = 0
-    for container in spec.initContainers:
-        count = _neuron_counts(container).get(resource, 0)
-        if container.restartPolicy == SIDECAR:
-            sidecars += count
+    before = most = 0
+    for sidecar, counts in zip(sidecars, init_counts, strict=True):
+        count = counts.get(resource, 0)
+        if sidecar:
+            before += count
         else:
-            most = max(most, sidecars + count)
-    apps = sum(_neuron_counts(c).get(resource, 0) for c in spec.containers)
-    return NeuronRequest(resource, max(most, apps + sidecars))
+            most = max(most, before + count)
+    apps = sum(counts.get(resource, 0) for counts in app_counts)
+    return NeuronRequest(resource, max(most, apps + before))
 
 
 def held_request(pod: Pod) -> NeuronRequest | None:
