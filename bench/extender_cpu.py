@@ -8,8 +8,11 @@ The fleet and pods are throughput.py's (node i of type i % 5, pods 70% 1, 2 or 4
 one device, seed 36), the pods as the API server returns them (its defaults and status). The
 extender is wired as `serve` wires it (`wire`, the pod router feeding every view) over
 tests/podapi.FakeAPI, which answers bind's annotation patch and Binding at once. Every pod is
-listed pending first, as a started extender lists them, then each in turn goes through what
-kube-scheduler and the API server make the extender do:
+listed pending first, as a started extender lists them (with `--arriving`: none is, and each
+pod's creation reaches the extender by the watch just before its filter, as in throughput.py's
+runs, where the pods are made after the extender started and so are not among what it froze out
+of the garbage collector), then each in turn goes through what kube-scheduler and the API server
+make the extender do:
 - filter: the JSON body kube-scheduler sends (the pod, and `--window` node names, the next ones
   after the last window, as kube-scheduler's percentageOfNodesToScore asks 500 of 5,000),
   decoded by the verb's own decoder, judged, the answer encoded;
@@ -17,7 +20,7 @@ kube-scheduler and the API server make the extender do:
   does, when it can);
 - bind: to the best-scored node (the first of equal ones), through the binder;
 - watch: the pod watch's two events (annotations patched, pod bound), each decoded from JSON
-  into a Pod and applied to every view.
+  into a Pod and applied to every view (with `--arriving`, its creation event too).
 Logging is on at INFO with the extender's format, into /dev/null: its lines cost what they cost.
 
 With `--evict-mb N`, N MB are written over before each phase (not timed): live, kube-apiserver,
@@ -33,7 +36,7 @@ much of it the garbage collector took.
 entries by own time.
 
 Run: uv run python bench/extender_cpu.py [--nodes 5000 --pods 2000 --window 500 --repeats 3]
-     [--evict-mb 32] [--profile FILE]
+     [--evict-mb 32] [--arriving] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -138,7 +141,9 @@ class Run:
 class Replay:
     """One fresh extender and the run's nodes and pods."""
 
-    def __init__(self, nodes: int, pods: int, window: int, evict_mb: int = 0) -> None:
+    def __init__(
+        self, nodes: int, pods: int, window: int, evict_mb: int = 0, arriving: bool = False
+    ) -> None:
         self.api = FakeAPI()
         # Written over before each phase (untimed) when given: live, kube-apiserver, etcd and
         # kube-scheduler run between the extender's calls and take the CPU caches.
@@ -158,7 +163,9 @@ class Replay:
         for view in self.extender.views:
             view.replace_nodes(node_objects)
         self.router = PodRouter(self.extender.views, self.extender.placeholders)
-        self.router.replace_pods([msgspec.json.decode(b, type=Pod) for b in self.pod_bodies])
+        self.arriving = arriving
+        listed = [] if arriving else self.pod_bodies
+        self.router.replace_pods([msgspec.json.decode(b, type=Pod) for b in listed])
         self.extender.synced.set()
         self.args_decoder = msgspec.json.Decoder(ExtenderArgs)
         self.window_start = 0
@@ -181,6 +188,11 @@ class Replay:
         cpu = outcome.cpu
         evict = self.evict
         for pod_body in self.pod_bodies:
+            if self.arriving:  # its creation, as the watch brings it
+                evict()
+                start = clock()
+                router.apply_pod(msgspec.json.decode(pod_body, type=Pod))
+                cpu["watch"] += clock() - start
             names = self._names()
             body = REQUEST % (pod_body, msgspec.json.encode(names))
             evict()
@@ -235,7 +247,7 @@ def forget_decisions() -> None:
 
 def measure(args: argparse.Namespace, profile: cProfile.Profile | None = None) -> Run:
     forget_decisions()
-    replay = Replay(args.nodes, args.pods, args.window, args.evict_mb)
+    replay = Replay(args.nodes, args.pods, args.window, args.evict_mb, args.arriving)
     # As `serve` does once its first lists are in: what they made lives as long as the process.
     gc.collect()
     gc.freeze()
@@ -267,6 +279,12 @@ def main() -> int:
         help="write over this many MB before each phase (untimed), as the control plane's "
         "processes take the CPU caches between the extender's calls live (0: warm caches)",
     )
+    parser.add_argument(
+        "--arriving",
+        action="store_true",
+        help="no pod is listed at the start: each arrives by the watch before its filter, after "
+        "the freeze, as the pods of a live run do",
+    )
     parser.add_argument("--profile", type=Path, help="write a cProfile of one more run here")
     args = parser.parse_args()
     if min(args.nodes, args.pods, args.window, args.repeats) < 1:
@@ -294,6 +312,8 @@ def main() -> int:
     )
     if args.evict_mb:
         print(f"CPU caches written over ({args.evict_mb} MB) before each phase, as live")
+    if args.arriving:
+        print("pods arriving by the watch after the extender started, as live")
     print("| phase | CPU ms per bound pod |")
     print("|---|---|")
     for phase in PHASES:

@@ -77,6 +77,12 @@ SMOKES = (
         r"caches written over \(1 MB\) before each phase(.*\n)*^\| all \| [\d.]+ \|",
         "evict",
     ),
+    Smoke(
+        "extender_cpu.py",
+        ("--nodes", "20", "--pods", "10", "--window", "10", "--repeats", "1", "--arriving"),
+        r"\(10 bound, 0 refused everywhere\)(.*\n)*pods arriving by the watch(.*\n)*^\| all \|",
+        "arriving",
+    ),
     # With the real kube-apiserver and kube-scheduler (tools/kube), and helm for dra_scale.py.
     Smoke(
         "throughput.py",

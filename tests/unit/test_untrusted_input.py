@@ -454,7 +454,7 @@ def test_a_job_size_in_digits_int_refuses_or_misreads_is_no_size(text: str) -> N
             "training.kubeflow.org/replica-type": "worker",
         },
     )
-    torch.spec.containers[0].env.append(EnvVar(name="PET_NNODES", value=text))
+    torch.spec.containers[0].env += (EnvVar(name="PET_NNODES", value=text),)
     found = member_of(torch)
     assert found is not None and found.size is None  # no size: as many as seen
     occupancy = Occupancy()

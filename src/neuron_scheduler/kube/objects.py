@@ -12,7 +12,7 @@ import msgspec
 from neuron_scheduler.core.catalog import INSTANCE_TYPE_LABEL
 
 
-class OwnerReference(msgspec.Struct, omit_defaults=True):
+class OwnerReference(msgspec.Struct, omit_defaults=True, gc=False):
     apiVersion: str = ""
     kind: str = ""
     name: str = ""
@@ -20,7 +20,7 @@ class OwnerReference(msgspec.Struct, omit_defaults=True):
     controller: bool | None = None  # the owner that manages (and recreates) the object
 
 
-class ObjectMeta(msgspec.Struct, omit_defaults=True):
+class ObjectMeta(msgspec.Struct, omit_defaults=True, gc=False):
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -29,7 +29,7 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
     annotations: dict[str, str] = {}
     creationTimestamp: str | None = None
     deletionTimestamp: str | None = None
-    ownerReferences: list[OwnerReference] = []
+    ownerReferences: tuple[OwnerReference, ...] = ()
 
     @property
     def controller(self) -> OwnerReference | None:
@@ -40,63 +40,63 @@ class ObjectMeta(msgspec.Struct, omit_defaults=True):
         return None
 
 
-class ResourceRequirements(msgspec.Struct):
+class ResourceRequirements(msgspec.Struct, gc=False):
     limits: dict[str, str | int] = {}
     requests: dict[str, str | int] = {}
 
 
-class EnvVar(msgspec.Struct):
+class EnvVar(msgspec.Struct, gc=False):
     name: str = ""
     value: str = ""  # (valueFrom is not read)
 
 
-class Container(msgspec.Struct):
+class Container(msgspec.Struct, gc=False):
     name: str = ""
     resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
     # "Always" on an init container: a sidecar, running beside the app containers.
     restartPolicy: str = ""
     # Read for the size of a training job whose framework says it only there (PET_NNODES).
-    env: list[EnvVar] = []
+    env: tuple[EnvVar, ...] = ()
 
 
-class Toleration(msgspec.Struct):
+class Toleration(msgspec.Struct, gc=False):
     key: str = ""
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
 
 
-class NodeSelectorRequirement(msgspec.Struct):
+class NodeSelectorRequirement(msgspec.Struct, gc=False):
     key: str = ""
     operator: str = ""
-    values: list[str] = []
+    values: tuple[str, ...] = ()
 
 
-class NodeSelectorTerm(msgspec.Struct):
-    matchExpressions: list[NodeSelectorRequirement] = []
-    matchFields: list[NodeSelectorRequirement] = []
+class NodeSelectorTerm(msgspec.Struct, gc=False):
+    matchExpressions: tuple[NodeSelectorRequirement, ...] = ()
+    matchFields: tuple[NodeSelectorRequirement, ...] = ()
 
 
-class NodeSelector(msgspec.Struct):
-    nodeSelectorTerms: list[NodeSelectorTerm] = []
+class NodeSelector(msgspec.Struct, gc=False):
+    nodeSelectorTerms: tuple[NodeSelectorTerm, ...] = ()
 
 
-class NodeAffinity(msgspec.Struct):
+class NodeAffinity(msgspec.Struct, gc=False):
     requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | None = None
 
 
-class Affinity(msgspec.Struct):
+class Affinity(msgspec.Struct, gc=False):
     nodeAffinity: NodeAffinity | None = None
 
 
-class PodSchedulingGroup(msgspec.Struct):
+class PodSchedulingGroup(msgspec.Struct, gc=False):
     """The Workload API (Kubernetes 1.36 and later): the PodGroup (scheduling.k8s.io, in the
     pod's namespace) the pod belongs to."""
 
     podGroupName: str | None = None
 
 
-class PodResourceClaim(msgspec.Struct):
+class PodResourceClaim(msgspec.Struct, gc=False):
     """One of a pod's DRA claims: a claim by name, or one made for it from a template."""
 
     name: str = ""
@@ -104,52 +104,52 @@ class PodResourceClaim(msgspec.Struct):
     resourceClaimTemplateName: str | None = None
 
 
-class PodResourceClaimStatus(msgspec.Struct):
+class PodResourceClaimStatus(msgspec.Struct, gc=False):
     name: str = ""
     resourceClaimName: str | None = None  # the claim made from the template
 
 
-class PodSchedulingGate(msgspec.Struct):
+class PodSchedulingGate(msgspec.Struct, gc=False):
     name: str = ""
 
 
-class PodSpec(msgspec.Struct):
+class PodSpec(msgspec.Struct, gc=False):
     nodeName: str = ""
     schedulerName: str = ""
-    containers: list[Container] = []
-    initContainers: list[Container] = []
+    containers: tuple[Container, ...] = ()
+    initContainers: tuple[Container, ...] = ()
     # What bind re-checks of kube-scheduler's in-tree filters (kube.nodefit).
     nodeSelector: dict[str, str] = {}
-    tolerations: list[Toleration] = []
+    tolerations: tuple[Toleration, ...] = ()
     affinity: Affinity | None = None
     priority: int | None = None
     # "Never": the pod never preempts (kube-scheduler's rule; the extender's preemption for
     # training jobs honours it too).
     preemptionPolicy: str | None = None
     schedulingGroup: PodSchedulingGroup | None = None
-    resourceClaims: list[PodResourceClaim] = []
+    resourceClaims: tuple[PodResourceClaim, ...] = ()
     # While any is there, kube-scheduler does not try the pod and the extender's loops leave it
     # alone (kube.reading.gated): Kueue holds its pods so until it admits their workload.
-    schedulingGates: list[PodSchedulingGate] = []
+    schedulingGates: tuple[PodSchedulingGate, ...] = ()
 
 
-class PodCondition(msgspec.Struct):
+class PodCondition(msgspec.Struct, gc=False):
     type: str = ""
     status: str = ""
     reason: str = ""
 
 
-class PodStatus(msgspec.Struct):
+class PodStatus(msgspec.Struct, gc=False):
     phase: str = ""
     # kube-scheduler's PodScheduled=False/Unschedulable tells a pod it could not place.
-    conditions: list[PodCondition] = []
+    conditions: tuple[PodCondition, ...] = ()
     startTime: str | None = None
     # Set by kube-scheduler on a pod it preempted others for: the node it waits to get.
     nominatedNodeName: str = ""
-    resourceClaimStatuses: list[PodResourceClaimStatus] = []
+    resourceClaimStatuses: tuple[PodResourceClaimStatus, ...] = ()
 
 
-class Pod(msgspec.Struct):
+class Pod(msgspec.Struct, gc=False):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
     status: PodStatus = msgspec.field(default_factory=PodStatus)
@@ -168,23 +168,23 @@ class Pod(msgspec.Struct):
         return [c.name for c in self.spec.containers]
 
 
-class NodeStatus(msgspec.Struct):
+class NodeStatus(msgspec.Struct, gc=False):
     capacity: dict[str, str | int] = {}
     allocatable: dict[str, str | int] = {}
 
 
-class Taint(msgspec.Struct):
+class Taint(msgspec.Struct, gc=False):
     key: str = ""
     value: str = ""
     effect: str = ""
 
 
-class NodeSpec(msgspec.Struct):
-    taints: list[Taint] = []
+class NodeSpec(msgspec.Struct, gc=False):
+    taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
 
 
-class Node(msgspec.Struct):
+class Node(msgspec.Struct, gc=False):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
@@ -194,15 +194,15 @@ class Node(msgspec.Struct):
         return self.metadata.labels.get(INSTANCE_TYPE_LABEL, "")
 
 
-class NodeList(msgspec.Struct):
+class NodeList(msgspec.Struct, gc=False):
     items: list[Node] = []
 
 
-class PodList(msgspec.Struct):
+class PodList(msgspec.Struct, gc=False):
     items: list[Pod] = []
 
 
-class LeaseSpec(msgspec.Struct, omit_defaults=True):
+class LeaseSpec(msgspec.Struct, omit_defaults=True, gc=False):
     holderIdentity: str | None = None
     leaseDurationSeconds: int | None = None
     acquireTime: str | None = None
@@ -210,7 +210,7 @@ class LeaseSpec(msgspec.Struct, omit_defaults=True):
     leaseTransitions: int | None = None
 
 
-class LeaseMeta(msgspec.Struct, omit_defaults=True):
+class LeaseMeta(msgspec.Struct, omit_defaults=True, gc=False):
     name: str = ""
     namespace: str = ""
     resourceVersion: str = ""
@@ -218,7 +218,7 @@ class LeaseMeta(msgspec.Struct, omit_defaults=True):
     annotations: dict[str, str] = {}
 
 
-class Lease(msgspec.Struct):
+class Lease(msgspec.Struct, gc=False):
     """A coordination.k8s.io/v1 Lease, written whole (so its apiVersion and kind too)."""
 
     apiVersion: str = "coordination.k8s.io/v1"

@@ -47,7 +47,7 @@ _KEPT_CONTAINERS = 8
 _KEPT_ENTRIES = 8  # requests and limits of one container
 
 
-def _shape(containers: list[Container]) -> tuple[object, ...] | None:
+def _shape(containers: tuple[Container, ...]) -> tuple[object, ...] | None:
     """What neuron_request reads of these containers, as a key; None when too large to keep."""
     if len(containers) > _KEPT_CONTAINERS:
         return None

@@ -86,7 +86,7 @@ class Facts:
 
 
 def _node_rules(
-    selector: dict[str, str], affinity: Affinity | None, tolerations: list[Toleration]
+    selector: dict[str, str], affinity: Affinity | None, tolerations: tuple[Toleration, ...]
 ) -> PodSpec:
     return PodSpec(nodeSelector=selector, affinity=affinity, tolerations=tolerations)
 
