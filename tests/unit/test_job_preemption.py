@@ -7,7 +7,7 @@ tests/unit/test_reserving.py's: the preempt verb and the loop on an in-memory cl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import pytest
@@ -21,6 +21,7 @@ from neuron_scheduler.jobs.claims import PENDING, NodeClaim, to_object
 from neuron_scheduler.jobs.members import member_of
 from neuron_scheduler.jobs.placement import Shortfall
 from neuron_scheduler.jobs.preemption import Preemption
+from neuron_scheduler.kube.errors import api_error
 from neuron_scheduler.kube.objects import JobClaim, Pod
 from tests.builders import node, pod_json
 from tests.podapi import FakeAPI
@@ -275,6 +276,95 @@ async def test_a_new_leader_evicts_a_victim_jobs_member_the_claim_does_not_list(
     world.occupancy.replace_claims(list(world.api.claims.values()))
     await world.loop.step()
     assert sorted(world.evicted()) == sorted([f"low1-{i}" for i in range(4)] + ["low2-0", "low2-1"])
+
+
+async def test_a_whole_claim_left_by_an_undo_that_failed_evicts_nobody_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A late victim's deletion is refused, and the undo of the claim cannot be written (the API
+    server errs on every claim write): big's claim stays whole, listing victims. The next step
+    evicted them without asking, so low1 and low2 went but for the refused one. Their deletions
+    are now asked as a dry run first: refused, nobody is evicted, and the claim ends once the
+    API server takes the writes again."""
+    caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
+    world = World(units=3)
+    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
+    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
+    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
+    await world.loop.step()
+    world.bind(low2[0], "c0")
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    replace, delete = world.api.replace_claim, world.api.delete_claim
+    broken, armed = False, True
+
+    async def racing(claim: JobClaim) -> JobClaim:
+        if broken:
+            raise api_error("PUT", claim.metadata.name, 500, b'{"message": "injected"}')
+        if claim.metadata.name == "c1":
+            world.bind(low2[1], "c1")
+        return await replace(claim)
+
+    async def deleting(name: str, uid: str, resource_version: str) -> None:
+        if broken:
+            raise api_error("DELETE", name, 500, b'{"message": "injected"}')
+        await delete(name, uid, resource_version)
+
+    world.api.replace_claim = racing  # type: ignore[method-assign]
+    world.api.delete_claim = deleting  # type: ignore[method-assign]
+    world.api.refuse_deletes = {"low2-1"}
+    original_refusals = world.loop.evictions.refusals
+
+    async def refusals_then_break(uids: Iterable[str]) -> list[str]:
+        nonlocal broken, armed
+        found = await original_refusals(uids)
+        if found and armed:  # the undo that follows the first refusal meets a failing server
+            broken, armed = True, False
+        return found
+
+    world.loop.evictions.refusals = refusals_then_break  # type: ignore[method-assign]
+    await world.loop.step()
+    assert world.evicted() == []
+    assert world.claimed("big") == [f"{u}{i}" for u in "bc" for i in range(4)]  # undo failed
+    assert world.occupancy.complete(("ns", "big"))
+    await world.loop.step()  # the API server still fails: the claim cannot end yet
+    assert world.evicted() == []
+    broken = False
+    world.now += 1
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big") == []
+    assert "refuses to delete ns/low2-1" in caplog.text and "nobody is evicted" in caplog.text
+
+
+async def test_a_new_leader_evicts_nobody_when_a_victim_it_finds_will_not_be_deleted() -> None:
+    """The extender dies after the claim is whole and before any eviction; meanwhile an admission
+    policy came to protect one victim. The new leader asks before evicting: nobody is evicted,
+    and big's claim ends."""
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+
+    async def dying(namespace: str, name: str, uid: str, message: str) -> None:
+        raise Crash()
+
+    world.api.mark_preempted = dying  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big")
+    del world.api.mark_preempted
+    world.api.refuse_deletes = {"low2-3"}
+    world.loop = world.restarted()
+    world.occupancy.replace_claims(list(world.api.claims.values()))
+    await world.loop.step()
+    assert world.evicted() == [] and world.claimed("big") == []
+    # Without the refusal, the new leader evicts them all, each asked as a dry run first.
+    world.api.refuse_deletes = set()
+    world.api.dry_runs = []
+    world.now += 6
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)
 
 
 async def test_bind_refuses_a_node_a_claim_took_since_filter() -> None:

@@ -70,6 +70,15 @@ class Evictions:
         """Those still holding devices (bound, not finished), leaving or not."""
         return [uid for uid in uids if self.ledger.holding(uid) is not None]
 
+    def begun(self, uids: Iterable[str]) -> bool:
+        """Whether any of `uids` is gone, leaving, or deleted by this helper: an eviction of
+        them is under way (or one finished on its own)."""
+        for uid in uids:
+            holding = self.ledger.holding(uid)
+            if holding is None or holding.terminating or uid in self._deleted:
+                return True
+        return False
+
     async def refusals(self, uids: Iterable[str]) -> list[str]:
         """Those of `uids` still there whose deletion the API server refuses now, each as
         "namespace/name: why", by a dry run of it (an admission policy or webhook, or a missing

@@ -182,6 +182,8 @@ class Reservations:
             complete = self.occupancy.complete(job)
             victims = self._victims_left(job, claims) if complete else []
             if victims:
+                if not await self._still_deletable(job, claims, victims):
+                    continue
                 await self._evict(job, victims)
             # The claim waits for its victims to go while their grace period lasts (a victim
             # that holds its devices after that, its node down, keeps it no longer: then it
@@ -224,6 +226,27 @@ class Reservations:
             ]
             if stale and renewed_to is not None:
                 await self._rewrite(stale, PENDING, renewed_to)
+
+    async def _still_deletable(
+        self, job: JobKey, claims: list[NodeClaim], victims: list[str]
+    ) -> bool:
+        """Whether the claim's evictions go on. A claim can be whole with none of its victims
+        evicted: a crash between the claim and the evictions, or an attempt whose undo could
+        not be written after a late victim's deletion was refused. Its victims' deletions are
+        asked as a dry run first, as `_preempt` asks them (those this process evicted or that
+        are leaving are not asked again, so this costs nothing once evictions are under way).
+        With one refused before any victim went, the claim ends and nobody is evicted; once
+        some went, the rest are evicted, as many as the API server lets go."""
+        refused = await self.evictions.refusals(victims)
+        if not refused or self.evictions.begun(claim_victims(self.occupancy, claims)):
+            return True
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        why = (
+            f"the API server refuses to delete {refused[0]}{more}, one of the pods its "
+            "preemption evicts, and none of them has gone yet: nobody is evicted"
+        )
+        await self._release(job, claims, why)
+        return False
 
     def _within_grace(self, victims: list[str], now: float) -> list[str]:
         """The victims leaving whose grace period has not ended (deletionTimestamp)."""
