@@ -188,6 +188,7 @@ class Replay:
         cpu = outcome.cpu
         evict = self.evict
         if self.arriving:  # their creations, as the watch brings them
+            evict()
             start = clock()
             for pod_body in self.pod_bodies:
                 router.apply_pod(msgspec.json.decode(pod_body, type=Pod))

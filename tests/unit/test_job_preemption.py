@@ -105,6 +105,37 @@ async def test_a_victim_the_api_server_will_not_delete_stops_the_preemption_befo
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1, low2)
     assert sorted(world.api.dry_runs) == uids(low1, low2)
+    # The steps after evict nobody again and ask nothing: the victims are leaving.
+    world.api.dry_runs = []
+    await world.loop.step()
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2) and world.api.dry_runs == []
+
+
+async def test_a_victim_refused_once_evictions_began_stops_them_and_keeps_the_claim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """low2-2's deletion fails with a 500 (the dry run too: nothing refused), the others go.
+    Then an admission policy comes to protect it: nobody more is evicted while it refuses (its
+    job is half gone already; the claim waits, it cannot be used while low2-2 holds c2), and
+    once the policy goes, it is evicted too."""
+    caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
+    world = World(units=3)
+    _, low1, low2 = await three_low_jobs(world)
+    world.api.fail_deletes = {"low2-2"}
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    await world.loop.step()
+    gone = sorted(set(uids(low1, low2)) - {"low2-2"})
+    assert sorted(world.evicted()) == gone
+    world.api.fail_deletes, world.api.refuse_deletes = set(), {"low2-2"}
+    await world.loop.step()
+    assert sorted(world.evicted()) == gone and world.claimed("big")
+    assert "nobody more is evicted while it is refused" in caplog.text
+    world.api.refuse_deletes = set()
+    world.now += 6
+    await world.loop.step()
+    assert sorted(world.evicted()) == uids(low1, low2)
 
 
 async def test_victims_are_evicted_once_when_the_watch_shows_them_leaving_late() -> None:
@@ -359,12 +390,14 @@ async def test_a_new_leader_evicts_nobody_when_a_victim_it_finds_will_not_be_del
     await world.loop.step()
     assert world.evicted() == [] and world.claimed("big") == []
     # Without the refusal, the new leader evicts them all, each asked as a dry run first.
+    assert world.api.dry_runs  # the new leader asked before evicting
     world.api.refuse_deletes = set()
     world.api.dry_runs = []
     world.now += 6
     await world.preempt(big[0], {"a0": ["low0-0"]})
     await world.loop.step()
     assert sorted(world.evicted()) == uids(low1, low2)
+    assert sorted(world.api.dry_runs) == uids(low1, low2)
 
 
 async def test_bind_refuses_a_node_a_claim_took_since_filter() -> None:

@@ -341,14 +341,14 @@ def pod_of(
             uid=f"{workload.metadata.uid}/{pod_set.name}",
             labels={**meta.labels, **(labels or {})},
             annotations={**meta.annotations, **(annotations or {})},
-            ownerReferences=[],
+            ownerReferences=(),
         ),
         spec=msgspec.structs.replace(
             spec,
             nodeSelector=selector,
-            tolerations=[*spec.tolerations, *tolerations],
+            tolerations=(*spec.tolerations, *tolerations),
             nodeName="",
-            schedulingGates=[],
+            schedulingGates=(),
         ),
         status=PodStatus(),
     )

@@ -71,11 +71,12 @@ class Evictions:
         return [uid for uid in uids if self.ledger.holding(uid) is not None]
 
     def begun(self, uids: Iterable[str]) -> bool:
-        """Whether any of `uids` is gone, leaving, or deleted by this helper: an eviction of
-        them is under way (or one finished on its own)."""
+        """Whether any of `uids` is leaving or was deleted by this helper: their eviction is
+        under way. (One that is gone may have finished on its own, or never been there: a
+        claim lists what its writer chose.)"""
         for uid in uids:
             holding = self.ledger.holding(uid)
-            if holding is None or holding.terminating or uid in self._deleted:
+            if uid in self._deleted or (holding is not None and holding.terminating):
                 return True
         return False
 

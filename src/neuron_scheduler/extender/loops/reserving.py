@@ -182,9 +182,11 @@ class Reservations:
             complete = self.occupancy.complete(job)
             victims = self._victims_left(job, claims) if complete else []
             if victims:
-                if not await self._still_deletable(job, claims, victims):
-                    continue
-                await self._evict(job, victims)
+                go_on = await self._still_deletable(job, claims, victims)
+                if go_on is None:
+                    continue  # ended: nobody was evicted
+                if go_on:
+                    await self._evict(job, victims)
             # The claim waits for its victims to go while their grace period lasts (a victim
             # that holds its devices after that, its node down, keeps it no longer: then it
             # ends by the usual rule, `claim_seconds` after the last ask or that wait).
@@ -229,23 +231,44 @@ class Reservations:
 
     async def _still_deletable(
         self, job: JobKey, claims: list[NodeClaim], victims: list[str]
-    ) -> bool:
-        """Whether the claim's evictions go on. A claim can be whole with none of its victims
-        evicted: a crash between the claim and the evictions, or an attempt whose undo could
-        not be written after a late victim's deletion was refused. Its victims' deletions are
-        asked as a dry run first, as `_preempt` asks them (those this process evicted or that
-        are leaving are not asked again, so this costs nothing once evictions are under way).
-        With one refused before any victim went, the claim ends and nobody is evicted; once
-        some went, the rest are evicted, as many as the API server lets go."""
-        refused = await self.evictions.refusals(victims)
-        if not refused or self.evictions.begun(claim_victims(self.occupancy, claims)):
+    ) -> bool | None:
+        """Whether the claim's evictions go on this step (None: the claim ended instead). A claim
+        can be whole with none of its victims evicted: a crash between the claim and the
+        evictions, or an attempt whose undo could not be written after a late victim's
+        deletion was refused. So the victims `_evict` would evict are asked as a dry run first,
+        as `_preempt` asks them; those this process evicted and those leaving are not asked
+        again, so once the evictions are under way this asks nothing. While one is refused,
+        nobody more is evicted: the claim cannot be used while that pod holds its devices, and
+        evicting the others would leave their jobs half evicted for nothing. If none has gone
+        yet, the claim ends; else it waits (the refusal is asked again after REFUSAL_SECONDS)
+        and ends by the usual rule."""
+        evictable = self._evictable(job, victims)
+        if evictable is None:
+            return True  # (nobody is evicted)
+        uids, priority = evictable
+        below = [
+            uid for uid in uids if (held := self.ledger.holding(uid)) and held.priority < priority
+        ]
+        refused = await self.evictions.refusals(below) if below else []
+        if not refused:
             return True
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         why = (
             f"the API server refuses to delete {refused[0]}{more}, one of the pods its "
-            "preemption evicts, and none of them has gone yet: nobody is evicted"
+            "preemption evicts"
         )
-        await self._release(job, claims, why)
+        if not self.evictions.begun(claim_victims(self.occupancy, claims)):
+            await self._release(
+                job, claims, f"{why}, and none of them has gone yet: nobody is evicted"
+            )
+            return None
+        if self._said.get(job) != why:
+            self._said[job] = why
+            log.warning(
+                "preemption for job %s: %s; nobody more is evicted while it is refused",
+                loggable(job_text(job), NAME_LIMIT),
+                loggable(why),
+            )
         return False
 
     def _within_grace(self, victims: list[str], now: float) -> list[str]:
@@ -278,26 +301,34 @@ class Reservations:
         """The pods a Pending claim's preemption evicts that still hold their devices."""
         return self.evictions.leaving(claim_victims(self.occupancy, claims))
 
-    async def _evict(self, job: JobKey, victims: list[str]) -> int:
-        """Evicts a preemption's victims for `job`: only pods on Neuron nodes, of lower priority
-        than the job's as its members say now, and none for a job whose members must not
-        preempt. A claim is an object anyone allowed to write claims could write: what it
-        lists is not enough to delete a pod."""
+    def _evictable(self, job: JobKey, victims: list[str]) -> tuple[list[str], int] | None:
+        """Those of a preemption's victims for `job` on Neuron nodes, and the job's priority
+        (theirs must be below it: Evictions.evict spares the others, and logs it); None when
+        nobody is evicted for the job: no member left, or one must not preempt. A claim is an
+        object anyone allowed to write claims could write: what it lists is not enough to
+        delete a pod."""
         priority = job_priority(self.occupancy, job)
         if priority is None:
-            return 0  # no member left: its claim ends, nobody is evicted for it
+            return None  # no member left: its claim ends, nobody is evicted for it
         waiting = self.occupancy.pending.values()
         if any(p.member.job == job and p.pod.spec.preemptionPolicy == NEVER for p in waiting):
-            return 0  # (a claim that lists victims for it was not written by this loop)
+            return None  # (a claim that lists victims for it was not written by this loop)
         servers = self.occupancy.servers
         on_neuron_nodes = [
             uid for uid in victims if (held := self.ledger.holding(uid)) and held.node in servers
         ]
+        return on_neuron_nodes, priority
+
+    async def _evict(self, job: JobKey, victims: list[str]) -> int:
+        """Evicts a preemption's victims for `job` (`_evictable`)."""
+        evictable = self._evictable(job, victims)
+        if evictable is None:
+            return 0
         text = (
             f"neuron-scheduler: evicted whole with its job, by preemption for job "
             f"{job_text(job)} of higher priority"
         )
-        return await self.evictions.evict(on_neuron_nodes, text, below=priority)
+        return await self.evictions.evict(evictable[0], text, below=evictable[1])
 
     async def _rewrite(self, claims: list[NodeClaim], phase: str, renewed: float) -> None:
         """The claims again, in `phase`, renewed to `renewed` (each conditioned on what we
