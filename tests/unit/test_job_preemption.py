@@ -224,6 +224,21 @@ async def test_half_a_claim_a_crash_left_is_planned_again_and_its_victims_only_i
     assert world.evicted() == [] and len(low2) == 4
 
 
+async def low2_partly_bound_and_big_asking(world: World) -> list[Pod]:
+    """low0 and low1 run on units a and b; low2 (4 members) holds its claim on unit c with one
+    member bound on c0; big (8 members, priority 1000) has been through the preempt verb. The
+    members of low2."""
+    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
+    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
+    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
+    await world.loop.step()
+    assert world.claimed("low2") == ["c0", "c1", "c2", "c3"]
+    world.bind(low2[0], "c0")
+    big = world.job("big", 8, priority=1000)
+    await world.preempt(big[0], {"a0": ["low0-0"]})
+    return low2
+
+
 # --- a victim job's members binding while the claim is written ---------------------------------
 
 
@@ -238,14 +253,7 @@ async def test_a_victim_jobs_member_bound_while_the_claim_is_written_is_evicted_
     deletion is asked as a dry run first, as the plan's victims' were: refused, the attempt is
     undone and nobody is evicted."""
     world = World(units=3)
-    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
-    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
-    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
-    await world.loop.step()
-    assert world.claimed("low2") == ["c0", "c1", "c2", "c3"]
-    world.bind(low2[0], "c0")
-    big = world.job("big", 8, priority=1000)
-    await world.preempt(big[0], {"a0": ["low0-0"]})
+    low2 = await low2_partly_bound_and_big_asking(world)
     replace = world.api.replace_claim
     admitted: dict[str, bool] = {}
 
@@ -279,13 +287,7 @@ async def test_a_new_leader_evicts_a_victim_jobs_member_the_claim_does_not_list(
     bound while the claim was written, so its uid is on no claim: the new leader evicts it too,
     from the victim jobs the claim lists."""
     world = World(units=3)
-    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
-    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
-    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
-    await world.loop.step()
-    world.bind(low2[0], "c0")
-    big = world.job("big", 8, priority=1000)
-    await world.preempt(big[0], {"a0": ["low0-0"]})
+    low2 = await low2_partly_bound_and_big_asking(world)
     replace = world.api.replace_claim
 
     async def racing(claim: JobClaim) -> JobClaim:
@@ -319,13 +321,7 @@ async def test_a_whole_claim_left_by_an_undo_that_failed_evicts_nobody_and_ends(
     API server takes the writes again."""
     caplog.set_level(logging.INFO, "neuron_scheduler.extender.reserving")
     world = World(units=3)
-    await world.running("low0", "a", priority=10, started="2026-01-01T00:00:00Z")
-    await world.running("low1", "b", priority=10, started="2026-01-01T01:00:00Z")
-    low2 = world.job("low2", 4, priority=10, started="2026-01-01T02:00:00Z")
-    await world.loop.step()
-    world.bind(low2[0], "c0")
-    big = world.job("big", 8, priority=1000)
-    await world.preempt(big[0], {"a0": ["low0-0"]})
+    low2 = await low2_partly_bound_and_big_asking(world)
     replace, delete = world.api.replace_claim, world.api.delete_claim
     broken, armed = False, True
 
