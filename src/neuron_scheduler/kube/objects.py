@@ -1,6 +1,11 @@
 """Kubernetes objects as we read them: only the fields this project uses, decoded with msgspec.
 
 Wire structs only; what they mean for Neuron placement is in `kube.reading`.
+
+The structs are `gc=False` and their lists tuples: the extender keeps every pod and node it
+watches, and the cyclic garbage collector walked each pod's 15 objects on every full collection
+(issue 50). They are trees of strings and numbers, so they hold no cycle to collect; nothing that
+refers back to one of them may be put in one (the collector could never free that cycle).
 """
 
 from __future__ import annotations
